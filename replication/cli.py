@@ -1,0 +1,59 @@
+"""The ``replication`` command line: one subcommand per module in :mod:`replication.commands`.
+
+Subcommand modules are imported only when chosen, so ``replication validate``
+never pays for starting Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from replication.errors import ConfigError, ReplicationError
+
+#: subcommand -> (module under replication.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "run one or several instances in one Spark application"),
+    "demo": ("demo", "run the local demo: embedded broker, instances from conf/, a publisher"),
+    "publish": ("publish", "publish messages to an instance (HA publisher with a publish store)"),
+    "status": ("status", "show each instance's links: address, state, sent/acked positions, lag"),
+    "validate": ("validate", "check every replication link among the given configs"),
+    "trace": ("trace", "show where a message published at an instance goes, and why not elsewhere"),
+    "topology": ("topology", "draw the fabric as SVG, PNG or Mermaid"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replication", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is None or only == name:
+            _module(module_name).add_arguments(p)
+    return parser
+
+
+def _module(module_name: str):
+    return importlib.import_module(f"replication.commands.{module_name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=chosen if chosen in COMMANDS else None)
+    args = parser.parse_args(argv)
+    try:
+        return int(_module(COMMANDS[args.command][0]).run(args) or 0)
+    except ConfigError as exc:
+        print(f"replication {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ReplicationError as exc:
+        print(f"replication {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""One place that builds the SparkSession the instances share."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: Settings that suit a streaming job of many small micro-batches on few cores.
+DEFAULT_CONF: dict[str, str] = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.memory": "4g",
+}
+
+
+def session(app_name: str = "replication", *, master: str | None = None) -> "SparkSession":
+    """Return the active SparkSession, or build one with :data:`DEFAULT_CONF`.
+
+    Settings given by ``spark-submit --conf`` win: builder values only fill gaps.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.appName(app_name)
+    if master or not os.environ.get("SPARK_MASTER_SET_BY_SUBMIT"):
+        builder = builder.master(master or os.environ.get("REPLICATION_SPARK_MASTER", "local[2]"))
+    for key, value in DEFAULT_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))
+    return spark
