@@ -1,0 +1,286 @@
+"""The Python publisher: sequence numbers, a durable publish store, persisted acks, logon recovery.
+
+Example::
+
+    from replication.client import Publisher
+
+    with Publisher("orders-feed", bootstrap="127.0.0.1:9092", topic="amps-1.publish",
+                   instance="amps-1", store_path="orders-feed.store") as pub:
+        seq = pub.publish("/orders", b'{"id": 1, "qty": 500}')
+        pub.flush(timeout=30)       # every message persisted, or TimeoutError
+
+How it stays exactly-once across crashes: each message is written to the
+on-disk store (SQLite, WAL) before it is sent, and deleted only when the
+instance's persisted ack covers it. On start, the publisher *logs on*: it sends
+a ``logon`` record and the instance answers with the highest sequence it
+persisted for this client name; stored messages above it are re-sent, the
+rest dropped, and numbering continues after it. The instance drops any copy
+it already has, so a resend can never duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+from replication.durability import acks_topic
+from replication.errors import ReplicationError
+from replication.messages import HEADER_CLIENT, HEADER_COMMAND, HEADER_SEQ, HEADER_TOPIC, HEADER_TYPE, LOGON
+
+log = logging.getLogger(__name__)
+
+
+class PublishStore:
+    """Unacknowledged messages on disk, in sequence order."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self._db = sqlite3.connect(str(path) if path else ":memory:", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS messages (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, "
+            "message_type TEXT, command TEXT NOT NULL, data BLOB NOT NULL, stored_at REAL NOT NULL)"
+        )
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        self._lock = threading.Lock()
+
+    def add(self, seq: int, topic: str, data: bytes, message_type: str | None, command: str) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", (seq, topic, message_type, command, data, time.time())
+            )
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('last_seq', ?)", (seq,))
+            self._db.execute("COMMIT")
+
+    def discard_through(self, seq: int) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM messages WHERE seq <= ?", (seq,))
+
+    def unacknowledged(self) -> list[tuple[int, str, str | None, str, bytes]]:
+        with self._lock:
+            return list(self._db.execute("SELECT seq, topic, message_type, command, data FROM messages ORDER BY seq"))
+
+    def count(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+
+    def oldest_stored_at(self) -> float | None:
+        with self._lock:
+            return self._db.execute("SELECT MIN(stored_at) FROM messages").fetchone()[0]
+
+    def last_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='last_seq'").fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class Publisher:
+    """A highly available publisher to one instance (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        bootstrap: str,
+        topic: str,
+        instance: str,
+        store_path: str | Path | None = None,
+        message_type: str | None = None,
+        logon_timeout: float = 60.0,
+        resend_after: float = 10.0,
+        compression: str | None = "zstd",
+    ) -> None:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        self.name = name
+        self.topic = topic
+        self.instance = instance
+        self.message_type = message_type
+        self.resend_after = resend_after
+        self.store = PublishStore(store_path)
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap.split(","), acks=1, linger_ms=2, compression_type=compression, retries=10
+        )
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap.split(","),
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+            consumer_timeout_ms=10,
+        )
+        self._cond = threading.Condition()
+        self._persisted = 0
+        self._logon_replies: dict[str, int] = {}
+        self._closed = threading.Event()
+        self._attach_acks_topic()
+        self._listener = threading.Thread(target=self._listen, name=f"{name}-acks", daemon=True)
+        self._listener.start()
+        self.last_logon_seq = self.logon(timeout=logon_timeout)
+        self._next_seq = max(self.last_logon_seq, self.store.last_seq()) + 1
+        self._watchdog = threading.Thread(target=self._watch, name=f"{name}-resend", daemon=True)
+        self._watchdog.start()
+
+    # -- public API ---------------------------------------------------------
+    @property
+    def persisted_seq(self) -> int:
+        """Highest sequence the instance has acknowledged as persisted."""
+        with self._cond:
+            return self._persisted
+
+    def publish(self, topic: str, data: bytes | str, *, command: str = "publish", message_type: str | None = None) -> int:
+        """Store then send one message; returns its sequence number."""
+        body = data.encode() if isinstance(data, str) else data
+        with self._cond:
+            seq = self._next_seq
+            self._next_seq += 1
+        self.store.add(seq, topic, body, message_type or self.message_type, command)
+        self._send(seq, topic, message_type or self.message_type, command, body)
+        return seq
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until every published message is persisted; TimeoutError if not within ``timeout``."""
+        self._producer.flush(timeout=timeout)
+        self.wait_persisted(self._next_seq - 1, timeout=timeout)
+
+    def wait_persisted(self, seq: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._persisted < seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"publisher {self.name}: sequence {seq} not persisted by {self.instance} within {timeout}s "
+                        f"(persisted through {self._persisted})"
+                    )
+                self._cond.wait(min(left, 0.5))
+
+    def logon(self, timeout: float = 60.0) -> int:
+        """Ask the instance for the last sequence it persisted for this name; resend what is missing."""
+        correlation = uuid.uuid4().hex
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while correlation not in self._logon_replies:
+                self._producer.send(
+                    self.topic,
+                    key=self.name.encode(),
+                    value=correlation.encode(),
+                    headers=[(HEADER_CLIENT, self.name.encode()), (HEADER_COMMAND, LOGON.encode())],
+                )
+                self._producer.flush(timeout=10)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReplicationError(
+                        f"publisher {self.name}: no logon reply from instance {self.instance} on topic "
+                        f"{acks_topic(self.instance)} within {timeout}s; is the instance running and reading {self.topic}?"
+                    )
+                self._cond.wait(min(left, 5.0))
+            persisted = self._logon_replies.pop(correlation)
+            self._persisted = max(self._persisted, persisted)
+        self.store.discard_through(persisted)
+        for seq, topic, message_type, command, data in self.store.unacknowledged():
+            self._send(seq, topic, message_type, command, data)
+        self._producer.flush(timeout=30)
+        log.info("publisher %s: logged on to %s, persisted through %d", self.name, self.instance, persisted)
+        return persisted
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self._producer.flush(timeout=10)
+        finally:
+            self._producer.close(timeout=5)
+            self._listener.join(timeout=5)
+            self._consumer.close()
+            self.store.close()
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------
+    def _send(self, seq: int, topic: str, message_type: str | None, command: str, body: bytes) -> None:
+        headers = [(HEADER_CLIENT, self.name.encode()), (HEADER_SEQ, str(seq).encode()), (HEADER_TOPIC, topic.encode())]
+        if command != "publish":
+            headers.append((HEADER_COMMAND, command.encode()))
+        if message_type:
+            headers.append((HEADER_TYPE, message_type.encode()))
+        self._producer.send(self.topic, key=self.name.encode(), value=body, headers=headers)
+
+    def _attach_acks_topic(self) -> None:
+        from kafka import TopicPartition
+
+        topic = acks_topic(self.instance)
+        deadline = time.monotonic() + 30
+        while True:
+            parts = self._consumer.partitions_for_topic(topic)
+            if parts:
+                break
+            if time.monotonic() > deadline:
+                raise ReplicationError(
+                    f"publisher {self.name}: topic {topic} does not exist; start instance {self.instance} first"
+                )
+            time.sleep(0.2)
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        self._consumer.assign(tps)
+        # Acks already on the topic are older than this session; reading a few of
+        # them again (brokers whose end offset is approximate) is harmless.
+        self._consumer.seek_to_end(*tps)
+
+    def _listen(self) -> None:
+        me = self.name.encode()
+        while not self._closed.is_set():
+            try:
+                batches = self._consumer.poll(timeout_ms=50)
+            except Exception:  # a broker hiccup: keep listening
+                log.exception("publisher %s: ack poll failed", self.name)
+                time.sleep(0.5)
+                continue
+            latest = None
+            for records in batches.values():
+                for record in records:
+                    if record.key != me:
+                        continue
+                    ack = json.loads(record.value)
+                    if ack.get("logon"):
+                        with self._cond:
+                            self._logon_replies[ack.get("correlation_id", "")] = int(ack["seq"])
+                            self._cond.notify_all()
+                    latest = max(latest or 0, int(ack["seq"]))
+            if latest is not None:
+                with self._cond:
+                    advanced = latest > self._persisted
+                    self._persisted = max(self._persisted, latest)
+                    self._cond.notify_all()
+                if advanced:
+                    self.store.discard_through(latest)
+
+    def _watch(self) -> None:
+        """Log on again and resend when acks stop coming (instance restarted, connection lost)."""
+        last_progress = (self.persisted_seq, time.monotonic())
+        while not self._closed.wait(1.0):
+            persisted = self.persisted_seq
+            if persisted != last_progress[0]:
+                last_progress = (persisted, time.monotonic())
+                continue
+            oldest = self.store.oldest_stored_at()
+            if oldest is None or time.time() - oldest < self.resend_after:
+                continue
+            if time.monotonic() - last_progress[1] < self.resend_after:
+                continue
+            try:
+                self.logon(timeout=self.resend_after)
+            except ReplicationError as exc:
+                log.warning("%s", exc)
+            last_progress = (self.persisted_seq, time.monotonic())

@@ -1,0 +1,26 @@
+"""``replication run CONFIG...``: run one or several instances in one Spark application."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from replication import config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("configs", nargs="+", metavar="CONFIG", help="instance config XML file(s)")
+    parser.add_argument(
+        "--trigger", default="0 seconds", help="micro-batch trigger interval (default: as fast as possible)"
+    )
+    parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from replication.runner import run_until_stopped, start_instances
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configs = [config.load(path) for path in args.configs]  # all configs checked before Spark starts
+    instances = start_instances(configs, trigger_interval=args.trigger)
+    print("running " + ", ".join(i.name for i in instances) + " (Ctrl-C to stop)", flush=True)
+    return run_until_stopped(instances)

@@ -1,0 +1,143 @@
+"""One instance: its tables, its ingest query, its durability tracker and heartbeat.
+
+Several instances may share one SparkSession; they share no state.
+
+Lifecycle: ``start()`` creates missing tables, writes ``_control/instance.json``,
+recovers the publisher state, re-announces persisted acks, then starts the
+ingest query and the heartbeat. ``stop()`` stops the query (the current batch
+finishes), writes a last heartbeat and closes the ack producer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from replication import effective_config
+from replication.config import InstanceConfig
+from replication.delta_tables import IdempotentAppender
+from replication.durability import AckSender, Durability, acks_topic
+from replication.ingest import IngestWriter
+from replication.storage import StorageLayout, write_json_atomic
+from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+class Instance:
+    """A running instance. Example::
+
+        inst = Instance(config.load("conf/amps-1.xml"), spark)
+        inst.start()
+        ...
+        inst.stop()
+    """
+
+    def __init__(self, cfg: InstanceConfig, spark: "SparkSession", *, trigger_interval: str = "0 seconds") -> None:
+        self.cfg = cfg
+        self.spark = spark
+        self.layout = StorageLayout.of(cfg.storage)
+        self.trigger_interval = trigger_interval
+        self.query: StreamingQuery | None = None
+        self.writer: IngestWriter | None = None
+        self.durability: Durability | None = None
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    def start(self) -> "Instance":
+        from replication.broker import ensure_topics
+        from replication.sources import publish_stream
+
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        effective_config.write(self.cfg, self.layout.instance_json)
+        txlog = IdempotentAppender(self.layout.txlog, TXLOG_SCHEMA, app_id="ingest", name=f"{self.name} txlog")
+        rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id="ingest", name=f"{self.name} rejected")
+        state = recover_state(txlog.table, self.layout.publishers_json)
+        log.info("%s: recovered txlog at seq %d, %d publishers", self.name, state.max_seq, len(state.publishers))
+
+        sender = None
+        if self.cfg.kafka_transports:
+            servers = self.cfg.kafka_transports[0].bootstrap_servers
+            ensure_topics(",".join(servers), [acks_topic(self.name)])
+            sender = AckSender(self.name, servers)
+        self.durability = Durability(sender, persisted=state.publishers, committed_seq=state.max_seq)
+        self.durability.announce()
+        self.writer = IngestWriter(
+            self.cfg,
+            txlog=txlog,
+            rejected=rejected,
+            state=state,
+            save_state=lambda s: s.save(self.layout.publishers_json),
+            on_commit=self.durability.on_commit,
+        )
+        stream = publish_stream(self.spark, self.cfg)
+        if stream is not None:
+            self.query = (
+                stream.writeStream.queryName(f"{self.name}.ingest")
+                .foreachBatch(self.writer)
+                .option("checkpointLocation", str(self.layout.checkpoint("ingest")))
+                .trigger(processingTime=self.trigger_interval)
+                .start()
+            )
+        self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
+        self._heartbeat.start()
+        return self
+
+    def status(self) -> dict:
+        """What the heartbeat file says: liveness, positions, counters."""
+        writer = self.writer
+        state = writer.state if writer else None
+        progress = self.query.lastProgress if self.query else None
+        return {
+            "instance": self.name,
+            "group": self.cfg.group,
+            "time": time.time(),
+            "started": self.started_at,
+            "running": bool(self.query and self.query.isActive) and not self._stop.is_set(),
+            "max_seq": state.max_seq if state else 0,
+            "txlog_version": state.txlog_version if state else -1,
+            "publishers": len(state.publishers) if state else 0,
+            "durable_seq": self.durability.durable_seq if self.durability else 0,
+            "counters": dict(writer.stats) if writer else {},
+            "input_rows_per_second": (progress or {}).get("inputRowsPerSecond"),
+            "error": self._query_error(),
+        }
+
+    def _query_error(self) -> str | None:
+        if self.query is None:
+            return None
+        exc = self.query.exception()
+        return str(exc).splitlines()[0] if exc else None
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            try:
+                write_json_atomic(self.layout.heartbeat_json, self.status())
+            except Exception:  # a failed heartbeat must not kill the instance
+                log.exception("%s: heartbeat write failed", self.name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.query is not None:
+            try:
+                self.query.stop()
+            except Exception:
+                log.exception("%s: stopping the ingest query failed", self.name)
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        write_json_atomic(self.layout.heartbeat_json, self.status())
+        if self.durability is not None:
+            self.durability.close()

@@ -1,0 +1,96 @@
+"""Run instances in one Spark application until Ctrl-C, with a live progress line."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from replication.config import InstanceConfig
+
+if TYPE_CHECKING:
+    from replication.instance import Instance
+
+log = logging.getLogger(__name__)
+
+
+def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds") -> list["Instance"]:
+    from replication.instance import Instance
+    from replication.spark import session
+
+    spark = session("replication " + " ".join(c.name for c in configs))
+    started: list[Instance] = []
+    try:
+        for cfg in configs:
+            started.append(Instance(cfg, spark, trigger_interval=trigger_interval).start())
+    except BaseException:
+        stop_instances(started)
+        raise
+    return started
+
+
+def stop_instances(instances: Sequence["Instance"]) -> None:
+    for inst in reversed(instances):
+        inst.stop()
+
+
+def progress_line(instances: Sequence["Instance"], previous: dict[str, tuple[float, int]]) -> str:
+    """One line: per instance, local seq, rate since the last line, rejects, duplicates, persisted position."""
+    parts = []
+    now = time.monotonic()
+    for inst in instances:
+        st = inst.status()
+        counters = st["counters"]
+        last_t, last_seq = previous.get(inst.name, (now, st["max_seq"]))
+        rate = (st["max_seq"] - last_seq) / (now - last_t) if now > last_t else 0.0
+        previous[inst.name] = (now, st["max_seq"])
+        part = (
+            f"{inst.name}: seq {st['max_seq']:,} ({rate:,.0f} msg/s) "
+            f"rejected {counters.get('rejected', 0):,} dup {counters.get('duplicates', 0):,} "
+            f"durable {st['durable_seq']:,}"
+        )
+        if st["error"]:
+            part += f" ERROR {st['error']}"
+        parts.append(part)
+    return " | ".join(parts)
+
+
+def run_until_stopped(
+    instances: Sequence["Instance"],
+    *,
+    stop: threading.Event | None = None,
+    interval: float = 1.0,
+    out=None,
+    until: Callable[[], bool] | None = None,
+) -> int:
+    """Print progress until Ctrl-C / SIGTERM, ``stop`` is set, ``until()`` is true, or a query fails."""
+    out = out or sys.stdout
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous: dict[str, tuple[float, int]] = {}
+    tty = out.isatty()
+    code = 0
+    try:
+        while not stop.wait(interval):
+            line = progress_line(instances, previous)
+            out.write(("\r" + line + "\x1b[K") if tty else line + "\n")
+            out.flush()
+            failed = [i for i in instances if i.status()["error"]]
+            if failed:
+                code = 1
+                break
+            if until is not None and until():
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if tty:
+            out.write("\n")
+        out.write("stopping...\n")
+        out.flush()
+        stop_instances(instances)
+    return code
