@@ -104,7 +104,10 @@ class QueueTopic:
     underlying_topic: str
     """``<UnderlyingTopic>``: regex of the topics the queue draws from (default: ``name``)."""
     kind: str = "Queue"
+    """Element name: ``Queue``, ``GroupLocalQueue`` or ``DistributedQueue``."""
     filter: str | None = None
+    initial_owner: str | None = None
+    """``<InitialOwner>`` of a ``GroupLocalQueue`` (must match across instances, spec)."""
     source: Source = field(default_factory=Source, compare=False)
 
 
@@ -150,6 +153,9 @@ class Bootstrap:
     data_types: frozenset[str]
     """Subset of {"sow", "txlog"}."""
     inet_addr: str
+    """The first (preferred) source address: ``inet_addrs[0]``."""
+    inet_addrs: tuple[str, ...] = ()
+    """All ``<InetAddr>`` values of the bootstrap ``<Transport>``: failover list, in priority order."""
     source: Source = field(default_factory=Source, compare=False)
 
 

@@ -1,0 +1,136 @@
+"""The effective config as JSON: ``_control/instance.json``, read by upstreams for replication validation.
+
+The encoding is generic over the dataclasses of :mod:`replication.config`, so a
+field added there is carried without touching this module. Tuples become lists,
+frozensets sorted lists, ``Source`` a ``{"file", "line"}`` object.
+
+Example::
+
+    from replication import config, effective_config
+    cfg = config.load("conf/amps-1.xml")
+    effective_config.write(cfg, f"{cfg.storage}/_control/instance.json")
+    assert effective_config.read(f"{cfg.storage}/_control/instance.json") == cfg
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import types
+import typing
+from functools import cache
+from typing import Any, Literal, Union
+
+from replication.config import InstanceConfig
+
+__all__ = ["FORMAT", "from_dict", "read", "to_dict", "write"]
+
+#: Version of the JSON layout; bump it when a reader of the old layout would misread the new one.
+FORMAT = 1
+
+
+def to_dict(cfg: InstanceConfig) -> dict[str, Any]:
+    """Return ``cfg`` as a JSON-safe dict with ``"format": FORMAT``."""
+    return {"format": FORMAT, **_encode(cfg)}
+
+
+def from_dict(data: dict[str, Any]) -> InstanceConfig:
+    """Rebuild an :class:`InstanceConfig` from :func:`to_dict` output.
+
+    Raises ``ValueError`` on another format or a missing / mistyped field. Unknown
+    keys are ignored so an older instance can still read what a newer one wrote.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"effective config: expected a JSON object, got {type(data).__name__}")
+    fmt = data.get("format")
+    if fmt != FORMAT:
+        raise ValueError(f"effective config: format {fmt!r} is not supported (this version reads format {FORMAT})")
+    body = {k: v for k, v in data.items() if k != "format"}
+    return _decode(InstanceConfig, body, "instance")
+
+
+def write(cfg: InstanceConfig, path: str | os.PathLike[str]) -> None:
+    """Write ``cfg`` to the local file ``path`` atomically (temp file in the same directory, fsync, rename)."""
+    target = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(target))
+    os.makedirs(directory, exist_ok=True)
+    text = json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=".instance-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)  # readers see the old file or the new one, never a torn one
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read(path: str | os.PathLike[str]) -> InstanceConfig:
+    """Read a file written by :func:`write`."""
+    with open(os.fspath(path), encoding="utf-8") as fh:
+        return from_dict(json.load(fh))
+
+
+# ---------------------------------------------------------------------------
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, frozenset):
+        return sorted(_encode(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_encode(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"effective config: cannot encode {type(value).__name__}")
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _decode(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"effective config: {where} should be an object, got {value!r}")
+        hints = _hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = _decode(hints[f.name], value[f.name], f"{where}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"effective config: {where}.{f.name} is missing")
+        return tp(**kwargs)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _decode(inner, value, where)
+    if origin in (tuple, frozenset):
+        if not isinstance(value, list):
+            raise ValueError(f"effective config: {where} should be a list, got {value!r}")
+        if origin is frozenset:
+            return frozenset(_decode(args[0], v, f"{where}[]") for v in value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ValueError(f"effective config: {where} should have {len(args)} items, got {value!r}")
+        return tuple(_decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is Literal:
+        tp = type(args[0])
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (str, int, float, bool) and type(value) is tp:
+        return value
+    raise ValueError(f"effective config: {where} should be {getattr(tp, '__name__', tp)}, got {value!r}")
