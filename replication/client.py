@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from replication import failpoints
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
 from replication.messages import HEADER_CLIENT, HEADER_COMMAND, HEADER_SEQ, HEADER_TOPIC, HEADER_TYPE, LOGON
@@ -122,6 +123,8 @@ class Publisher:
         self._persisted = 0
         self._logon_replies: dict[str, int] = {}
         self._closed = threading.Event()
+        self.resent: list[int] = []
+        """Sequence numbers re-sent by logons, in order (for operators and tests)."""
         self._attach_acks_topic()
         self._listener = threading.Thread(target=self._listen, name=f"{name}-acks", daemon=True)
         self._listener.start()
@@ -144,6 +147,7 @@ class Publisher:
             seq = self._next_seq
             self._next_seq += 1
         self.store.add(seq, topic, body, message_type or self.message_type, command)
+        failpoints.hit("publisher.before_send")
         self._send(seq, topic, message_type or self.message_type, command, body)
         return seq
 
@@ -189,6 +193,7 @@ class Publisher:
         self.store.discard_through(persisted)
         for seq, topic, message_type, command, data in self.store.unacknowledged():
             self._send(seq, topic, message_type, command, data)
+            self.resent.append(seq)
         self._producer.flush(timeout=30)
         log.info("publisher %s: logged on to %s, persisted through %d", self.name, self.instance, persisted)
         return persisted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    # Python workers (data sources, foreachBatch helpers) must run the same
+    # interpreter as the driver, or they will not find this package.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master or not os.environ.get("SPARK_MASTER_SET_BY_SUBMIT"):
         builder = builder.master(master or os.environ.get("REPLICATION_SPARK_MASTER", "local[2]"))

@@ -1,0 +1,73 @@
+"""Builders for test configs and readers of what a user would look at (txlog rows, rejects)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+
+def instance_xml(
+    name: str,
+    root: Path,
+    bootstrap: str,
+    *,
+    group: str | None = None,
+    txlog_topics: str = '<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>',
+    max_offsets: int | None = None,
+    replication: str = "",
+) -> str:
+    limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
+    return f"""<?xml version="1.0"?>
+<AMPSConfig>
+  <Name>{name}</Name>
+  <Group>{group or name}</Group>
+  <Storage>{root / name}</Storage>
+  <Transports>
+    <Transport>
+      <Name>json-kafka</Name>
+      <Type>kafka</Type>
+      <InetAddr>{bootstrap}</InetAddr>
+      <Topic>{name}.publish</Topic>
+      <MessageType>json</MessageType>
+      {limit}
+    </Transport>
+    <Transport>
+      <Name>amps-replication</Name>
+      <Type>amps-replication</Type>
+      <InetAddr>{root / name}</InetAddr>
+    </Transport>
+  </Transports>
+  <TransactionLog>
+    {txlog_topics}
+  </TransactionLog>
+  {replication}
+</AMPSConfig>
+"""
+
+
+def write_config(directory: Path, name: str, bootstrap: str, **kwargs) -> Path:
+    path = directory / f"{name}.xml"
+    path.write_text(instance_xml(name, directory, bootstrap, **kwargs))
+    return path
+
+
+def txlog_rows(root: Path, name: str, columns: list[str] | None = None) -> pa.Table:
+    return DeltaTable(str(root / name / "txlog")).to_pyarrow_table(columns=columns).sort_by("seq")
+
+
+def rejected_rows(root: Path, name: str) -> list[dict]:
+    return DeltaTable(str(root / name / "rejected")).to_pyarrow_table().to_pylist()
+
+
+def assert_exactly_once(rows: pa.Table, expected: dict[str, int]) -> None:
+    """Each publisher's 1..N present once, in publish order; ``seq`` strictly increasing, no gaps."""
+    seqs = rows["seq"].to_pylist()
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) if seqs else True, "seq must be contiguous and increasing"
+    by_publisher: dict[str, list[int]] = {}
+    for pub, pseq in zip(rows["publisher"].to_pylist(), rows["publisher_seq"].to_pylist(), strict=True):
+        by_publisher.setdefault(pub, []).append(pseq)
+    assert {p: len(s) for p, s in by_publisher.items()} == expected
+    for pub, got in by_publisher.items():
+        assert got == list(range(1, expected[pub] + 1)), f"{pub}: not exactly 1..{expected[pub]} in order"

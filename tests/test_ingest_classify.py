@@ -1,0 +1,97 @@
+"""The ingest batch logic, without services: what is stored, rejected, dropped as duplicate."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pyarrow as pa
+
+from replication.config import InstanceConfig, TopicSpec
+from replication.ingest import CANDIDATE_SCHEMA, TopicRecorder, classify
+from replication.messages import bookmark
+from replication.txlog import PublisherState
+
+CFG = InstanceConfig(
+    name="amps-1",
+    group="amps-1",
+    storage="/tmp/unused",
+    txlog_topics=(TopicSpec("/orders.*", "json"), TopicSpec("fixfeed", "fix")),
+)
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def publishes(*rows: dict) -> pa.Table:
+    defaults = {name: None for name in CANDIDATE_SCHEMA.names}
+    full = []
+    for offset, row in enumerate(rows):
+        r = dict(defaults, source="kafka", kafka_topic="amps-1.publish", kafka_partition=0, kafka_offset=offset,
+                 topic="/orders", message_type="json", command="publish", data=b'{"id": 1}')
+        r.update(row)
+        full.append(r)
+    return pa.Table.from_pylist(full, schema=CANDIDATE_SCHEMA)
+
+
+def run(batch: pa.Table, state: PublisherState | None = None):
+    return classify(batch, state or PublisherState(), instance="amps-1", recorded=TopicRecorder(CFG), now=NOW)
+
+
+def test_accepts_in_order_and_assigns_increasing_seq():
+    result = run(publishes(
+        {"publisher": "a", "publisher_seq": "1"},
+        {"publisher": "b", "publisher_seq": "1"},
+        {"publisher": "a", "publisher_seq": "2"},
+    ), PublisherState(max_seq=10))
+    rows = result.txlog_rows.to_pylist()
+    assert [(r["publisher"], r["publisher_seq"], r["seq"]) for r in rows] == [("a", 1, 11), ("b", 1, 12), ("a", 2, 13)]
+    assert rows[0]["bookmark"] == bookmark("a", 1)
+    assert rows[0]["origin"] == "amps-1" and rows[0]["path"] == [] and rows[0]["received_from"] is None
+    assert result.publishers == {"a": 2, "b": 1}
+    assert result.rejected_rows.num_rows == 0
+
+
+def test_duplicates_in_batch_and_below_high_water_mark_are_dropped():
+    state = PublisherState(max_seq=5, publishers={"a": 3})
+    result = run(publishes(
+        {"publisher": "a", "publisher_seq": "2"},  # already stored
+        {"publisher": "a", "publisher_seq": "4"},
+        {"publisher": "a", "publisher_seq": "4"},  # resent in the same batch
+        {"publisher": "a", "publisher_seq": "3"},  # older than one already seen
+        {"publisher": "a", "publisher_seq": "5"},
+    ), state)
+    assert [r["publisher_seq"] for r in result.txlog_rows.to_pylist()] == [4, 5]
+    assert result.duplicates == 3
+    assert state.publishers == {"a": 3}, "classify must not change the state"
+
+
+def test_bad_input_is_rejected_with_reason():
+    result = run(publishes(
+        {"publisher": None, "publisher_seq": "1"},
+        {"publisher": "a", "publisher_seq": None},
+        {"publisher": "a", "publisher_seq": "12x"},
+        {"publisher": "a", "publisher_seq": "1", "data": b"{not json"},
+        {"publisher": "a", "publisher_seq": "2", "topic": "/trades"},
+        {"publisher": "a", "publisher_seq": "3", "message_type": "fix", "topic": "fixfeed", "data": b"garbage"},
+        {"publisher": "a", "publisher_seq": "4", "command": "explode"},
+        {"publisher": "a", "publisher_seq": "5"},
+    ))
+    reasons = result.rejected_rows["reason"].to_pylist()
+    assert len(reasons) == 7
+    assert "missing amps-client" in reasons[0]
+    assert "missing amps-seq" in reasons[1]
+    assert "'12x' is not a decimal" in reasons[2]
+    assert "not valid JSON" in reasons[3]
+    assert "topic '/trades' (json) is not recorded" in reasons[4] and "<TransactionLog><Topic>" in reasons[4]
+    assert "not fix" in reasons[5]
+    assert "amps-command 'explode'" in reasons[6]
+    assert [r["publisher_seq"] for r in result.txlog_rows.to_pylist()] == [5]
+
+
+def test_logon_is_answered_not_stored():
+    result = run(publishes({"publisher": "a", "command": "logon", "data": b"corr-1"}))
+    assert result.txlog_rows.num_rows == 0 and result.rejected_rows.num_rows == 0
+    assert [(l.client, l.correlation_id) for l in result.logons] == [("a", "corr-1")]
+
+
+def test_delta_publish_is_stored_as_publish():
+    result = run(publishes({"publisher": "a", "publisher_seq": "1", "command": "delta_publish"}))
+    assert result.txlog_rows["command"].to_pylist() == ["publish"]
