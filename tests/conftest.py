@@ -12,3 +12,12 @@ def spark():
     s = session("replication-tests")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """A tansu broker (memory storage) on a free loopback port, for the whole test session."""
+    from replication.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as b:
+        yield b

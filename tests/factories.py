@@ -71,3 +71,24 @@ def assert_exactly_once(rows: pa.Table, expected: dict[str, int]) -> None:
     assert {p: len(s) for p, s in by_publisher.items()} == expected
     for pub, got in by_publisher.items():
         assert got == list(range(1, expected[pub] + 1)), f"{pub}: not exactly 1..{expected[pub]} in order"
+
+
+def wait_until(predicate, *, timeout: float = 120.0, interval: float = 0.2, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail the test with ``what`` on timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def raw_publish(producer, topic: str, body: bytes, **headers: str | None) -> None:
+    """Publish one record the way any Kafka client would (DESIGN §7); ``amps_client`` -> ``amps-client``."""
+    pairs = [(k.replace("_", "-"), v.encode()) for k, v in headers.items() if v is not None]
+    client = headers.get("amps_client")
+    producer.send(topic, key=client.encode() if client else None, value=body, headers=pairs)

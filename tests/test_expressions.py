@@ -1,0 +1,217 @@
+"""AMPS content filters: parser errors, Python semantics, and the Spark compilation agreeing row by row."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from replication import expressions
+from replication.errors import ConfigError
+from replication.expressions import FilterSyntaxError, evaluate, parse
+
+ORDER = {
+    "id": 7,
+    "qty": 150,
+    "px": 90.5,
+    "sym": "IBM",
+    "side": "buy",
+    "note": "",
+    "flag": True,
+    "gone": None,
+    "text_num": "12",
+    "client": {"country": "US", "tier": 2, "desk": {"name": "rates"}},
+    "tags": ["a", "b"],
+    "trade": "TRADE-X-TRADE",
+}
+
+# (filter, message, expected): hand-written expectations from the AMPS expression chapter.
+CASES: list[tuple[str, dict, bool]] = [
+    # comparisons, numeric
+    ("/qty > 100", ORDER, True),
+    ("/qty >= 150", ORDER, True),
+    ("/qty < 150", ORDER, False),
+    ("/qty <= 150", ORDER, True),
+    ("/qty = 150", ORDER, True),
+    ("/qty == 150.0", ORDER, True),  # 2 = 2.0: numeric comparison
+    ("/qty != 150", ORDER, False),
+    ("/qty <> 151", ORDER, True),
+    ("/px > 90.4 AND /px < 90.6", ORDER, True),
+    ("/px = -90.5", ORDER, False),
+    ("/qty > -1", ORDER, True),
+    # strings
+    ("/sym = 'IBM'", ORDER, True),
+    ('/sym = "IBM"', ORDER, True),
+    ("/sym != 'MSFT'", ORDER, True),
+    ("/sym < 'J'", ORDER, True),
+    ("/sym > 'IBMA'", ORDER, False),
+    # number vs string: the string is converted when it can be
+    ("/text_num = 12", ORDER, True),
+    ("/text_num > 9", ORDER, True),  # numeric, not string, comparison
+    ("/text_num = '12.0'", ORDER, False),  # two strings: '12' <> '12.0'
+    ("/qty = '150'", ORDER, True),
+    ("/qty = '150.00'", ORDER, True),  # number vs numeric string: numeric
+    # a string that is not a number is greater than any number
+    ("/sym > 5", ORDER, True),
+    ("/sym < 5", ORDER, False),
+    ("/sym = 5", ORDER, False),
+    ("/sym != 5", ORDER, True),
+    ("/qty < 'Crank It Up'", ORDER, True),
+    # nested paths
+    ("/client/country = 'US'", ORDER, True),
+    ("/client/tier BETWEEN 1 AND 2", ORDER, True),
+    ("/client/desk/name = 'rates'", ORDER, True),
+    ("/client/missing/name = 'rates'", ORDER, False),
+    # NULL: missing, JSON null and '' are NULL; comparisons with NULL are false
+    ("/missing = 1", ORDER, False),
+    ("/missing != 1", ORDER, False),
+    ("NOT (/missing = 1)", ORDER, False),  # NOT NULL is NULL
+    ("/missing IS NULL", ORDER, True),
+    ("/gone IS NULL", ORDER, True),
+    ("/note IS NULL", ORDER, True),  # '' IS NULL
+    ("/note = ''", ORDER, False),  # '' = '' is false
+    ("/qty IS NOT NULL", ORDER, True),
+    ("/client IS NOT NULL", ORDER, True),
+    ("/client = 1", ORDER, False),  # objects compare as NULL
+    ("/missing = 1 OR /qty = 150", ORDER, True),  # NULL OR TRUE
+    ("/missing = 1 AND /qty = 150", ORDER, False),  # NULL AND TRUE
+    # IN / NOT IN
+    ("/sym IN ('IBM', 'MSFT')", ORDER, True),
+    ("/sym in ('ORCL', 'MSFT')", ORDER, False),
+    ("/sym NOT IN ('ORCL', 'MSFT')", ORDER, True),
+    ("/qty IN (1, 150, 'x')", ORDER, True),
+    ("/missing NOT IN (1, 2)", ORDER, False),
+    # BETWEEN (inclusive)
+    ("/qty BETWEEN 150 AND 200", ORDER, True),
+    ("/qty BETWEEN 151 AND 200", ORDER, False),
+    ("/qty NOT BETWEEN 151 AND 200", ORDER, True),
+    ("/px BETWEEN 90.0 AND 90.5", ORDER, True),
+    # LIKE: regex search, unanchored, as AMPS
+    ("/sym LIKE '^IB.?$'", ORDER, True),
+    ("/sym LIKE 'B'", ORDER, True),
+    ("/trade LIKE 'TRADE$'", ORDER, True),
+    ("/sym LIKE '(?i)^ibm$'", ORDER, True),
+    ("/sym NOT LIKE '^MS'", ORDER, True),
+    ('/px LIKE "^90\\..*"', ORDER, True),
+    ("/qty LIKE '^15'", ORDER, True),
+    ("/missing LIKE '.*'", ORDER, False),
+    # booleans compare as 'true' / 'false'
+    ("/flag = 'true'", ORDER, True),
+    ("/flag = TRUE", ORDER, True),
+    # logic, precedence, case-insensitive keywords
+    ("/qty > 100 and /side = 'buy' or /sym = 'X'", ORDER, True),
+    ("/sym = 'X' OR /qty > 100 AND /side = 'sell'", ORDER, False),  # AND binds tighter
+    ("(/sym = 'X' OR /qty > 100) AND /side = 'buy'", ORDER, True),
+    ("not /side = 'sell'", ORDER, True),
+    ("NOT NOT /side = 'buy'", ORDER, True),
+    ("/qty > 100 AND NOT (/sym IN ('MSFT') OR /px < 10)", ORDER, True),
+    # a message that is not JSON: every field is NULL
+    ("/qty > 1", "not json at all", False),
+    ("/qty IS NULL", "not json at all", True),
+]
+
+
+def _message_bytes(message) -> bytes:
+    return message.encode() if isinstance(message, str) else json.dumps(message).encode()
+
+
+@pytest.mark.parametrize("text,message,expected", CASES, ids=[c[0] for c in CASES])
+def test_python_evaluator(text, message, expected):
+    assert evaluate(parse(text), message) is expected
+
+
+def test_python_evaluator_takes_dict_text_or_bytes():
+    f = parse("/client/country = 'US'")
+    assert evaluate(f, ORDER) and evaluate(f, json.dumps(ORDER)) and evaluate(f, _message_bytes(ORDER))
+
+
+def test_spark_agrees_with_python_on_every_case(spark):
+    from pyspark.sql import functions as F
+
+    rows = [(i, _message_bytes(m)) for i, (_t, m, _e) in enumerate(CASES)]
+    df = spark.createDataFrame(rows, "i int, data binary")
+    cols = [F.col("i")] + [
+        F.when(F.col("i") == i, expressions.to_spark_column(parse(t))).alias(f"c{i}") for i, (t, _m, _e) in enumerate(CASES)
+    ]
+    got = {r["i"]: r[f"c{r['i']}"] for r in df.select(*cols).collect()}
+    mismatches = [
+        (t, expected, got[i]) for i, (t, _m, expected) in enumerate(CASES) if got[i] is not expected
+    ]
+    assert mismatches == []
+
+
+def test_spark_filter_selects_rows_and_takes_a_string_column(spark):
+    msgs = [{"qty": q, "sym": s} for q, s in [(50, "IBM"), (150, "IBM"), (500, "MSFT"), (None, "IBM")]] + ["{bad"]
+    df = spark.createDataFrame([(json.dumps(m) if isinstance(m, dict) else m,) for m in msgs], "body string")
+    f = parse("/qty > 100 AND /sym IN ('IBM', 'MSFT')")
+    col = expressions.to_spark_column(f, "body")
+    picked = [json.loads(r.body) for r in df.where(col).collect()]
+    assert picked == [{"qty": 150, "sym": "IBM"}, {"qty": 500, "sym": "MSFT"}]
+    # the same as the Python evaluator
+    assert picked == [m for m in msgs if evaluate(f, m)]
+
+
+def test_spark_plan_has_no_python_udf(spark):
+    df = spark.createDataFrame([(b'{"a": 1}',)], "data binary")
+    plan = df.where(expressions.to_spark_column(parse("/a = 1 OR /b LIKE 'x'")))._jdf.queryExecution().toString()
+    assert "PythonUDF" not in plan and "BatchEvalPython" not in plan and "ArrowEvalPython" not in plan
+
+
+def test_numbers_print_as_spark_prints_them_for_like(spark):
+    from pyspark.sql import functions as F
+
+    bodies = ['{"n": 90.50}', '{"n": 1e3}', '{"n": 7}', '{"n": 0.00001}', '{"n": 1.5E-7}', '{"n": 100.0}']
+    patterns = ["^90\\.5$", "^1000\\.0$", "^7$", "^0\\.00001$", "^1\\.5E-7$", "^100$"]
+    df = spark.createDataFrame([(b,) for b in bodies], "data string")
+    for body, pattern in zip(bodies, patterns):
+        f = parse(f"/n LIKE '{pattern}'")
+        assert evaluate(f, body), (body, pattern)
+        assert df.where(F.col("data") == body).where(expressions.to_spark_column(f)).count() == 1, (body, pattern)
+
+
+@pytest.mark.parametrize(
+    "text,position,words",
+    [
+        ("/qty >", 7, "expected a value after '>'"),
+        ("/qty > 100 AND", 15, "expected a condition"),
+        ("qty > 100", 1, "fields start with '/'"),
+        ("/sym = 'IBM", 8, "close the string"),
+        ("(/qty > 1", 10, "expected ')'"),
+        ("/sym LIKE '['", 11, "not a valid regular expression"),
+        ("/sym LIKE /x", 11, "quoted regular expression"),
+        ("/a IN 1, 2", 7, "expected '(' after IN"),
+        ("/a BETWEEN 1 2", 14, "expected AND"),
+        ("/a IS 5", 7, "expected NULL"),
+        ("/a = 1 /b = 2", 8, "expected AND, OR"),
+        ("", 1, "empty"),
+    ],
+)
+def test_syntax_errors_show_the_position(text, position, words):
+    with pytest.raises(FilterSyntaxError) as err:
+        parse(text)
+    message = str(err.value)
+    assert f"at position {position}:" in message and words in message
+    lines = message.splitlines()
+    # the filter, then a caret under the fault
+    assert lines[-1].index("^") - lines[-2].index(text[:1] or " ") == position - 1 if text else True
+    assert isinstance(err.value, ConfigError) and err.value.position == position - 1
+
+
+def test_syntax_error_pickles_for_spark_workers():
+    with pytest.raises(FilterSyntaxError) as err:
+        parse("/a >")
+    clone = pickle.loads(pickle.dumps(err.value))
+    assert type(clone) is FilterSyntaxError and str(clone) == str(err.value) and clone.position == 4
+
+
+def test_canonical_form_ignores_spacing_case_and_redundant_parentheses():
+    a = expressions.canonical("/qty>100 and ( /sym in ('IBM','MSFT') )")
+    b = expressions.canonical("(/qty > 100) AND /sym IN ('IBM', 'MSFT')")
+    assert a == b == "(/qty > 100 AND /sym IN ('IBM', 'MSFT'))"
+    assert parse(a) == parse(b)
+
+
+def test_fields_lists_every_path_read():
+    f = parse("/a/b = 1 AND (/c IS NULL OR /d LIKE 'x') AND /e BETWEEN /f AND 3")
+    assert {str(x) for x in expressions.fields(f)} == {"/a/b", "/c", "/d", "/e", "/f"}

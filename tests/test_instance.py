@@ -1,0 +1,125 @@
+"""One instance end to end: real broker, real Spark, real Delta tables."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+
+import pytest
+from kafka import KafkaProducer
+
+from factories import assert_exactly_once, raw_publish, rejected_rows, txlog_rows, wait_until, write_config
+from replication import config
+from replication.client import Publisher
+from replication.instance import Instance
+
+
+@pytest.fixture
+def start_instance(spark, broker, tmp_path):
+    started: list[Instance] = []
+
+    def start(**kwargs) -> Instance:
+        name = f"i{uuid.uuid4().hex[:8]}"
+        cfg = config.load(str(write_config(tmp_path, name, broker.bootstrap, **kwargs)))
+        inst = Instance(cfg, spark).start()
+        started.append(inst)
+        return inst
+
+    yield start
+    for inst in started:
+        inst.stop()
+
+
+def publisher(broker, inst: Instance, client: str, tmp_path) -> Publisher:
+    return Publisher(client, bootstrap=broker.bootstrap, topic=f"{inst.name}.publish", instance=inst.name,
+                     store_path=tmp_path / f"{client}.store")
+
+
+def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_instance, broker, tmp_path):
+    inst = start_instance()
+    clients = [f"pub-{i}" for i in range(4)]
+    pubs = [publisher(broker, inst, c, tmp_path) for c in clients]
+    per_client = 25_000
+    oob = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5)  # a second, unrelated Kafka client
+    rng = random.Random(7)
+    sent_copies = 0
+
+    def first_half(pub):
+        for i in range(per_client // 2):
+            pub.publish("/orders", b'{"id": %d, "qty": %d}' % (i, i % 500))
+
+    threads = [threading.Thread(target=first_half, args=(p,)) for p in pubs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for pub in pubs:
+        pub.logon()  # re-sends whatever is not yet acknowledged: duplicates for the instance to drop
+    for client in clients:
+        for seq in rng.sample(range(1, per_client // 2 + 1), 1250):
+            raw_publish(oob, f"{inst.name}.publish", b'{"copy": true}', amps_client=client, amps_seq=str(seq),
+                        amps_topic="/orders")
+            sent_copies += 1
+    oob.flush()
+
+    def second_half(pub):
+        for i in range(per_client // 2, per_client):
+            pub.publish("/orders", b'{"id": %d, "qty": %d}' % (i, i % 500))
+        pub.flush(timeout=300)
+
+    threads = [threading.Thread(target=second_half, args=(p,)) for p in pubs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for pub in pubs:
+        assert pub.persisted_seq == per_client
+        pub.close()
+
+    rows = txlog_rows(tmp_path, inst.name, ["seq", "publisher", "publisher_seq", "data"])
+    assert rows.num_rows == 4 * per_client
+    assert_exactly_once(rows, {c: per_client for c in clients})
+    assert b'{"copy": true}' not in set(rows["data"].to_pylist()), "an out-of-band copy replaced the original"
+    assert inst.status()["counters"]["duplicates"] >= sent_copies
+
+
+def test_bad_messages_go_to_rejected_with_reason_and_the_instance_keeps_running(start_instance, broker, tmp_path):
+    inst = start_instance(txlog_topics="<Topic><Name>/orders.*</Name><MessageType>json</MessageType></Topic>"
+                                       "<Topic><Name>/orders.*</Name><MessageType>xml</MessageType></Topic>")
+    topic = f"{inst.name}.publish"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    raw_publish(producer, topic, b'{"a": 1}', amps_seq="1", amps_topic="/orders")  # no client
+    raw_publish(producer, topic, b'{"a": 1}', amps_client="bad", amps_topic="/orders")  # no seq
+    raw_publish(producer, topic, b'{"a": 1}', amps_client="bad", amps_seq="seven", amps_topic="/orders")
+    raw_publish(producer, topic, b'{"a": ', amps_client="bad", amps_seq="1", amps_topic="/orders")
+    raw_publish(producer, topic, b'{"a": 1}', amps_client="bad", amps_seq="2", amps_topic="/trades")
+    raw_publish(producer, topic, b"not xml", amps_client="bad", amps_seq="3", amps_topic="/orders", amps_type="xml")
+    raw_publish(producer, topic, b'{"ok": 1}', amps_client="good", amps_seq="1", amps_topic="/orders")
+    producer.flush()
+
+    wait_until(lambda: txlog_rows(tmp_path, inst.name).num_rows == 1, what="the good message in the txlog")
+    reasons = sorted(r["reason"] for r in rejected_rows(tmp_path, inst.name))
+    assert len(reasons) == 6
+    expected = ["missing amps-client header", "missing amps-seq header", "'seven' is not a decimal",
+                "body is not valid JSON", "topic '/trades' (json) is not recorded", "body is not well-formed XML"]
+    for fragment in expected:
+        assert any(fragment in r for r in reasons), f"no rejection mentions {fragment!r}: {reasons}"
+    assert txlog_rows(tmp_path, inst.name)["publisher"].to_pylist() == ["good"]
+    assert inst.status()["running"]
+
+
+def test_logon_reports_the_last_persisted_sequence(start_instance, broker, tmp_path):
+    inst = start_instance()
+    with publisher(broker, inst, "logon-client", tmp_path) as pub:
+        for i in range(10):
+            pub.publish("/orders", b'{"i": %d}' % i)
+        pub.flush(timeout=120)
+    again = publisher(broker, inst, "logon-client", tmp_path)
+    try:
+        assert again.last_logon_seq == 10
+        assert again.publish("/orders", b'{"i": 10}') == 11
+        again.flush(timeout=120)
+    finally:
+        again.close()
+    assert txlog_rows(tmp_path, inst.name)["publisher_seq"].to_pylist() == list(range(1, 12))
