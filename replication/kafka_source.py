@@ -1,0 +1,555 @@
+"""Kafka as a Spark streaming source: a PySpark Python data source over kafka-python.
+
+Spark's own Kafka connector comes from Maven, which the project cannot reach, so
+this module reads Kafka with kafka-python inside Spark's Python workers.
+
+Offsets are explicit per-partition positions kept in Spark's checkpoint, as JSON
+``{"topic": {"partition": next_offset}}``; no consumer group is used and nothing
+is committed to Kafka. A new query starts at the *earliest* retained offset of
+every partition, so it sees everything the topics hold. Topics that do not exist
+yet contribute no partitions; partitions that appear later (a topic created, or
+partitions added) are read from offset 0 (in practice: the earliest retained).
+
+Example:
+    >>> from replication.kafka_source import register                    # doctest: +SKIP
+    >>> register(spark)
+    >>> df = (spark.readStream.format("replication-kafka")
+    ...       .option("bootstrap.servers", "127.0.0.1:9092")
+    ...       .option("topics", "amps-1.publish")
+    ...       .option("maxOffsetsPerTrigger", 100000)
+    ...       .load())
+
+Output columns (:data:`SCHEMA`): ``kafka_topic``, ``kafka_partition``,
+``kafka_offset``, ``kafka_timestamp`` (record timestamp, UTC), ``key``, ``value``,
+``headers`` (``array<struct<key string, value binary>>``: Kafka allows repeated
+header keys and their order matters, a map would lose both), and the publish
+headers of DESIGN §7 decoded to strings for the ingest code: ``h_client``,
+``h_seq``, ``h_topic``, ``h_command``, ``h_type`` (null when absent; when a key
+repeats, the last value wins, as Kafka's ``lastHeader``; bytes that are not
+UTF-8 are decoded with U+FFFD replacements, the raw value stays in ``headers``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from replication.errors import ConfigError, ReplicationError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from kafka import KafkaConsumer, TopicPartition
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+FORMAT = "replication-kafka"
+
+#: Publish headers (DESIGN §7) exposed as top-level string columns, in column order.
+PUBLISH_HEADERS: tuple[tuple[str, str], ...] = (
+    ("amps-client", "h_client"),
+    ("amps-seq", "h_seq"),
+    ("amps-topic", "h_topic"),
+    ("amps-command", "h_command"),
+    ("amps-type", "h_type"),
+)
+
+HEADER_TYPE = StructType([
+    StructField("key", StringType(), False),
+    StructField("value", BinaryType(), True),
+])
+
+SCHEMA = StructType(
+    [
+        StructField("kafka_topic", StringType(), False),
+        StructField("kafka_partition", IntegerType(), False),
+        StructField("kafka_offset", LongType(), False),
+        StructField("kafka_timestamp", TimestampType(), True),
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("headers", ArrayType(HEADER_TYPE, False), False),
+    ]
+    + [StructField(column, StringType(), True) for _, column in PUBLISH_HEADERS]
+)
+
+#: Rows per Arrow batch handed to Spark; bigger batches amortise per-batch cost.
+ARROW_BATCH_ROWS = 20_000
+#: Fetch sizes of the executor consumers: large, so one round trip brings many
+#: zstd batches (measured in bench/kafka_source.py).
+FETCH_MAX_BYTES = 64 * 1024 * 1024
+MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
+MAX_POLL_RECORDS = 20_000
+#: Short polls: kafka-python may sleep a whole long poll timeout (DESIGN §9).
+POLL_TIMEOUT_MS = 10
+FETCH_MAX_WAIT_MS = 5
+#: A read() that makes no progress this long fails the task (Spark retries it).
+STALL_TIMEOUT_S = 120.0
+#: How often the driver refreshes topic metadata to notice new topics/partitions.
+METADATA_REFRESH_S = 1.0
+#: How long the driver waits for fetch responses carrying high watermarks.
+HIGH_WATERMARK_TIMEOUT_S = 10.0
+
+
+class KafkaSourceError(ReplicationError):
+    """Kafka could not be read as asked (stalled partition, lost data); retrying may help."""
+
+    transient = True
+
+
+# -- options -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KafkaSourceOptions:
+    """The source's options, parsed once from Spark's ``.option(...)`` strings.
+
+    Attributes:
+        bootstrap_servers: ``host:port[,host:port...]`` (option ``bootstrap.servers``,
+            or ``kafka.bootstrap.servers`` as in Spark's Kafka connector).
+        topics: topics to read (option ``topics``, comma separated, or ``subscribe``).
+        max_offsets_per_trigger: upper bound of offsets per micro-batch over all
+            partitions (option ``maxOffsetsPerTrigger``); ``None``: no bound.
+            Offsets, not records: transaction markers occupy offsets too.
+    """
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    max_offsets_per_trigger: int | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+        # Spark passes options in a case-insensitive dict; normalise for plain dicts too.
+        opts = {k.lower(): v for k, v in options.items()}
+        servers = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
+        if not servers:
+            raise ConfigError(
+                f"{FORMAT}: option 'bootstrap.servers' is required, e.g. "
+                f".option('bootstrap.servers', '127.0.0.1:9092')"
+            )
+        topics = tuple(t.strip() for t in (opts.get("topics") or opts.get("subscribe") or "").split(",") if t.strip())
+        if not topics:
+            raise ConfigError(
+                f"{FORMAT}: option 'topics' is required (comma-separated Kafka topics), e.g. "
+                f".option('topics', 'amps-1.publish')"
+            )
+        limit = opts.get("maxoffsetspertrigger")
+        max_offsets: int | None = None
+        if limit not in (None, ""):
+            try:
+                max_offsets = int(limit)
+            except ValueError:
+                max_offsets = 0
+            if max_offsets <= 0:
+                raise ConfigError(
+                    f"{FORMAT}: maxOffsetsPerTrigger must be a positive integer, got {limit!r}; "
+                    f"e.g. .option('maxOffsetsPerTrigger', 100000), or leave it out for no limit"
+                )
+        return cls(servers.strip(), topics, max_offsets)
+
+
+# -- offsets -------------------------------------------------------------------
+
+#: In memory, offsets are ``{(topic, partition): next_offset}``.
+Positions = dict[tuple[str, int], int]
+
+
+def decode_offset(offset: Mapping[str, Mapping[str, int]] | None) -> Positions:
+    """Spark's JSON offset ``{"topic": {"0": 5}}`` to ``{("topic", 0): 5}``."""
+    return {(t, int(p)): int(o) for t, parts in (offset or {}).items() for p, o in parts.items()}
+
+
+def encode_offset(positions: Positions) -> dict[str, dict[str, int]]:
+    """``{("topic", 0): 5}`` to the JSON-friendly ``{"topic": {"0": 5}}`` (sorted, stable)."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(positions.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
+def limit_positions(start: Positions, latest: Positions, max_offsets: int) -> Positions:
+    """End positions that advance at most ``max_offsets`` in total beyond ``start``.
+
+    The budget is shared in proportion to each partition's backlog (largest
+    remainders get the leftover), so a busy partition cannot starve the others.
+    """
+    backlog = {tp: latest[tp] - start.get(tp, 0) for tp in latest}
+    backlog = {tp: n for tp, n in backlog.items() if n > 0}
+    total = sum(backlog.values())
+    end = {tp: max(latest[tp], start.get(tp, 0)) for tp in latest}
+    if total <= max_offsets:
+        return end
+    shares = {tp: max_offsets * n // total for tp, n in backlog.items()}
+    leftover = max_offsets - sum(shares.values())
+    by_remainder = sorted(backlog, key=lambda tp: (-(max_offsets * backlog[tp] % total), tp))
+    for tp in by_remainder[:leftover]:
+        shares[tp] += 1
+    for tp, share in shares.items():
+        end[tp] = start.get(tp, 0) + share
+    return end
+
+
+# -- Spark data source ---------------------------------------------------------
+
+
+class KafkaSource(DataSource):
+    """``spark.readStream.format("replication-kafka")``: Kafka topics as a stream (see module doc)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(KafkaSourceOptions.parse(self.options))
+
+
+@dataclass(frozen=True)
+class KafkaInputPartition(InputPartition):
+    """Offsets ``[start, end)`` of one Kafka partition: one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches over Kafka offsets (driver side) and reads them (executor side).
+
+    Lifecycle, as Spark drives it: ``initialOffset`` once for a new query;
+    ``prepareForTriggerAvailableNow`` once with ``Trigger.AvailableNow``; then per
+    micro-batch ``latestOffset(start, limit)``, ``partitions(start, end)`` and, in
+    the executors, ``read(partition)``; ``commit(end)`` after each batch;
+    ``stop()`` at the end (closes the driver's consumer).
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        self._probe: _OffsetProbe | None = None  # driver only, created on first use
+        self._target: Positions | None = None  # availableNow: never read beyond this
+        self._latest: Positions | None = None
+
+    # driver side
+
+    def initialOffset(self) -> dict:
+        return encode_offset(self._offsets().earliest())
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return super().getDefaultReadLimit()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._offsets().latest(refresh=True)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = decode_offset(start)
+        latest = self._offsets().latest()
+        if self._target is not None:
+            # Partitions born after prepareForTriggerAvailableNow are not part of this run.
+            latest = {tp: min(o, self._target[tp]) for tp, o in latest.items() if tp in self._target}
+        for tp, offset in latest.items():
+            if offset < begin.get(tp, 0):
+                # The log is shorter than our checkpoint: topic re-created or a
+                # broker lost data. Do not go backwards; wait until it is past us.
+                log.warning("%s[%d]: latest offset %d is below the checkpointed %d; holding",
+                            tp[0], tp[1], offset, begin[tp])
+        self._latest = {tp: max(o, begin.get(tp, 0)) for tp, o in latest.items()}
+        end = dict(begin)  # keep partitions that vanished from metadata
+        if isinstance(limit, ReadMaxRows):
+            end.update(limit_positions(begin, self._latest, limit.max_rows))
+        else:
+            end.update(self._latest)
+        return encode_offset(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return encode_offset(self._latest) if self._latest is not None else None
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
+        begin = decode_offset(start)
+        return [
+            KafkaInputPartition(topic, partition, begin.get((topic, partition), 0), stop)
+            for (topic, partition), stop in sorted(decode_offset(end).items())
+            if stop > begin.get((topic, partition), 0)
+        ]
+
+    def commit(self, end: dict) -> None:
+        pass  # offsets live in Spark's checkpoint; nothing to tell Kafka
+
+    def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    def _offsets(self) -> _OffsetProbe:
+        if self._probe is None:
+            self._probe = _OffsetProbe(self.options)
+        return self._probe
+
+    # executor side
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        return read_partition(self.options, partition)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``spark.readStream.format("replication-kafka")`` available in this session."""
+    spark.dataSource.register(KafkaSource)
+
+
+# -- driver: where the partitions start and end --------------------------------
+
+
+class _OffsetProbe:
+    """The driver's view of the topics: their partitions, earliest and latest offsets.
+
+    Keeps one consumer (no group) for the life of the stream reader.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        from kafka import KafkaConsumer
+
+        self.options = options
+        self._consumer: KafkaConsumer = KafkaConsumer(
+            bootstrap_servers=options.bootstrap_servers.split(","),
+            group_id=None,
+            enable_auto_commit=False,
+            allow_auto_create_topics=False,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            # Watermark probes only need a fetch *response*; a broker still sends
+            # at least one whole batch, and these limits keep it to that.
+            max_partition_fetch_bytes=1,
+            fetch_max_bytes=1,
+            max_poll_records=1,
+            auto_offset_reset="latest",  # out of range: re-probe from the end
+        )
+        self._refreshed_at = float("-inf")
+        self._existing: set[str] = set()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def topic_partitions(self, refresh: bool = False) -> list[TopicPartition]:
+        """Partitions of the configured topics that exist now (missing topics: none)."""
+        from kafka import TopicPartition
+
+        now = time.monotonic()
+        if refresh or now - self._refreshed_at >= METADATA_REFRESH_S:
+            # A full metadata refresh sees new topics and partitions. Asking
+            # partitions_for_topic() about a missing topic would refresh again,
+            # and kafka-python spaces refreshes 100 ms apart: so ask only about
+            # the topics this refresh found.
+            self._existing = self._consumer.topics()
+            self._refreshed_at = now
+        return [
+            TopicPartition(topic, p)
+            for topic in self.options.topics
+            if topic in self._existing
+            for p in sorted(self._consumer.partitions_for_topic(topic) or ())
+        ]
+
+    def earliest(self) -> Positions:
+        tps = self.topic_partitions(refresh=True)
+        if not tps:
+            return {}
+        return {(tp.topic, tp.partition): o for tp, o in self._consumer.beginning_offsets(tps).items()}
+
+    def latest(self, refresh: bool = False) -> Positions:
+        """The high watermark (offset of the next record) of every partition.
+
+        ListOffsets(LATEST) alone is not enough: tansu answers with a position
+        inside the last record batch (DESIGN §9). So: seek each partition to the
+        listed offset and fetch once; the fetch response's high watermark is the
+        truth on every broker. On Apache Kafka the listed offset *is* the high
+        watermark and the fetch returns no records; on tansu it returns the last
+        batch. Taking the larger of the two never overshoots.
+        """
+        tps = self.topic_partitions(refresh)
+        if not tps:
+            return {}
+        consumer = self._consumer
+        listed = consumer.end_offsets(tps)
+        # A fresh assignment forgets the high watermarks of earlier probes, so
+        # a value seen below is from this probe's fetch.
+        consumer.unsubscribe()
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, listed[tp])
+        deadline = time.monotonic() + HIGH_WATERMARK_TIMEOUT_S
+        pending = set(tps)
+        while pending and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=1)  # records are not wanted
+            pending = {tp for tp in pending if consumer.highwater(tp) is None}
+        consumer.pause(*tps)  # no prefetching of data nobody reads
+        if pending:
+            # The listed offset is exact on Kafka and too low (never too high) on
+            # tansu: safe; the remaining records come with a later batch.
+            log.warning("no fetch response for %s within %.0fs; using ListOffsets values",
+                        sorted(pending), HIGH_WATERMARK_TIMEOUT_S)
+        out: Positions = {}
+        for tp in tps:
+            hw = consumer.highwater(tp)
+            out[(tp.topic, tp.partition)] = max(listed[tp], hw if hw is not None else -1)
+        return out
+
+
+# -- executor: reading one partition -------------------------------------------
+
+
+def read_partition(options: KafkaSourceOptions, part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``part`` (offsets ``[start, end)``) as Arrow batches of :data:`SCHEMA`.
+
+    Stops when the consumer's position reaches ``end``, not on the offset of a
+    record: transaction markers and compacted-away records occupy offsets but are
+    never returned.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=options.bootstrap_servers.split(","),
+        group_id=None,
+        enable_auto_commit=False,
+        allow_auto_create_topics=False,
+        # Records below the log start were deleted by retention: continue from there.
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+        fetch_max_bytes=FETCH_MAX_BYTES,
+        max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
+        max_poll_records=MAX_POLL_RECORDS,
+    )
+    tp = TopicPartition(part.topic, part.partition)
+    batch = _BatchBuilder(part.topic, part.partition)
+    end = part.end
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, part.start)
+        stalled_since = time.monotonic()
+        while consumer.position(tp) < end:
+            records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS).get(tp)
+            if not records:
+                if time.monotonic() - stalled_since > STALL_TIMEOUT_S:
+                    raise KafkaSourceError(
+                        f"{part.topic}[{part.partition}]: no records for {STALL_TIMEOUT_S:.0f}s at offset "
+                        f"{consumer.position(tp)}, expected data up to offset {end}; is the broker up?"
+                    )
+                continue
+            stalled_since = time.monotonic()
+            batch.extend(records, end)
+            if len(batch) >= ARROW_BATCH_ROWS:
+                yield batch.flush()
+        if len(batch):
+            yield batch.flush()
+    finally:
+        consumer.close()
+
+
+_HEADER_SLOT = {key: i for i, (key, _) in enumerate(PUBLISH_HEADERS)}
+
+
+class _BatchBuilder:
+    """Accumulates kafka-python records column by column and emits Arrow batches."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.topic = topic
+        self.partition = partition
+        # Spark rejects a batch whose schema differs in any detail (field names,
+        # nullability): derive it the way Spark does.
+        self.schema = to_arrow_schema(SCHEMA, timezone="UTC")
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.header_ends: list[int] = [0]
+        self.header_keys: list[str] = []
+        self.header_values: list[bytes | None] = []
+        self.publish: list[list[bytes | None]] = [[] for _ in PUBLISH_HEADERS]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def extend(self, records: list[Any], end: int) -> None:
+        """Append the records with offset below ``end`` (the hot loop: locals on purpose)."""
+        offsets, timestamps = self.offsets.append, self.timestamps.append
+        keys, values = self.keys.append, self.values.append
+        header_ends, header_keys, header_values = self.header_ends.append, self.header_keys, self.header_values
+        publish = [column.append for column in self.publish]
+        slot_of = _HEADER_SLOT.get
+        count = len(header_keys)
+        for record in records:
+            if record.offset >= end:
+                break
+            offsets(record.offset)
+            timestamps(record.timestamp)
+            keys(record.key)
+            values(record.value)
+            found = [None, None, None, None, None]
+            headers = record.headers
+            if headers:
+                for key, value in headers:
+                    slot = slot_of(key)
+                    if slot is not None:
+                        found[slot] = value
+                header_keys.extend([h[0] for h in headers])
+                header_values.extend([h[1] for h in headers])
+                count += len(headers)
+            header_ends(count)
+            for append, value in zip(publish, found):
+                append(value)
+
+    def flush(self) -> pa.RecordBatch:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(self.offsets)
+        millis = pa.array(self.timestamps, pa.int64())
+        # -1 means "no timestamp" (old message formats).
+        micros = pc.if_else(pc.less(millis, 0), None, pc.multiply(millis, 1000))
+        header_type = self.schema.field("headers").type
+        entries = pa.StructArray.from_arrays(
+            [pa.array(self.header_keys, pa.string()), pa.array(self.header_values, pa.binary())],
+            fields=list(header_type.value_type),
+        )
+        columns = [
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            micros.cast(pa.timestamp("us", tz="UTC")),
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.ListArray.from_arrays(pa.array(self.header_ends, pa.int32()), entries, type=header_type),
+        ] + [_utf8(values) for values in self.publish]
+        self._reset()
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _utf8(values: list[bytes | None]) -> pa.Array:
+    import pyarrow as pa
+
+    raw = pa.array(values, pa.binary())
+    try:
+        return raw.cast(pa.string())  # validates UTF-8 in C: the common, fast path
+    except pa.ArrowInvalid:
+        return pa.array([v.decode("utf-8", "replace") if v is not None else None for v in values], pa.string())
