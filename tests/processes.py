@@ -1,0 +1,58 @@
+"""Instances as separate OS processes, for tests that kill -9 them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+class InstanceProcess:
+    """``replication run CONFIG`` in its own process group (so kill -9 takes its JVM too)."""
+
+    def __init__(self, config_path: Path, log_path: Path, *, failpoints: str | None = None) -> None:
+        env = dict(os.environ)
+        env.pop("REPLICATION_FAILPOINTS", None)
+        if failpoints:
+            env["REPLICATION_FAILPOINTS"] = failpoints
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "replication.cli", "run", str(config_path), "--log-level", "INFO"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    def wait_killed(self, timeout: float = 300) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._log.close()
+        return code
+
+    def kill9(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.wait_killed()
+
+    def stop(self, timeout: float = 60) -> int:
+        """Ctrl-C, as a user would; kill -9 if it does not stop in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group (the JVM)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
