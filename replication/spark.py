@@ -26,7 +26,7 @@ DEFAULT_CONF: dict[str, str] = {
 def session(app_name: str = "replication", *, master: str | None = None) -> "SparkSession":
     """Return the active SparkSession, or build one with :data:`DEFAULT_CONF`.
 
-    Settings given by ``spark-submit --conf`` win: builder values only fill gaps.
+    Settings given by ``spark-submit`` (``--master``, ``--conf``) win: defaults only fill gaps.
     """
     from pyspark.sql import SparkSession
 
@@ -36,11 +36,15 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
     # Python workers (data sources, foreachBatch helpers) must run the same
     # interpreter as the driver, or they will not find this package.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf
+
+    given = SparkConf()  # under spark-submit: its --master and --conf values
     builder = SparkSession.builder.appName(app_name)
-    if master or not os.environ.get("SPARK_MASTER_SET_BY_SUBMIT"):
+    if master or not given.contains("spark.master"):
         builder = builder.master(master or os.environ.get("REPLICATION_SPARK_MASTER", "local[2]"))
     for key, value in DEFAULT_CONF.items():
-        builder = builder.config(key, value)
+        if not given.contains(key):
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))
     return spark

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Run instances through spark-submit, installing the project on first use.
+#
+#   ./spark-submit.sh                          local demo (embedded broker, conf/ instances, a publisher)
+#   ./spark-submit.sh conf/amps-1.xml          one instance
+#   ./spark-submit.sh --master local[4] --conf spark.driver.memory=8g conf/a.xml conf/b.xml
+#
+# spark-submit's own options go to spark-submit; everything else (configs, or demo options
+# such as --rate 2000 --messages 10000) goes to the job.
+# REPLICATION_VENV chooses the virtual environment (default: .venv beside this script).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="${REPLICATION_VENV:-$here/.venv}"
+
+if ! command -v java >/dev/null 2>&1; then
+  echo "spark-submit.sh: Java 17 or newer is required (java not found on PATH)" >&2
+  exit 2
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c "import replication, pyspark" >/dev/null 2>&1; then
+  echo "installing the project into $venv ..." >&2
+  "$venv/bin/pip" install -q -e "$here"
+fi
+
+spark_args=()
+job_args=()
+configs=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --master|--conf|-c|--name|--driver-memory|--driver-cores|--driver-java-options|--executor-memory|\
+    --executor-cores|--num-executors|--total-executor-cores|--deploy-mode|--py-files|--files|--jars|\
+    --properties-file|--queue)
+      spark_args+=("$1" "$2"); shift ;;
+    --verbose|--supervise) spark_args+=("$1") ;;
+    *.xml) job_args+=("$1"); configs=1 ;;
+    *) job_args+=("$1") ;;
+  esac
+  shift
+done
+
+export PYSPARK_PYTHON="$venv/bin/python"
+export PYSPARK_DRIVER_PYTHON="$venv/bin/python"
+has_master=0
+for a in "${spark_args[@]+"${spark_args[@]}"}"; do [ "$a" = "--master" ] && has_master=1; done
+[ "$has_master" = 1 ] || spark_args=(--master "local[2]" "${spark_args[@]+"${spark_args[@]}"}")
+
+case " ${spark_args[*]+"${spark_args[*]}"} " in *" --driver-memory "*) ;; *) spark_args+=(--driver-memory 4g) ;; esac
+spark_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties")
+
+job="$here/jobs/demo.py"
+[ "$configs" = 1 ] && job="$here/jobs/instance.py"
+exec "$venv/bin/spark-submit" "${spark_args[@]}" "$job" "${job_args[@]+"${job_args[@]}"}"
