@@ -14,15 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 #: Key of this product's record in each commit's commitInfo.
 COMMIT_METADATA_KEY = "replication.batch"
 
 
-def open_or_create(path: Path, schema: pa.Schema, *, name: str) -> DeltaTable:
-    """Open the Delta table at ``path``, creating it empty with ``schema`` if absent."""
+def open_or_create(
+    path: Path, schema: pa.Schema, *, name: str, configuration: dict[str, str] | None = None
+) -> DeltaTable:
+    """Open the Delta table at ``path``, creating it empty with ``schema`` if absent.
+
+    ``configuration`` adds table properties at creation (e.g. change data feed).
+    """
     try:
         return DeltaTable(str(path))
     except TableNotFoundError:
@@ -32,18 +37,33 @@ def open_or_create(path: Path, schema: pa.Schema, *, name: str) -> DeltaTable:
             schema,
             mode="ignore",
             name=name,
-            configuration={"delta.checkpointInterval": "50"},
+            configuration={"delta.checkpointInterval": "50", **(configuration or {})},
         )
 
 
 class IdempotentAppender:
-    """The single writer of one app id on one Delta table."""
+    """The single writer of one app id on one Delta table.
 
-    def __init__(self, path: Path, schema: pa.Schema, *, app_id: str, name: str) -> None:
+    Other app ids may write the same table concurrently (several upstreams
+    appending to one inbox): blind appends do not conflict, and delta-rs
+    retries a commit that lost the race.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        schema: pa.Schema,
+        *,
+        app_id: str,
+        name: str,
+        configuration: dict[str, str] | None = None,
+        writer_properties: WriterProperties | None = None,
+    ) -> None:
         self.path = path
         self.schema = schema
         self.app_id = app_id
-        self.table = open_or_create(path, schema, name=name)
+        self.writer_properties = writer_properties
+        self.table = open_or_create(path, schema, name=name, configuration=configuration)
         self._committed = self.table.transaction_version(app_id)
 
     @property
@@ -67,6 +87,7 @@ class IdempotentAppender:
             self.table,
             rows.cast(self.schema) if rows.schema != self.schema else rows,
             mode="append",
+            writer_properties=self.writer_properties,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(self.app_id, version)],
                 custom_metadata=custom,

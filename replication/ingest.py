@@ -142,7 +142,7 @@ def classify(
     keep = _first_new_per_publisher(clients, seqs, valid, state.publishers)
     duplicates = int(valid.sum() - keep.sum())
 
-    links = _link_positions(batch, valid)
+    links = _link_positions(batch)
     kept_idx = np.nonzero(keep)[0]
     txlog_rows = _txlog_rows(batch, kept_idx, seqs, state.max_seq, instance, now)
     rejected_idx = np.array([i for i, r in enumerate(reasons) if r is not None], dtype=np.int64)
@@ -250,7 +250,8 @@ def _first_new_per_publisher(clients, seqs: np.ndarray, valid: np.ndarray, hwm: 
     return keep
 
 
-def _link_positions(batch: pa.Table, valid: np.ndarray) -> dict[str, int]:
+def _link_positions(batch: pa.Table) -> dict[str, int]:
+    """Highest upstream seq per link in the batch: stored, duplicate or rejected, all are handled."""
     out: dict[str, int] = {}
     upstream = batch["upstream_seq"]
     if upstream.null_count == len(upstream):
@@ -273,9 +274,11 @@ def _txlog_rows(batch, kept_idx, seqs, max_seq, instance, now) -> pa.Table:
     clients = rows["publisher"].to_pylist()
     bookmarks = [f"{publisher_id(c)}|{s}|" for c, s in zip(clients, pub_seqs.tolist(), strict=True)]
     origin = pc.fill_null(rows["origin"], instance)
+    # path = the instances a message has passed through, this one included
+    # (a publish stored here: [instance]; sources give received rows theirs).
     path = rows["path"]
     if path.null_count:
-        path = pa.array([p if p is not None else [] for p in path.to_pylist()], pa.list_(pa.string()))
+        path = pa.array([p if p is not None else [instance] for p in path.to_pylist()], pa.list_(pa.string()))
     publish_time = pc.fill_null(rows["publish_time"], pa.scalar(now, pa.timestamp("us", tz="UTC")))
     return pa.table(
         {

@@ -44,7 +44,7 @@ def test_accepts_in_order_and_assigns_increasing_seq():
     rows = result.txlog_rows.to_pylist()
     assert [(r["publisher"], r["publisher_seq"], r["seq"]) for r in rows] == [("a", 1, 11), ("b", 1, 12), ("a", 2, 13)]
     assert rows[0]["bookmark"] == bookmark("a", 1)
-    assert rows[0]["origin"] == "amps-1" and rows[0]["path"] == [] and rows[0]["received_from"] is None
+    assert rows[0]["origin"] == "amps-1" and rows[0]["path"] == ["amps-1"] and rows[0]["received_from"] is None
     assert result.publishers == {"a": 2, "b": 1}
     assert result.rejected_rows.num_rows == 0
 
