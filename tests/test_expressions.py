@@ -130,14 +130,14 @@ def test_spark_agrees_with_python_on_every_case(spark):
     from pyspark.sql import functions as F
 
     rows = [(i, _message_bytes(m)) for i, (_t, m, _e) in enumerate(CASES)]
-    df = spark.createDataFrame(rows, "i int, data binary")
-    cols = [F.col("i")] + [
-        F.when(F.col("i") == i, expressions.to_spark_column(parse(t))).alias(f"c{i}") for i, (t, _m, _e) in enumerate(CASES)
-    ]
-    got = {r["i"]: r[f"c{r['i']}"] for r in df.select(*cols).collect()}
-    mismatches = [
-        (t, expected, got[i]) for i, (t, _m, expected) in enumerate(CASES) if got[i] is not expected
-    ]
+    df = spark.createDataFrame(rows, "i int, data binary").cache()
+    got: dict[int, bool] = {}
+    for start in range(0, len(CASES), 12):  # small plans compile fast
+        chunk = list(enumerate(CASES))[start : start + 12]
+        cols = [expressions.to_spark_column(parse(t)).alias(f"c{i}") for i, (t, _m, _e) in chunk]
+        for r in df.where(F.col("i").between(start, start + len(chunk) - 1)).select("i", *cols).collect():
+            got[r["i"]] = r[f"c{r['i']}"]
+    mismatches = [(t, expected, got[i]) for i, (t, _m, expected) in enumerate(CASES) if got[i] is not expected]
     assert mismatches == []
 
 

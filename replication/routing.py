@@ -1,0 +1,402 @@
+"""The four routing rules of DESIGN §5, written once and compiled to Python and to Spark.
+
+AMPS ("Understanding Replication Message Routing") replicates a message from
+this instance to a destination only when all of these hold:
+
+1. ``txlog``: its topic and message type are recorded in this instance's txlog;
+2. ``topic``/``filter``: a ``<Topic>`` of the destination matches the topic
+   (regex) and message type, and that Topic's ``<Filter>``, if any, matches;
+3. ``passthrough``: it was published here (``received_from`` is NULL), or the
+   group it was received from matches the destination's ``<PassThrough>``
+   (no PassThrough: replicated messages are not forwarded);
+4. ``loop``: the destination instance is not already on the message's ``path``.
+
+:func:`rules` turns a config and a destination into a tuple of :class:`Rule`,
+each holding one condition tree (:class:`Cond`). The same trees are
+interpreted row by row in Python (:func:`decide`, used by ``replication trace``)
+and compiled to one native Spark column (:func:`spark_condition`, used by the
+replicator query), so the engine and the offline tools cannot drift apart.
+
+``path`` convention: the instances that have stored the message, in order,
+origin first and *including the instance holding the row* (see
+:func:`published` and :func:`forwarded`; Spark: :func:`received_path_column`).
+
+Topic and group regexes follow AMPS: a name with no regex metacharacter is a
+literal that matches only itself; otherwise it is a regex searched anywhere in
+the value (PCRE semantics, so anchor with ``^...$`` to match the whole value).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Union
+
+from replication import expressions
+from replication.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+    from replication.config import Destination, DestinationTopic, InstanceConfig
+
+__all__ = [
+    "Decision",
+    "Message",
+    "Rule",
+    "RULES",
+    "decide",
+    "forwarded",
+    "is_literal",
+    "published",
+    "received_path_column",
+    "regex_matches",
+    "rules",
+    "spark_condition",
+]
+
+#: Rule names in evaluation order (``topic`` and ``filter`` both come from rule 2).
+RULES: tuple[str, ...] = ("txlog", "topic", "filter", "passthrough", "loop")
+
+_META = re.compile(r"[.^$*+?()\[\]{}|\\]")
+
+
+def is_literal(pattern: str) -> bool:
+    """True when ``pattern`` has no regex metacharacter (AMPS then matches it exactly)."""
+    return _META.search(pattern) is None
+
+
+@lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def regex_matches(pattern: str, value: str | None) -> bool:
+    """AMPS topic/group matching: literal names match exactly, regexes are searched."""
+    if value is None:
+        return False
+    if is_literal(pattern):
+        return pattern == value
+    return _compiled(pattern).search(value) is not None
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Message:
+    """The routing-relevant columns of one txlog row."""
+
+    topic: str
+    message_type: str = "json"
+    data: Any = None
+    """Message body: dict, JSON text or bytes (only read by content filters)."""
+    received_from: str | None = None
+    """Upstream instance it came from; None when published at this instance."""
+    received_from_group: str | None = None
+    path: tuple[str, ...] = ()
+    origin: str | None = None
+
+
+def published(topic: str, at: str, *, message_type: str = "json", data: Any = None) -> Message:
+    """A message as a publisher's copy is stored at instance ``at``."""
+    return Message(topic, message_type, data, None, None, (at,), at)
+
+
+def forwarded(msg: Message, sender: "InstanceConfig", receiver: str) -> Message:
+    """The row ``receiver`` stores when ``sender`` replicates ``msg`` to it."""
+    return replace(
+        msg,
+        received_from=sender.name,
+        received_from_group=sender.group or sender.name,
+        path=tuple(msg.path) + (receiver,),
+        origin=msg.origin or (msg.path[0] if msg.path else sender.name),
+    )
+
+
+def received_path_column(path_col: "str | Column", instance: str) -> "Column":
+    """Spark: the ``path`` an instance stores for a row it received (upstream path + itself)."""
+    from pyspark.sql import functions as F
+
+    col = F.col(path_col) if isinstance(path_col, str) else path_col
+    return F.concat(F.coalesce(col, F.array().cast("array<string>")), F.array(F.lit(instance)))
+
+
+# --------------------------------------------------------------------------- conditions
+
+
+@dataclass(frozen=True)
+class Matches:
+    """``column`` (first non-NULL of ``columns``) matches an AMPS topic/group regex."""
+
+    columns: tuple[str, ...]
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Equals:
+    column: str
+    value: str
+
+
+@dataclass(frozen=True)
+class IsNull:
+    column: str
+
+
+@dataclass(frozen=True)
+class Contains:
+    """Array ``column`` contains ``value``."""
+
+    column: str
+    value: str
+
+
+@dataclass(frozen=True)
+class ContentFilter:
+    expr: expressions.Expr
+    text: str
+
+
+@dataclass(frozen=True)
+class AllOf:
+    items: tuple["Cond", ...]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    items: tuple["Cond", ...]
+
+
+@dataclass(frozen=True)
+class Negate:
+    item: "Cond"
+
+
+Cond = Union[Matches, Equals, IsNull, Contains, ContentFilter, AllOf, AnyOf, Negate]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One routing rule for one destination: a name and the condition a row must meet."""
+
+    name: str
+    """One of :data:`RULES`."""
+    condition: Cond
+    description: str
+
+
+def _topic_cond(name: str, message_type: str) -> Cond:
+    return AllOf((Matches(("topic",), name), Equals("message_type", message_type)))
+
+
+def _filter_of(cfg: "InstanceConfig", dest: "Destination", topic: "DestinationTopic") -> ContentFilter | None:
+    if not topic.filter:
+        return None
+    if topic.message_type != "json":
+        raise ConfigError(
+            f"{cfg.name}: destination {dest.name}, topic {topic.name!r}: content filters are "
+            f"supported for json topics only, not {topic.message_type}; remove the <Filter> "
+            "or replicate this topic as json",
+            file=topic.source.file,
+            line=topic.source.line or None,
+        )
+    try:
+        return ContentFilter(expressions.parse(topic.filter), topic.filter)
+    except expressions.FilterSyntaxError as exc:
+        raise expressions.FilterSyntaxError(
+            f"{topic.source}: {cfg.name}, destination {dest.name}, topic {topic.name!r}: {exc}",
+            text=exc.text,
+            position=exc.position,
+            file=topic.source.file,
+            line=topic.source.line or None,
+        ) from None
+
+
+def rules(cfg: "InstanceConfig", dest: "Destination", *, target: str | None = None) -> tuple[Rule, ...]:
+    """The rules a row must meet to go from ``cfg`` to ``dest``.
+
+    Args:
+        cfg: the sending instance.
+        dest: one of ``cfg.destinations``.
+        target: name of the instance actually reached through ``dest`` (its
+            failover list may lead to several); default ``dest.name``.
+
+    Raises:
+        ConfigError: a filter does not parse, or filters a non-json topic.
+    """
+    target = target or dest.name
+    txlog = AnyOf(tuple(_topic_cond(t.name, t.message_type) for t in cfg.txlog_topics))
+    topic = AnyOf(tuple(_topic_cond(t.name, t.message_type) for t in dest.topics))
+    with_filters = []
+    for t in dest.topics:
+        flt = _filter_of(cfg, dest, t)
+        cond = _topic_cond(t.name, t.message_type)
+        with_filters.append(AllOf(cond.items + (flt,)) if flt else cond)
+    if dest.pass_through is None:
+        passthrough: Cond = IsNull("received_from")
+        pt_text = "published here (no PassThrough: replicated messages are not forwarded)"
+    else:
+        passthrough = AnyOf(
+            (IsNull("received_from"), Matches(("received_from_group", "received_from"), dest.pass_through))
+        )
+        pt_text = f"published here, or received from a group matching PassThrough {dest.pass_through!r}"
+    return (
+        Rule("txlog", txlog, f"topic and message type recorded in {cfg.name}'s transaction log"),
+        Rule("topic", topic, f"a <Topic> of destination {dest.name} matches topic and message type"),
+        Rule("filter", AnyOf(tuple(with_filters)), "and that <Topic>'s <Filter>, if any, matches the message"),
+        Rule("passthrough", passthrough, pt_text),
+        Rule("loop", Negate(Contains("path", target)), f"{target} is not already on the message's path"),
+    )
+
+
+# --------------------------------------------------------------------------- Python form
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a message goes to a destination, and if not, the first rule that stops it."""
+
+    sent: bool
+    rule: str | None
+    """None when sent; else one of :data:`RULES`."""
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.sent
+
+
+def _py(cond: Cond, msg: Message) -> bool:
+    if isinstance(cond, Matches):
+        value = next((getattr(msg, c) for c in cond.columns if getattr(msg, c) is not None), None)
+        return regex_matches(cond.pattern, value)
+    if isinstance(cond, Equals):
+        return getattr(msg, cond.column) == cond.value
+    if isinstance(cond, IsNull):
+        return getattr(msg, cond.column) is None
+    if isinstance(cond, Contains):
+        return cond.value in (getattr(msg, cond.column) or ())
+    if isinstance(cond, ContentFilter):
+        return expressions.evaluate(cond.expr, msg.data)
+    if isinstance(cond, AllOf):
+        return all(_py(c, msg) for c in cond.items)
+    if isinstance(cond, AnyOf):
+        return any(_py(c, msg) for c in cond.items)
+    if isinstance(cond, Negate):
+        return not _py(cond.item, msg)
+    raise TypeError(f"not a routing condition: {cond!r}")
+
+
+def decide(cfg: "InstanceConfig", dest: "Destination", msg: Message, *, target: str | None = None) -> Decision:
+    """Apply the four rules to one message, in order; say which one stops it and why.
+
+    Example:
+        >>> d = decide(cfg, cfg.destination("amps-2"), published("/orders/1", "amps-1"))  # doctest: +SKIP
+        >>> d.sent, d.rule, d.reason  # doctest: +SKIP
+        (True, None, 'sent to amps-2')
+    """
+    target = target or dest.name
+    for rule in rules(cfg, dest, target=target):
+        if not _py(rule.condition, msg):
+            return Decision(False, rule.name, _why(rule.name, cfg, dest, msg, target))
+    return Decision(True, None, f"sent to {target} (destination {dest.name}, {dest.sync_type})")
+
+
+def _why(rule: str, cfg: "InstanceConfig", dest: "Destination", msg: Message, target: str) -> str:
+    what = f"topic {msg.topic!r} ({msg.message_type})"
+    if rule == "txlog":
+        return f"{what} is not recorded in {cfg.name}'s transaction log"
+    if rule == "topic":
+        names = ", ".join(f"{t.name!r} ({t.message_type})" for t in dest.topics) or "none"
+        return f"no <Topic> of destination {dest.name} matches {what}; its topics: {names}"
+    if rule == "filter":
+        filters = [t.filter for t in dest.topics if t.filter and _py(_topic_cond(t.name, t.message_type), msg)]
+        return f"filter false: the message does not match {' / '.join(repr(f) for f in filters)}"
+    if rule == "passthrough":
+        group = msg.received_from_group or msg.received_from
+        if dest.pass_through is None:
+            return (
+                f"{cfg.name} received it from {msg.received_from} (group {group}) and destination "
+                f"{dest.name} has no PassThrough, so replicated messages are not forwarded"
+            )
+        return (
+            f"{cfg.name} received it from {msg.received_from} (group {group}), which does not match "
+            f"PassThrough {dest.pass_through!r} of destination {dest.name}"
+        )
+    if rule == "loop":
+        return f"loop: {target} is already on the message's path {' -> '.join(msg.path)}"
+    return rule
+
+
+# --------------------------------------------------------------------------- Spark form
+
+
+def spark_condition(
+    cfg: "InstanceConfig",
+    dest: "Destination",
+    *,
+    target: str | None = None,
+    data_col: str = "data",
+    variant: "Column | None" = None,
+) -> "Column":
+    """One native Spark boolean column: the rows of ``cfg``'s txlog that go to ``dest``.
+
+    Reads the txlog columns ``topic``, ``message_type``, ``data``,
+    ``received_from``, ``received_from_group`` and ``path``. The content filter
+    (if any) parses ``data`` as JSON once per row, or uses ``variant`` (see
+    :func:`replication.expressions.parse_json_column`) when given.
+
+    Example:
+        >>> txlog_df.where(spark_condition(cfg, cfg.destination("amps-2")))  # doctest: +SKIP
+    """
+    from pyspark.sql import functions as F
+
+    all_rules = rules(cfg, dest, target=target)
+    # "topic" is implied by "filter" (each filter term includes its topic match).
+    conds = [r.condition for r in all_rules if r.name != "topic"]
+    needs_json = any(_has_filter(c) for c in conds)
+    v = variant if variant is not None else (expressions.parse_json_column(data_col) if needs_json else None)
+    out = _spark(conds[0], v)
+    for c in conds[1:]:
+        out = out & _spark(c, v)
+    return F.coalesce(out, F.lit(False))
+
+
+def _has_filter(cond: Cond) -> bool:
+    if isinstance(cond, ContentFilter):
+        return True
+    if isinstance(cond, (AllOf, AnyOf)):
+        return any(_has_filter(c) for c in cond.items)
+    if isinstance(cond, Negate):
+        return _has_filter(cond.item)
+    return False
+
+
+def _spark(cond: Cond, v: "Column | None") -> "Column":
+    from pyspark.sql import functions as F
+
+    if isinstance(cond, Matches):
+        col = F.coalesce(*[F.col(c) for c in cond.columns]) if len(cond.columns) > 1 else F.col(cond.columns[0])
+        if is_literal(cond.pattern):
+            return F.coalesce(col == F.lit(cond.pattern), F.lit(False))
+        return F.coalesce(col.rlike(cond.pattern), F.lit(False))
+    if isinstance(cond, Equals):
+        return F.coalesce(F.col(cond.column) == F.lit(cond.value), F.lit(False))
+    if isinstance(cond, IsNull):
+        return F.col(cond.column).isNull()
+    if isinstance(cond, Contains):
+        return F.coalesce(F.array_contains(F.col(cond.column), F.lit(cond.value)), F.lit(False))
+    if isinstance(cond, ContentFilter):
+        return expressions.to_spark_column(cond.expr, variant=v)
+    if isinstance(cond, (AllOf, AnyOf)):
+        if not cond.items:
+            return F.lit(isinstance(cond, AllOf))
+        parts = [_spark(c, v) for c in cond.items]
+        out = parts[0]
+        for p in parts[1:]:
+            out = (out & p) if isinstance(cond, AllOf) else (out | p)
+        return out
+    if isinstance(cond, Negate):
+        return ~_spark(cond.item, v)
+    raise TypeError(f"not a routing condition: {cond!r}")
