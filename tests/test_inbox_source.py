@@ -1,0 +1,246 @@
+"""The "replication-inbox" Spark source, against real inbox Delta tables written by two upstreams at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from replication.errors import ConfigError
+from replication.inbox_source import (
+    FORMAT,
+    INBOX_SCHEMA,
+    INBOX_TABLE_CONFIGURATION,
+    STREAM_SCHEMA,
+    VERSIONS_PER_PARTITION,
+    InboxLog,
+    InboxSourceOptions,
+    create_inbox,
+    read_versions,
+    register,
+)
+from replication.txlog import TXLOG_SCHEMA
+
+# -- helpers -------------------------------------------------------------------
+
+
+def inbox_rows(link: str, first: int, count: int) -> pa.Table:
+    """What upstream ``link`` pushes: its txlog rows ``first...`` with ``seq`` as ``upstream_seq``."""
+    seqs = list(range(first, first + count))
+    now = datetime.now(timezone.utc)
+    return pa.table(
+        {
+            "bookmark": [f"{link}|{s}|" for s in seqs],
+            "publisher": [f"pub-{link}"] * count,
+            "publisher_seq": pa.array(seqs, pa.int64()),
+            "topic": ["/orders"] * count,
+            "message_type": ["json"] * count,
+            "command": ["publish"] * count,
+            "sow_key": [None] * count,
+            "data": [b'{"n":%d}' % s for s in seqs],
+            "origin": [link] * count,
+            "received_from": [None] * count,
+            "received_from_group": [None] * count,
+            "path": [[link]] * count,
+            "publish_time": [now] * count,
+            "persist_time": [now] * count,
+            "upstream_seq": pa.array(seqs, pa.int64()),
+            "link": [link] * count,
+            "link_group": [f"group-{link}"] * count,
+        },
+        schema=INBOX_SCHEMA,
+    )
+
+
+class Upstream:
+    """One upstream instance appending batches to an inbox (one commit per batch)."""
+
+    def __init__(self, inbox: Path, link: str) -> None:
+        self.inbox = inbox
+        self.link = link
+        self.sent = 0
+
+    def push(self, count: int) -> None:
+        write_deltalake(str(self.inbox), inbox_rows(self.link, self.sent + 1, count), mode="append")
+        self.sent += count
+
+
+def push_concurrently(inbox: Path, upstreams: list[Upstream], batches: int, size: int) -> None:
+    """Each upstream commits ``batches`` batches of ``size`` rows, all at the same time."""
+    errors: list[BaseException] = []
+
+    def run(upstream: Upstream) -> None:
+        try:
+            for _ in range(batches):
+                upstream.push(size)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(u,)) for u in upstreams]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def run_available_now(spark, inbox: Path, checkpoint: Path, **options: str) -> list[pa.Table]:
+    register(spark)
+    batches: list[pa.Table] = []
+    query = (
+        spark.readStream.format(FORMAT).option("path", str(inbox)).options(**options).load()
+        .writeStream.trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(lambda df, _id: batches.append(df.toArrow()))
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    return batches
+
+
+def by_link(rows: pa.Table) -> dict[str, list[int]]:
+    """upstream_seq per link, in delivery order."""
+    out: dict[str, list[int]] = {}
+    for link, seq in zip(rows.column("link").to_pylist(), rows.column("upstream_seq").to_pylist(), strict=True):
+        out.setdefault(link, []).append(seq)
+    return out
+
+
+def assert_commit_order(rows: pa.Table) -> None:
+    versions = rows.column("inbox_version").to_pylist()
+    assert versions == sorted(versions)
+
+
+# -- schema, options -----------------------------------------------------------
+
+
+def test_inbox_schema_is_a_txlog_row_without_seq_plus_the_link():
+    assert INBOX_SCHEMA.names == [n for n in TXLOG_SCHEMA.names if n != "seq"] + ["upstream_seq", "link", "link_group"]
+    assert STREAM_SCHEMA.names == INBOX_SCHEMA.names + ["inbox_version"]
+
+
+def test_create_inbox_turns_the_change_data_feed_on(tmp_path):
+    table = create_inbox(tmp_path / "inbox")
+    assert table.metadata().configuration["delta.enableChangeDataFeed"] == "true"
+    assert INBOX_TABLE_CONFIGURATION == {"delta.enableChangeDataFeed": "true"}
+    assert create_inbox(tmp_path / "inbox").version() == 0  # opening again creates nothing
+
+
+def test_options():
+    assert InboxSourceOptions.parse({"path": "/i"}) == InboxSourceOptions("/i", None, VERSIONS_PER_PARTITION)
+    assert InboxSourceOptions.parse(
+        {"PATH": "/i", "maxrowspertrigger": "5", "versionsPerPartition": "2"}
+    ) == InboxSourceOptions("/i", 5, 2)
+    with pytest.raises(ConfigError, match="option 'path' is required"):
+        InboxSourceOptions.parse({})
+    with pytest.raises(ConfigError, match="maxRowsPerTrigger must be a positive integer, got 'x'"):
+        InboxSourceOptions.parse({"path": "/i", "maxRowsPerTrigger": "x"})
+
+
+# -- reading versions, without Spark -------------------------------------------
+
+
+def test_concurrent_upstreams_are_read_once_each_in_their_order_and_compaction_is_skipped(tmp_path):
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    a, b = Upstream(inbox, "amps-a"), Upstream(inbox, "amps-b")
+    push_concurrently(inbox, [a, b], batches=8, size=5)
+    table = DeltaTable(str(inbox))
+    assert table.version() == 16  # create + 16 commits, none lost to the race
+
+    rows = read_versions(str(inbox), 0, 16)
+    assert rows.schema == STREAM_SCHEMA
+    assert by_link(rows) == {"amps-a": list(range(1, 41)), "amps-b": list(range(1, 41))}
+    assert_commit_order(rows)
+    # A commit holds one upstream batch: its rows share the version.
+    assert len(set(zip(rows.column("inbox_version").to_pylist(), rows.column("link").to_pylist()))) == 16
+
+    table.optimize.compact()  # version 17: the same rows rewritten, dataChange=false
+    a.push(3)  # version 18
+    assert by_link(read_versions(str(inbox), 17, 18)) == {"amps-a": [41, 42, 43]}
+    again = read_versions(str(inbox), 0, 18)
+    assert by_link(again) == {"amps-a": list(range(1, 44)), "amps-b": list(range(1, 41))}
+
+
+def test_row_limit_takes_whole_commits_and_at_least_one(tmp_path):
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    a = Upstream(inbox, "amps-a")
+    for size in (4, 4, 10, 1):  # versions 1..4
+        a.push(size)
+    log = InboxLog(str(inbox))
+    assert log.latest_version() == 4
+    assert [log.rows_in(v) for v in range(5)] == [0, 4, 4, 10, 1]
+    assert log.end_within(-1, 4, 8) == 2
+    assert log.end_within(2, 4, 8) == 3  # one commit larger than the limit still goes, alone
+    assert log.end_within(3, 4, 8) == 4
+    assert InboxLog(str(tmp_path / "absent")).latest_version() == -1
+
+
+# -- the stream, with Spark ----------------------------------------------------
+
+
+def test_available_now_from_absent_inbox_then_concurrent_upstreams_then_restart(spark, tmp_path):
+    inbox = tmp_path / "inbox"
+    checkpoint = tmp_path / "cp"
+    # No table yet: no rows, no error (Spark still runs one empty first batch).
+    assert sum(t.num_rows for t in run_available_now(spark, inbox, checkpoint)) == 0
+
+    a, b = Upstream(inbox, "amps-a"), Upstream(inbox, "amps-b")
+    create_inbox(inbox)
+    push_concurrently(inbox, [a, b], batches=5, size=6)
+    first = pa.concat_tables(run_available_now(spark, inbox, checkpoint))
+    assert by_link(first) == {"amps-a": list(range(1, 31)), "amps-b": list(range(1, 31))}
+    assert_commit_order(first)
+    assert first.column("link_group").to_pylist()[0].startswith("group-amps-")
+
+    push_concurrently(inbox, [a, b], batches=2, size=3)
+    second = pa.concat_tables(run_available_now(spark, inbox, checkpoint))
+    assert by_link(second) == {"amps-a": list(range(31, 37)), "amps-b": list(range(31, 37))}
+    assert min(second.column("inbox_version").to_pylist()) > max(first.column("inbox_version").to_pylist())
+
+
+def test_max_rows_per_trigger_bounds_batches_in_whole_commits(spark, tmp_path):
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    a = Upstream(inbox, "amps-a")
+    for _ in range(6):
+        a.push(4)
+    # One task per commit: rows of several tasks come back in version order.
+    batches = run_available_now(spark, inbox, tmp_path / "cp", maxRowsPerTrigger="9", versionsPerPartition="1")
+    assert [b.num_rows for b in batches] == [8, 8, 8]
+    assert by_link(pa.concat_tables(batches)) == {"amps-a": list(range(1, 25))}
+
+
+def test_processing_time_trigger_follows_concurrent_upstreams(spark, tmp_path):
+    inbox = tmp_path / "inbox"
+    register(spark)
+    seen: list[pa.Table] = []
+    query = (
+        spark.readStream.format(FORMAT).option("path", str(inbox)).load()
+        .writeStream.trigger(processingTime="100 milliseconds")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .foreachBatch(lambda df, _id: seen.append(df.toArrow()))
+        .start()
+    )
+    try:
+        time.sleep(1.0)  # triggers on an absent inbox
+        assert query.exception() is None
+        create_inbox(inbox)
+        a, b = Upstream(inbox, "amps-a"), Upstream(inbox, "amps-b")
+        push_concurrently(inbox, [a, b], batches=6, size=5)
+        deadline = time.monotonic() + 120
+        while sum(t.num_rows for t in seen) < 60 and time.monotonic() < deadline and query.exception() is None:
+            time.sleep(0.2)
+        assert query.exception() is None
+        rows = pa.concat_tables(seen)
+        assert by_link(rows) == {"amps-a": list(range(1, 31)), "amps-b": list(range(1, 31))}
+        assert_commit_order(rows)
+    finally:
+        query.stop()
