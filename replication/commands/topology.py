@@ -130,7 +130,7 @@ def _node_lines(cfg) -> list[str]:
 def _label_size(lines: list[str]) -> tuple[float, float]:
     if not lines:
         return 0, 0
-    return max(text_width(s, LABEL_SIZE) for s in lines) + 12, len(lines) * LINE + 6
+    return max(text_width(s, LABEL_SIZE) for s in lines) + 16, len(lines) * LINE + 6
 
 
 @dataclass
