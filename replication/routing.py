@@ -29,7 +29,7 @@ the value (PCRE semantics, so anchor with ``^...$`` to match the whole value).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Union
 
