@@ -15,11 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import deque
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
+
+from replication.storage import read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from replication.ingest import Classified, Logon
+    from replication.storage import StorageLayout
 
 log = logging.getLogger(__name__)
 
@@ -67,53 +71,124 @@ class AckSender:
         self._producer.close(timeout=5)
 
 
-class Durability:
-    """Tracks committed-but-not-yet-persisted batches and releases persisted acks.
+@dataclass
+class _Pending:
+    """One committed ingest batch whose acks are not all released yet."""
 
-    Thread-safe: the ingest batch thread calls :meth:`on_commit`; a driver
-    thread calls :meth:`release` when sync destinations acknowledge more.
+    first_seq: int
+    last_seq: int
+    publishers: dict[str, int]
+    links: dict[str, int]
+    committed_at: float
+    durable: bool = False
+
+
+class Durability:
+    """Tracks committed-but-not-yet-durable batches; releases persisted acks and upstream acks.
+
+    A batch is durable when no sync destination (not downgraded) still holds
+    one of its rows (see :meth:`replication.links.Link.holds`). Releasing it
+    (a) sends publishers their persisted acks and (b) writes
+    ``_control/acks/<upstream>.json`` for each upstream whose rows it held:
+    sync chains are transitive because a downstream acknowledges only what is
+    durable at its own sync destinations.
+
+    Batches become durable out of order (a row received from a sync partner
+    is not sent back to it, so nothing holds it), but each publisher's and
+    each upstream's position is released in order: a position waits for every
+    earlier batch that holds a position of the same key.
+
+    Thread-safe: the ingest batch thread calls :meth:`on_commit`; destination
+    threads call :meth:`release` when acknowledgements move.
     """
 
     def __init__(
         self,
         sender: AckSender | None,
         *,
-        persisted: dict[str, int],
+        layout: "StorageLayout",
         committed_seq: int,
-        sync_watermark: Callable[[int], int] | None = None,
+        publishers: dict[str, int],
+        links: dict[str, int],
+        holds: Callable[[int, int], bool] | None = None,
     ) -> None:
         self._sender = sender
+        self._layout = layout
         self._lock = threading.Lock()
-        self._pending: deque[tuple[int, dict[str, int]]] = deque()
-        self.persisted: dict[str, int] = dict(persisted)
+        self._holds = holds or (lambda first, last: False)
+        saved = read_json(layout.durable_json) or {}
+        self.persisted: dict[str, int] = {k: int(v) for k, v in saved.get("publishers", {}).items()}
+        self.upstream_acks: dict[str, int] = {k: int(v) for k, v in saved.get("upstreams", {}).items()}
+        self.durable_seq = int(saved.get("durable_seq", 0))
         self.committed_seq = committed_seq
-        self.durable_seq = committed_seq
-        self._sync_watermark = sync_watermark or (lambda committed: committed)
+        self._pending: list[_Pending] = []
+        # After a restart, what was committed but not known durable is one conservative batch.
+        if committed_seq > self.durable_seq or publishers != self.persisted or links != self.upstream_acks:
+            self._pending.append(_Pending(self.durable_seq + 1, committed_seq, dict(publishers), dict(links), time.time()))
 
     def announce(self) -> None:
         """Re-send every publisher's persisted position (at start: acks lost in a crash resume)."""
+        self.release()
         if self._sender and self.persisted:
             self._sender.send(dict(self.persisted), [], self.persisted)
 
     def on_commit(self, last_seq: int, result: "Classified") -> None:
         with self._lock:
-            if result.publishers:
-                self._pending.append((last_seq, dict(result.publishers)))
+            first_seq = self.committed_seq + 1
+            if result.publishers or result.links or last_seq > self.committed_seq:
+                self._pending.append(
+                    _Pending(first_seq, last_seq, dict(result.publishers), dict(result.links), time.time())
+                )
             self.committed_seq = max(self.committed_seq, last_seq)
         self.release(result.logons)
 
-    def release(self, logons: list["Logon"] | None = None) -> dict[str, int]:
-        """Move batches under the durable watermark to persisted and send their acks."""
-        released: dict[str, int] = {}
+    def oldest_waiting_age(self, held_by: Callable[[int, int], bool], now: float | None = None) -> float:
+        """Seconds since the oldest pending batch that ``held_by`` still holds (0 when none)."""
         with self._lock:
-            self.durable_seq = min(self.committed_seq, self._sync_watermark(self.committed_seq))
-            while self._pending and self._pending[0][0] <= self.durable_seq:
-                _, publishers = self._pending.popleft()
-                for client, seq in publishers.items():
+            batches = [(p.first_seq, p.last_seq, p.committed_at) for p in self._pending if not p.durable]
+        for first, last, committed_at in batches:
+            if last >= first and held_by(first, last):
+                return (now or time.time()) - committed_at
+        return 0.0
+
+    def release(self, logons: list["Logon"] | None = None) -> dict[str, int]:
+        """Release what became durable: persisted acks to publishers, acks to upstreams."""
+        released: dict[str, int] = {}
+        upstreams: dict[str, int] = {}
+        with self._lock:
+            blocked_publishers: set[str] = set()
+            blocked_links: set[str] = set()
+            keep: list[_Pending] = []
+            for batch in self._pending:
+                if not batch.durable:
+                    batch.durable = batch.last_seq < batch.first_seq or not self._holds(batch.first_seq, batch.last_seq)
+                if not batch.durable:
+                    blocked_publishers.update(batch.publishers)
+                    blocked_links.update(batch.links)
+                    keep.append(batch)
+                    continue
+                for client in [c for c in batch.publishers if c not in blocked_publishers]:
+                    seq = batch.publishers.pop(client)
                     if seq > self.persisted.get(client, 0):
-                        self.persisted[client] = seq
-                        released[client] = seq
+                        self.persisted[client] = released[client] = seq
+                for upstream in [u for u in batch.links if u not in blocked_links]:
+                    seq = batch.links.pop(upstream)
+                    if seq > self.upstream_acks.get(upstream, 0):
+                        self.upstream_acks[upstream] = upstreams[upstream] = seq
+                if batch.publishers or batch.links:
+                    blocked_publishers.update(batch.publishers)
+                    blocked_links.update(batch.links)
+                    keep.append(batch)
+            self._pending = keep
+            waiting = [b.first_seq for b in keep if not b.durable]
+            self.durable_seq = (min(waiting) - 1) if waiting else self.committed_seq
             persisted = dict(self.persisted)
+            if released or upstreams:
+                write_json_atomic(self._layout.durable_json, {
+                    "durable_seq": self.durable_seq, "publishers": persisted, "upstreams": dict(self.upstream_acks),
+                })
+        for upstream, seq in upstreams.items():
+            write_json_atomic(self._layout.ack_file(upstream), {"seq": seq, "time": time.time()})
         if self._sender and (released or logons):
             self._sender.send(released, logons or [], persisted)
         return released

@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING
 
 from replication import effective_config
 from replication.config import InstanceConfig
+from replication.actions import DowngradeController
 from replication.delta_tables import IdempotentAppender
+from replication.destinations import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
 from replication.ingest import IngestWriter
+from replication.links import Link
 from replication.storage import StorageLayout, write_json_atomic
 from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
 
@@ -52,6 +55,9 @@ class Instance:
         self.started_at = time.time()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self.links: dict[str, Link] = {}
+        self.managers: list[DestinationManager] = []
+        self.controller: DowngradeController | None = None
 
     @property
     def name(self) -> str:
@@ -59,7 +65,7 @@ class Instance:
 
     def start(self) -> "Instance":
         from replication.broker import ensure_topics
-        from replication.sources import publish_stream
+        from replication.sources import ingest_stream
 
         self.layout.root.mkdir(parents=True, exist_ok=True)
         effective_config.write(self.cfg, self.layout.instance_json)
@@ -73,7 +79,17 @@ class Instance:
             servers = self.cfg.kafka_transports[0].bootstrap_servers
             ensure_topics(",".join(servers), [acks_topic(self.name)])
             sender = AckSender(self.name, servers)
-        self.durability = Durability(sender, persisted=state.publishers, committed_seq=state.max_seq)
+        self.links = {
+            d.name: Link(self.layout.link_file(d.name), d.name, d.sync_type) for d in self.cfg.destinations
+        }
+        self.durability = Durability(
+            sender,
+            layout=self.layout,
+            committed_seq=state.max_seq,
+            publishers=state.publishers,
+            links=state.links,
+            holds=self._held_by_sync_destination,
+        )
         self.durability.announce()
         self.writer = IngestWriter(
             self.cfg,
@@ -83,7 +99,7 @@ class Instance:
             save_state=lambda s: s.save(self.layout.publishers_json),
             on_commit=self.durability.on_commit,
         )
-        stream = publish_stream(self.spark, self.cfg)
+        stream = ingest_stream(self.spark, self.cfg, self.layout)
         if stream is not None:
             self.query = (
                 stream.writeStream.queryName(f"{self.name}.ingest")
@@ -92,9 +108,24 @@ class Instance:
                 .trigger(processingTime=self.trigger_interval)
                 .start()
             )
+        self.managers = [
+            DestinationManager(
+                self.spark, self.cfg, dest, layout=self.layout, link=self.links[dest.name],
+                on_ack=self.durability.release, trigger_interval=self.trigger_interval,
+            ).start()
+            for dest in self.cfg.destinations
+        ]
+        self.controller = DowngradeController.from_config(self.cfg, self.links, self.durability)
+        if self.controller is not None:
+            self.controller.start()
+        write_json_atomic(self.layout.heartbeat_json, self.status())
         self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
         self._heartbeat.start()
         return self
+
+    def _held_by_sync_destination(self, first: int, last: int) -> bool:
+        """Does a sync destination (not downgraded) still hold a row of [first, last]?"""
+        return any(link.holds(first, last) for link in self.links.values() if link.sync and not link.downgraded)
 
     def status(self) -> dict:
         """What the heartbeat file says: liveness, positions, counters."""
@@ -112,9 +143,17 @@ class Instance:
             "publishers": len(state.publishers) if state else 0,
             "durable_seq": self.durability.durable_seq if self.durability else 0,
             "counters": dict(writer.stats) if writer else {},
+            "links": {name: self._link_status(link) for name, link in self.links.items()},
             "input_rows_per_second": (progress or {}).get("inputRowsPerSecond"),
             "error": self._query_error(),
         }
+
+    def _link_status(self, link: Link) -> dict:
+        out = link.snapshot().to_json()
+        committed = self.durability.committed_seq if self.durability else 0
+        out["lag_messages"] = max(0, committed - out["acked_seq"])
+        out["lag_seconds"] = self.durability.oldest_waiting_age(link.holds) if self.durability else 0.0
+        return out
 
     def _query_error(self) -> str | None:
         if self.query is None:
@@ -131,6 +170,10 @@ class Instance:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.controller is not None:
+            self.controller.stop()
+        for manager in self.managers:
+            manager.stop()
         if self.query is not None:
             try:
                 self.query.stop()

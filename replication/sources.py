@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from replication.config import InstanceConfig
 from replication.ingest import CANDIDATE_SCHEMA
+from replication.storage import StorageLayout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,6 +50,49 @@ def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
                 F.lit(None).cast("long").alias("upstream_seq"),
             )
         )
+    return _union(frames)
+
+
+def inbox_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame":
+    """Rows upstream instances pushed into this instance's inbox, as candidate rows."""
+    from pyspark.sql import functions as F
+
+    from replication import inbox_source, routing
+
+    inbox_source.register(spark)
+    raw = spark.readStream.format(inbox_source.FORMAT).option("path", str(layout.inbox)).load()
+    return raw.select(
+        F.concat(F.lit("inbox:"), F.col("link")).alias("source"),
+        F.lit(None).cast("string").alias("kafka_topic"),
+        F.lit(None).cast("int").alias("kafka_partition"),
+        F.lit(None).cast("long").alias("kafka_offset"),
+        F.col("publisher"),
+        F.col("publisher_seq").cast("string").alias("publisher_seq"),
+        F.col("topic"),
+        F.col("message_type"),
+        F.col("command"),
+        F.col("sow_key"),
+        F.col("data"),
+        F.col("origin"),
+        F.col("link").alias("received_from"),
+        F.col("link_group").alias("received_from_group"),
+        routing.received_path_column("path", cfg.name).alias("path"),
+        F.col("publish_time"),
+        F.col("upstream_seq"),
+    )
+
+
+def ingest_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame | None":
+    """Everything the ingest query reads: Kafka publishes and, with an incoming replication transport, the inbox."""
+    frames = []
+    if cfg.kafka_transports:
+        frames.append(publish_stream(spark, cfg))
+    if cfg.replication_transport is not None:
+        frames.append(inbox_stream(spark, cfg, layout))
+    return _union(frames)
+
+
+def _union(frames: list["DataFrame"]) -> "DataFrame | None":
     if not frames:
         return None
     out = frames[0]

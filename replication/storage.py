@@ -71,6 +71,10 @@ class StorageLayout:
     def publishers_json(self) -> Path:
         return self.control / "publishers.json"
 
+    @property
+    def durable_json(self) -> Path:
+        return self.control / "durable.json"
+
     def ack_file(self, upstream: str) -> Path:
         return self.control / "acks" / f"{upstream}.json"
 

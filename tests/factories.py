@@ -92,3 +92,24 @@ def raw_publish(producer, topic: str, body: bytes, **headers: str | None) -> Non
     pairs = [(k.replace("_", "-"), v.encode()) for k, v in headers.items() if v is not None]
     client = headers.get("amps_client")
     producer.send(topic, key=client.encode() if client else None, value=body, headers=pairs)
+
+
+def destination_xml(
+    name: str,
+    addresses: list[Path],
+    *,
+    sync: str = "sync",
+    group: str | None = None,
+    passthrough: str | None = ".*",
+    topics: str = '<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>',
+) -> str:
+    """One ``<Destination>``; wrap several in ``replication_xml``."""
+    inet = "".join(f"<InetAddr>{a}</InetAddr>" for a in addresses)
+    pt = f"<PassThrough>{passthrough}</PassThrough>" if passthrough is not None else ""
+    grp = f"<Group>{group}</Group>" if group else ""
+    return (f"<Destination><Name>{name}</Name>{grp}<SyncType>{sync}</SyncType>{pt}{topics}"
+            f"<Transport><Type>amps-replication</Type>{inet}</Transport></Destination>")
+
+
+def replication_xml(*destinations: str, actions: str = "") -> str:
+    return f"<Replication>{''.join(destinations)}</Replication>{actions}"

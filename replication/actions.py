@@ -1,0 +1,106 @@
+"""``<Actions>``: automatic downgrade and upgrade of sync destinations (DESIGN §5).
+
+On each tick of ``amps-action-on-schedule`` (``Every``), a sync destination
+whose oldest unacknowledged message is older than the downgrade ``Age`` is
+treated as async (acks waiting on it are released), unless that would leave
+fewer than ``MinimumSyncDestinations`` sync destinations. A downgraded
+destination is upgraded back once it is behind by less than the upgrade
+``Age``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from replication.config_parser import parse_interval
+
+if TYPE_CHECKING:
+    from replication.config import InstanceConfig
+    from replication.durability import Durability
+    from replication.links import Link
+
+log = logging.getLogger(__name__)
+
+ON_SCHEDULE = "amps-action-on-schedule"
+DO_DOWNGRADE = "amps-action-do-downgrade-replication"
+DO_UPGRADE = "amps-action-do-upgrade-replication"
+
+
+@dataclass(frozen=True)
+class DowngradePolicy:
+    every: float
+    downgrade_age: float | None
+    upgrade_age: float | None
+    minimum_sync: int = 0
+
+
+def policy_of(cfg: "InstanceConfig") -> DowngradePolicy | None:
+    """The downgrade/upgrade policy of a config, or None when it has none."""
+    for action in cfg.actions:
+        if action.on.module != ON_SCHEDULE:
+            continue
+        downgrade = next((d for d in action.do if d.module == DO_DOWNGRADE), None)
+        upgrade = next((d for d in action.do if d.module == DO_UPGRADE), None)
+        if downgrade is None and upgrade is None:
+            continue
+        return DowngradePolicy(
+            every=parse_interval(action.on.option("Every") or "1s"),
+            downgrade_age=parse_interval(downgrade.option("Age")) if downgrade else None,
+            upgrade_age=parse_interval(upgrade.option("Age")) if upgrade else None,
+            minimum_sync=int(downgrade.option("MinimumSyncDestinations", "0")) if downgrade else 0,
+        )
+    return None
+
+
+class DowngradeController:
+    """Applies a :class:`DowngradePolicy` to an instance's links on a driver thread."""
+
+    def __init__(self, policy: DowngradePolicy, links: dict[str, "Link"], durability: "Durability") -> None:
+        self.policy = policy
+        self.links = links
+        self.durability = durability
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="downgrade", daemon=True)
+
+    @classmethod
+    def from_config(cls, cfg, links, durability) -> "DowngradeController | None":
+        policy = policy_of(cfg)
+        if policy is None or not any(link.sync for link in links.values()):
+            return None
+        return cls(policy, links, durability)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.policy.every):
+            if self.tick():
+                self.durability.release()
+
+    def tick(self) -> bool:
+        """One evaluation; True when a destination changed mode."""
+        changed = False
+        for name, link in self.links.items():
+            if not link.sync:
+                continue
+            age = self.durability.oldest_waiting_age(link.holds)
+            if not link.downgraded and self.policy.downgrade_age is not None and age > self.policy.downgrade_age:
+                still_sync = sum(1 for other in self.links.values() if other.sync and not other.downgraded) - 1
+                if still_sync < self.policy.minimum_sync:
+                    continue
+                link.set(downgraded=True)
+                log.warning("destination %s downgraded to async: oldest unacknowledged message is %.1fs old",
+                            name, age)
+                changed = True
+            elif link.downgraded and self.policy.upgrade_age is not None and age < self.policy.upgrade_age:
+                link.set(downgraded=False)
+                log.warning("destination %s upgraded back to sync: behind by %.1fs", name, age)
+                changed = True
+        return changed

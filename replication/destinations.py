@@ -1,0 +1,235 @@
+"""One driver thread per destination: choose an address, validate, resync, replicate, watch acks.
+
+Lifecycle of a destination (its state is in ``_control/links/<destination>.json``):
+
+1. try the ``<InetAddr>`` list in priority order; an address is usable when
+   the instance there has a fresh heartbeat and says it is running;
+2. read its ``_control/instance.json`` and run replication validation; on
+   findings the link is ``validation failed`` (each finding is logged with its
+   fix) and the next address is tried;
+3. resume from the checkpoint when the same downstream (same txlog id) is at
+   the same address, else resync: start after the earliest txlog row the
+   downstream lacks, judged by its per-publisher high-water marks;
+4. run the replicator query, and every few milliseconds read the downstream's
+   ack for this instance, which moves the link's acknowledged position;
+5. when the heartbeat goes stale or the query fails, stop and go back to 1;
+   after the end of the list, wait with growing back-off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from replication import effective_config, validation
+from replication.config import Destination, InstanceConfig
+from replication.links import Link
+from replication.storage import StorageLayout, read_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_STALE_S = 5.0
+ACK_POLL_S = 0.05
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 15.0
+
+
+def heartbeat_fresh(layout: StorageLayout, *, now: float | None = None) -> bool:
+    """Is an instance running at this storage root, by its heartbeat file?"""
+    try:
+        beat = read_json(layout.heartbeat_json)
+    except Exception:
+        return False
+    if not beat or not beat.get("running"):
+        return False
+    return (now or time.time()) - float(beat.get("time", 0)) < HEARTBEAT_STALE_S
+
+
+def downstream_ack(layout: StorageLayout, upstream: str) -> int:
+    """What the instance at ``layout`` acknowledges to ``upstream`` (in the upstream's seq space)."""
+    try:
+        payload = read_json(layout.ack_file(upstream))
+    except Exception:
+        return 0
+    return int(payload.get("seq", 0)) if payload else 0
+
+
+def txlog_id(layout: StorageLayout) -> str | None:
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(str(layout.txlog)).metadata().id
+    except Exception:
+        return None
+
+
+def resync_start(txlog_path: Path, have: dict[str, int], *, after: int) -> int:
+    """Local seq to replicate after so that the downstream gets every row it lacks.
+
+    ``have`` is the downstream's highest stored sequence per publisher; rows at
+    or below it are skipped by the downstream anyway. ``after`` is a position
+    the downstream is known to have everything through (its ack to us).
+    """
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(txlog_path))
+    rows = table.to_pyarrow_dataset().to_table(
+        columns=["seq", "publisher", "publisher_seq"], filter=ds.field("seq") > after
+    )
+    if rows.num_rows == 0:
+        return after
+    lacking = None
+    grouped = rows.group_by("publisher").aggregate([("publisher_seq", "max")])
+    for publisher, top in zip(grouped["publisher"].to_pylist(), grouped["publisher_seq_max"].to_pylist(), strict=True):
+        if top <= have.get(publisher, 0):
+            continue  # the downstream has all of this publisher
+        mask = pc.and_(pc.equal(rows["publisher"], publisher), pc.greater(rows["publisher_seq"], have.get(publisher, 0)))
+        first = pc.min(pc.filter(rows["seq"], mask)).as_py()
+        lacking = first if lacking is None else min(lacking, first)
+    if lacking is None:
+        return int(pc.max(rows["seq"]).as_py())
+    return lacking - 1
+
+
+class DestinationManager:
+    """Keeps one destination replicating (see the module docstring)."""
+
+    def __init__(
+        self,
+        spark: "SparkSession",
+        cfg: InstanceConfig,
+        dest: Destination,
+        *,
+        layout: StorageLayout,
+        link: Link,
+        on_ack: Callable[[], None],
+        trigger_interval: str = "0 seconds",
+    ) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.dest = dest
+        self.layout = layout
+        self.link = link
+        self.on_ack = on_ack
+        self.trigger_interval = trigger_interval
+        self.query: StreamingQuery | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{cfg.name}->{dest.name}", daemon=True)
+
+    def start(self) -> "DestinationManager":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        self._stop_query()
+        self.link.set(state="stopped")
+
+    # -- the loop ---------------------------------------------------------
+    def _run(self) -> None:
+        backoff = BACKOFF_START_S
+        while not self._stop.is_set():
+            connected = False
+            for index, address in enumerate(self.dest.inet_addrs):
+                if self._stop.is_set():
+                    return
+                down = StorageLayout.of(address)
+                if not heartbeat_fresh(down):
+                    continue
+                try:
+                    if not self._connect(index, address, down):
+                        continue
+                except Exception as exc:  # a destination problem must not kill the instance
+                    log.exception("%s->%s: connecting to %s failed", self.cfg.name, self.dest.name, address)
+                    self.link.set(state="waiting", detail=f"connect to {address} failed: {exc}")
+                    self._stop_query()
+                    continue
+                connected = True
+                backoff = BACKOFF_START_S
+                self._watch(down)
+                self._stop_query()
+                break
+            if not connected:
+                state = self.link.snapshot().state
+                if state != "validation failed":
+                    self.link.set(state="waiting", detail=f"no usable address; retrying in {backoff:.1f}s")
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _connect(self, index: int, address: str, down: StorageLayout) -> bool:
+        from replication import replicator
+
+        down_cfg = effective_config.read(down.instance_json)
+        findings = validation.validate_link(self.cfg, self.dest, down_cfg)
+        if findings:
+            for finding in findings:
+                log.error("%s->%s at %s: replication validation failed: %s",
+                          self.cfg.name, self.dest.name, address, finding)
+            self.link.set(state="validation failed", address=address, downstream=down_cfg.name,
+                          detail="; ".join(str(f) for f in findings))
+            return False
+        state = self.link.snapshot()
+        down_id = txlog_id(down)
+        epoch = state.epoch
+        checkpoint = self.layout.checkpoint(f"replicate-{self.dest.name}-{epoch}")
+        resume = state.address == address and state.downstream_txlog_id == down_id and checkpoint.exists()
+        if not resume:
+            epoch = state.epoch + 1
+            checkpoint = self.layout.checkpoint(f"replicate-{self.dest.name}-{epoch}")
+            have = (read_json(down.publishers_json) or {}).get("publishers", {})
+            start = resync_start(self.layout.txlog, have, after=downstream_ack(down, self.cfg.name))
+            log.warning("%s->%s: resync toward %s (%s) from local seq %d",
+                        self.cfg.name, self.dest.name, down_cfg.name, address, start)
+            self.link.reset(start_seq=start, epoch=epoch, address=address, downstream=down_cfg.name, txlog_id=down_id)
+        self.query = replicator.start_query(
+            self.spark, self.cfg, self.dest,
+            txlog=self.layout.txlog, inbox=down.inbox, checkpoint=checkpoint,
+            start_seq=self.link.snapshot().sent_seq, epoch=epoch, link=self.link,
+            trigger_interval=self.trigger_interval,
+        )
+        self.link.set(state="connected" if index == 0 else "failed over", detail="")
+        return True
+
+    def _watch(self, down: StorageLayout) -> None:
+        last_beat_check = 0.0
+        reported = -1
+        while not self._stop.wait(ACK_POLL_S):
+            # The acknowledged position moves on downstream acks, and also when a
+            # batch was entirely filtered out (nothing to wait for).
+            self.link.on_ack(downstream_ack(down, self.cfg.name))
+            if self.link.version != reported:
+                reported = self.link.version
+                self.on_ack()
+            query = self.query
+            if query is None or not query.isActive:
+                error = query.exception() if query is not None else None
+                log.error("%s->%s: replicator query stopped: %s", self.cfg.name, self.dest.name, error)
+                self.link.set(state="waiting", detail=f"replicator stopped: {error}")
+                return
+            now = time.time()
+            if now - last_beat_check >= 1.0:
+                last_beat_check = now
+                if not heartbeat_fresh(down, now=now):
+                    log.warning("%s->%s: %s stopped answering; failing over",
+                                self.cfg.name, self.dest.name, self.link.snapshot().address)
+                    self.link.set(state="waiting", detail="destination heartbeat stale")
+                    return
+
+    def _stop_query(self) -> None:
+        query, self.query = self.query, None
+        if query is not None:
+            try:
+                query.stop()
+            except Exception:
+                log.exception("%s->%s: stopping the replicator failed", self.cfg.name, self.dest.name)

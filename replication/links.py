@@ -1,0 +1,180 @@
+"""State of one outgoing replication link, and which local rows still wait for its acknowledgement.
+
+Positions are local ``seq`` values of this instance's txlog. The replicator
+reports each batch as the *runs* of seqs it wrote to the destination (rows
+filtered out are not in any run) and ``through``, the last seq the batch
+covered. The destination acknowledges in the same seq space
+(``_control/acks/<this instance>.json`` under its storage): an ack of N means
+every row sent through N is durable there.
+
+A local row waits for this link only if it was sent on it and is not yet
+acknowledged. Rows the link filtered out never wait, which is what keeps a
+two-way sync pair from waiting on itself: a row received from the partner is
+not sent back (loop rule), so nothing holds it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replication.storage import read_json, write_json_atomic
+
+STATES = ("connecting", "connected", "failed over", "waiting", "validation failed", "stopped")
+
+
+@dataclass
+class LinkState:
+    """What ``_control/links/<destination>.json`` holds."""
+
+    destination: str
+    sync_type: str
+    address: str | None = None
+    downstream: str | None = None
+    """Instance name found at ``address``."""
+    downstream_txlog_id: str | None = None
+    """Delta table id of the downstream's txlog: a new id means a new downstream, so resync."""
+    state: str = "connecting"
+    epoch: int = 0
+    """Incremented at each resync; names the checkpoint and the inbox app transaction."""
+    sent_seq: int = 0
+    """Replicated (or filtered) through this local seq."""
+    unacked: list[list[int]] = field(default_factory=list)
+    """Runs [first, last] of local seqs sent and not yet acknowledged, in order."""
+    downstream_ack: int = 0
+    """The destination's last acknowledgement (local seq)."""
+    downgraded: bool = False
+    detail: str = ""
+    updated: float = field(default_factory=time.time)
+
+    @property
+    def acked_seq(self) -> int:
+        """Everything through this seq is acknowledged or was never sent."""
+        return self.unacked[0][0] - 1 if self.unacked else self.sent_seq
+
+    def to_json(self) -> dict:
+        out = dict(self.__dict__)
+        out["acked_seq"] = self.acked_seq
+        return out
+
+    @classmethod
+    def from_json(cls, payload: dict) -> "LinkState":
+        known = {k: v for k, v in payload.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+class Link:
+    """Thread-safe tracker of one link: sends, acks, state; persisted to its link file.
+
+    ``version`` increases on every change, so a watcher knows when to re-check durability.
+    """
+
+    def __init__(self, path: Path, destination: str, sync_type: str) -> None:
+        self.path = path
+        payload = read_json(path)
+        self.state = LinkState.from_json(payload) if payload else LinkState(destination, sync_type)
+        self.state.sync_type = sync_type
+        self._lock = threading.Lock()
+        self.version = 0
+
+    @property
+    def sync(self) -> bool:
+        return self.state.sync_type == "sync"
+
+    @property
+    def downgraded(self) -> bool:
+        with self._lock:
+            return self.state.downgraded
+
+    @property
+    def acked_seq(self) -> int:
+        with self._lock:
+            return self.state.acked_seq
+
+    def holds(self, first: int, last: int) -> bool:
+        """Does any local row in [first, last] still wait for this link?
+
+        True when the replicator has not yet decided about the whole range, or
+        when a row of it was sent and is not acknowledged.
+        """
+        with self._lock:
+            if self.state.sent_seq < last:
+                return True
+            runs = self.state.unacked
+            # the first run that ends at or after ``first``
+            i = bisect.bisect_left([r[1] for r in runs], first)
+            return i < len(runs) and runs[i][0] <= last
+
+    def on_sent(self, runs: list[tuple[int, int]], through: int) -> None:
+        """A replicator batch committed ``runs`` to the destination and covered seqs through ``through``."""
+        with self._lock:
+            if through <= self.state.sent_seq:
+                return  # a replayed batch
+            for first, last in runs:
+                if last > self.state.sent_seq:
+                    self.state.unacked.append([max(first, self.state.sent_seq + 1), last])
+            self.state.sent_seq = through
+            self._trim_locked()
+            self._changed_locked()
+
+    def on_ack(self, downstream_ack: int) -> None:
+        """The destination acknowledged every row sent through local seq ``downstream_ack``."""
+        with self._lock:
+            if downstream_ack <= self.state.downstream_ack:
+                return
+            self.state.downstream_ack = downstream_ack
+            self._trim_locked()
+            self._changed_locked()
+
+    def reset(self, *, start_seq: int, epoch: int, address: str, downstream: str, txlog_id: str | None) -> None:
+        """A resync: the link starts over after ``start_seq`` toward a (possibly new) downstream."""
+        with self._lock:
+            self.state.epoch = epoch
+            self.state.address = address
+            self.state.downstream = downstream
+            self.state.downstream_txlog_id = txlog_id
+            self.state.sent_seq = start_seq
+            self.state.unacked = []
+            self.state.downstream_ack = 0
+            self._changed_locked()
+
+    def set(self, **changes) -> None:
+        with self._lock:
+            if all(getattr(self.state, k) == v for k, v in changes.items()):
+                return
+            for key, value in changes.items():
+                setattr(self.state, key, value)
+            self._changed_locked()
+
+    def snapshot(self) -> LinkState:
+        with self._lock:
+            return LinkState.from_json(self.state.to_json())
+
+    def _trim_locked(self) -> None:
+        ack = self.state.downstream_ack
+        runs = self.state.unacked
+        while runs and runs[0][1] <= ack:
+            runs.pop(0)
+        if runs and runs[0][0] <= ack:
+            runs[0][0] = ack + 1
+
+    def _changed_locked(self) -> None:
+        self.version += 1
+        self.state.updated = time.time()
+        write_json_atomic(self.path, self.state.to_json())
+
+
+def runs_of(seqs) -> list[tuple[int, int]]:
+    """Consecutive runs [first, last] of an ascending sequence of ints."""
+    import numpy as np
+
+    values = np.asarray(seqs, dtype=np.int64)
+    if values.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(values) != 1)
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks, [values.size - 1]))
+    return [(int(values[s]), int(values[e])) for s, e in zip(starts, ends, strict=True)]

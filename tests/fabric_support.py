@@ -1,0 +1,64 @@
+"""A test fabric: several instances in the test session's Spark application, with unique names."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from factories import write_config
+from replication import config
+from replication.client import Publisher
+from replication.instance import Instance
+
+TEST_TRIGGER = "100 milliseconds"
+
+
+class TestFabric:
+    """Writes configs, starts and stops instances, makes publishers; stops everything at the end."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, spark, broker, root: Path) -> None:
+        self.spark = spark
+        self.broker = broker
+        self.root = root
+        self.suffix = uuid.uuid4().hex[:5]
+        self.paths: dict[str, Path] = {}
+        self.running: dict[str, Instance] = {}
+        self.publishers: list[Publisher] = []
+
+    def name(self, short: str) -> str:
+        """Instance names are unique per test (Kafka topics are shared by the session's broker)."""
+        return f"{short}-{self.suffix}"
+
+    def storage(self, short: str) -> Path:
+        return self.root / self.name(short)
+
+    def configure(self, short: str, **kwargs) -> Path:
+        path = write_config(self.root, self.name(short), self.broker.bootstrap, **kwargs)
+        self.paths[short] = path
+        return path
+
+    def start(self, short: str) -> Instance:
+        inst = Instance(config.load(str(self.paths[short])), self.spark, trigger_interval=TEST_TRIGGER).start()
+        self.running[short] = inst
+        return inst
+
+    def stop(self, short: str) -> None:
+        self.running.pop(short).stop()
+
+    def publisher(self, client: str, short: str, **kwargs) -> Publisher:
+        name = self.name(short)
+        pub = Publisher(client, bootstrap=self.broker.bootstrap, topic=f"{name}.publish", instance=name,
+                        store_path=kwargs.pop("store_path", self.root / f"{client}.store"), **kwargs)
+        self.publishers.append(pub)
+        return pub
+
+    def close(self) -> None:
+        for pub in self.publishers:
+            try:
+                pub.close()
+            except Exception:
+                pass
+        for short in list(self.running):
+            self.stop(short)
