@@ -71,6 +71,11 @@ class IdempotentAppender:
         """Highest app-transaction version committed (None before the first commit)."""
         return self._committed
 
+    def refresh(self) -> None:
+        """Re-read the committed version from the table (after a failure of unknown extent)."""
+        self.table.update_incremental()
+        self._committed = self.table.transaction_version(self.app_id)
+
     def is_committed(self, version: int) -> bool:
         return self._committed is not None and self._committed >= version
 

@@ -181,25 +181,31 @@ class DestinationManager:
             return False
         state = self.link.snapshot()
         down_id = txlog_id(down)
-        epoch = state.epoch
-        checkpoint = self.layout.checkpoint(f"replicate-{self.dest.name}-{epoch}")
-        resume = state.address == address and state.downstream_txlog_id == down_id and checkpoint.exists()
+        resume = (
+            state.incarnation
+            and state.address == address
+            and state.downstream_txlog_id == down_id
+            and self._checkpoint(state.incarnation).exists()
+        )
         if not resume:
-            epoch = state.epoch + 1
-            checkpoint = self.layout.checkpoint(f"replicate-{self.dest.name}-{epoch}")
             have = (read_json(down.publishers_json) or {}).get("publishers", {})
             start = resync_start(self.layout.txlog, have, after=downstream_ack(down, self.cfg.name))
             log.warning("%s->%s: resync toward %s (%s) from local seq %d",
                         self.cfg.name, self.dest.name, down_cfg.name, address, start)
-            self.link.reset(start_seq=start, epoch=epoch, address=address, downstream=down_cfg.name, txlog_id=down_id)
+            self.link.reset(start_seq=start, epoch=state.epoch + 1, address=address, downstream=down_cfg.name,
+                            txlog_id=down_id)
+            state = self.link.snapshot()
         self.query = replicator.start_query(
             self.spark, self.cfg, self.dest,
-            txlog=self.layout.txlog, inbox=down.inbox, checkpoint=checkpoint,
-            start_seq=self.link.snapshot().sent_seq, epoch=epoch, link=self.link,
+            txlog=self.layout.txlog, inbox=down.inbox, checkpoint=self._checkpoint(state.incarnation),
+            start_seq=state.sent_seq, incarnation=state.incarnation, link=self.link,
             trigger_interval=self.trigger_interval,
         )
         self.link.set(state="connected" if index == 0 else "failed over", detail="")
         return True
+
+    def _checkpoint(self, incarnation: str) -> Path:
+        return self.layout.checkpoint(f"replicate-{self.dest.name}-{incarnation}")
 
     def _watch(self, down: StorageLayout) -> None:
         last_beat_check = 0.0

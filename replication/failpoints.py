@@ -2,7 +2,9 @@
 
 ``REPLICATION_FAILPOINTS="ingest.after_txlog_commit@3"`` kills the whole process
 group with SIGKILL the 3rd time that point is reached: the same as pulling the
-plug at that step, including the Spark JVM. Several points: comma-separated.
+plug at that step, including the Spark JVM. ``...@3:raise`` raises
+:class:`FailpointError` there instead (a failure the process survives).
+Several points: comma-separated. In-process tests use :func:`arm`.
 """
 
 from __future__ import annotations
@@ -16,26 +18,41 @@ _counts: dict[str, int] = {}
 _lock = threading.Lock()
 
 
-def _armed() -> dict[str, int]:
-    spec = os.environ.get("REPLICATION_FAILPOINTS", "")
-    armed: dict[str, int] = {}
+class FailpointError(RuntimeError):
+    """Raised by a failpoint armed with ``:raise``."""
+
+
+def _parse(spec: str) -> dict[str, tuple[int, str]]:
+    armed: dict[str, tuple[int, str]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, _, nth = item.partition("@")
-        armed[name] = int(nth or 1)
+        name, _, rest = item.partition("@")
+        nth, _, action = rest.partition(":")
+        armed[name] = (int(nth or 1), action or "kill")
     return armed
 
 
-_ARMED = _armed()
+_ARMED = _parse(os.environ.get("REPLICATION_FAILPOINTS", ""))
+
+
+def arm(spec: str) -> None:
+    """Arm failpoints in this process (same syntax as the environment variable); counts restart."""
+    global _ARMED
+    with _lock:
+        _ARMED = _parse(spec)
+        _counts.clear()
 
 
 def hit(name: str) -> None:
-    """Count a pass through ``name``; die here if the environment armed it for this pass."""
+    """Count a pass through ``name``; fail here if armed for this pass."""
     if not _ARMED:
         return
     with _lock:
         _counts[name] = _counts.get(name, 0) + 1
-        if _ARMED.get(name) != _counts[name]:
+        nth, action = _ARMED.get(name, (0, ""))
+        if nth != _counts[name]:
             return
-    sys.stderr.write(f"failpoint {name} reached (pass {_counts[name]}): killing the process group\n")
+    if action == "raise":
+        raise FailpointError(f"failpoint {name} reached (pass {nth})")
+    sys.stderr.write(f"failpoint {name} reached (pass {nth}): killing the process group\n")
     sys.stderr.flush()
     os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from replication import failpoints
 from replication.config import MESSAGE_TYPES, InstanceConfig
+from replication.delta_tables import commit_metadata_since
 from replication.messages import LOGON, MAX_MESSAGE_BYTES, STORED_COMMANDS, body_error, publisher_id
 from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, PublisherState
 
@@ -358,6 +359,19 @@ class IngestWriter:
         self.on_commit = on_commit
         self.recorded = TopicRecorder(cfg)
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0}
+
+    def catch_up(self) -> None:
+        """Fold in txlog commits this writer did not see (a batch that failed after its commit)."""
+        before = dict(self.state.publishers)
+        records = commit_metadata_since(self.txlog.table, self.state.txlog_version) or []
+        for version, record in records:
+            self.state.apply(version, record)
+        self.txlog.refresh()
+        if records:
+            self.save_state(self.state)
+            missed = Classified.empty([])
+            missed.publishers = {c: s for c, s in self.state.publishers.items() if s > before.get(c, 0)}
+            self.on_commit(self.state.max_seq, missed)
 
     def __call__(self, df, batch_id: int) -> None:
         self.write_arrow(df.toArrow(), batch_id)

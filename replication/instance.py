@@ -58,6 +58,8 @@ class Instance:
         self.links: dict[str, Link] = {}
         self.managers: list[DestinationManager] = []
         self.controller: DowngradeController | None = None
+        self.restarts = 0
+        self._next_restart = 0.0
 
     @property
     def name(self) -> str:
@@ -65,7 +67,6 @@ class Instance:
 
     def start(self) -> "Instance":
         from replication.broker import ensure_topics
-        from replication.sources import ingest_stream
 
         self.layout.root.mkdir(parents=True, exist_ok=True)
         effective_config.write(self.cfg, self.layout.instance_json)
@@ -99,15 +100,7 @@ class Instance:
             save_state=lambda s: s.save(self.layout.publishers_json),
             on_commit=self.durability.on_commit,
         )
-        stream = ingest_stream(self.spark, self.cfg, self.layout)
-        if stream is not None:
-            self.query = (
-                stream.writeStream.queryName(f"{self.name}.ingest")
-                .foreachBatch(self.writer)
-                .option("checkpointLocation", str(self.layout.checkpoint("ingest")))
-                .trigger(processingTime=self.trigger_interval)
-                .start()
-            )
+        self._start_ingest()
         self.managers = [
             DestinationManager(
                 self.spark, self.cfg, dest, layout=self.layout, link=self.links[dest.name],
@@ -122,6 +115,38 @@ class Instance:
         self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
         self._heartbeat.start()
         return self
+
+    def _start_ingest(self) -> None:
+        from replication.sources import ingest_stream
+
+        stream = ingest_stream(self.spark, self.cfg, self.layout)
+        if stream is None:
+            return
+        self.query = (
+            stream.writeStream.queryName(f"{self.name}.ingest")
+            .foreachBatch(self.writer)
+            .option("checkpointLocation", str(self.layout.checkpoint("ingest")))
+            .trigger(processingTime=self.trigger_interval)
+            .start()
+        )
+
+    def _restart_ingest_if_failed(self) -> None:
+        """A failed ingest query (a Python worker that could not start, a storage hiccup) is restarted.
+
+        The writer first catches up with anything the txlog committed that it did
+        not fold in, so ``seq`` numbering and duplicate detection stay exact.
+        """
+        if self.query is None or self.query.isActive or self._stop.is_set():
+            return
+        error = self._query_error()
+        now = time.monotonic()
+        if now < self._next_restart:
+            return
+        self.restarts += 1
+        self._next_restart = now + min(60.0, 2.0 ** min(self.restarts, 6))
+        log.error("%s: ingest query stopped (%s); restarting it (restart %d)", self.name, error, self.restarts)
+        self.writer.catch_up()
+        self._start_ingest()
 
     def _held_by_sync_destination(self, first: int, last: int) -> bool:
         """Does a sync destination (not downgraded) still hold a row of [first, last]?"""
@@ -146,6 +171,7 @@ class Instance:
             "links": {name: self._link_status(link) for name, link in self.links.items()},
             "input_rows_per_second": (progress or {}).get("inputRowsPerSecond"),
             "error": self._query_error(),
+            "restarts": self.restarts,
         }
 
     def _link_status(self, link: Link) -> dict:
@@ -165,8 +191,9 @@ class Instance:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
             try:
                 write_json_atomic(self.layout.heartbeat_json, self.status())
+                self._restart_ingest_if_failed()
             except Exception:  # a failed heartbeat must not kill the instance
-                log.exception("%s: heartbeat write failed", self.name)
+                log.exception("%s: heartbeat or restart failed", self.name)
 
     def stop(self) -> None:
         self._stop.set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,10 @@ class LinkState:
     """Delta table id of the downstream's txlog: a new id means a new downstream, so resync."""
     state: str = "connecting"
     epoch: int = 0
-    """Incremented at each resync; names the checkpoint and the inbox app transaction."""
+    """Incremented at each resync (for people reading the status)."""
+    incarnation: str = ""
+    """New at each resync: names the replicator checkpoint and the inbox app transaction, so a
+    lost link file can never make a new replicator reuse an old one's checkpoint or batch ids."""
     sent_seq: int = 0
     """Replicated (or filtered) through this local seq."""
     unacked: list[list[int]] = field(default_factory=list)
@@ -133,6 +137,7 @@ class Link:
         """A resync: the link starts over after ``start_seq`` toward a (possibly new) downstream."""
         with self._lock:
             self.state.epoch = epoch
+            self.state.incarnation = f"{epoch}-{uuid.uuid4().hex[:12]}"
             self.state.address = address
             self.state.downstream = downstream
             self.state.downstream_txlog_id = txlog_id

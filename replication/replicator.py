@@ -5,7 +5,7 @@ Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 1. mark each row routed or not with the routing rules (one native Spark column,
    :func:`replication.routing.spark_condition`);
 2. append the routed rows to the destination's ``inbox/`` with app transaction
-   ``<this>-><destination>#<epoch>``, version ``b`` (a replay finds it and skips);
+   ``<this>-><destination>#<incarnation>``, version ``b`` (a replay finds it and skips);
 3. tell the link which seqs were written and that (s, t] is decided: rows
    filtered out never wait for this destination's acknowledgement.
 
@@ -38,14 +38,15 @@ log = logging.getLogger(__name__)
 _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW", "none": "UNCOMPRESSED"}
 
 
-def app_id(cfg: InstanceConfig, dest: Destination, epoch: int) -> str:
-    return f"{cfg.name}->{dest.name}#{epoch}"
+def app_id(cfg: InstanceConfig, dest: Destination, incarnation: str) -> str:
+    """Delta app transaction of one replicator incarnation in the destination's inbox."""
+    return f"{cfg.name}->{dest.name}#{incarnation}"
 
 
 class ReplicatorWriter:
     """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
 
-    def __init__(self, cfg: InstanceConfig, dest: Destination, *, inbox: Path, epoch: int, link: "Link") -> None:
+    def __init__(self, cfg: InstanceConfig, dest: Destination, *, inbox: Path, incarnation: str, link: "Link") -> None:
         from deltalake import WriterProperties
 
         self.cfg = cfg
@@ -54,7 +55,7 @@ class ReplicatorWriter:
         self.inbox = IdempotentAppender(
             inbox,
             INBOX_SCHEMA,
-            app_id=app_id(cfg, dest, epoch),
+            app_id=app_id(cfg, dest, incarnation),
             name=f"{dest.name} inbox",
             configuration=INBOX_TABLE_CONFIGURATION,
             writer_properties=WriterProperties(compression=_CODECS[dest.compression]),
@@ -92,7 +93,7 @@ def start_query(
     inbox: Path,
     checkpoint: Path,
     start_seq: int,
-    epoch: int,
+    incarnation: str,
     link: "Link",
     trigger_interval: str = "0 seconds",
 ) -> "StreamingQuery":
@@ -106,9 +107,9 @@ def start_query(
         .option("startSeq", str(start_seq))
         .load()
     )
-    writer = ReplicatorWriter(cfg, dest, inbox=inbox, epoch=epoch, link=link)
+    writer = ReplicatorWriter(cfg, dest, inbox=inbox, incarnation=incarnation, link=link)
     return (
-        stream.writeStream.queryName(f"{cfg.name}->{dest.name}#{epoch}")
+        stream.writeStream.queryName(f"{cfg.name}->{dest.name}#{incarnation}")
         .foreachBatch(writer)
         .option("checkpointLocation", str(checkpoint))
         .trigger(processingTime=trigger_interval)

