@@ -20,9 +20,6 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.sql.session.timeZone": "UTC",
     "spark.driver.memory": "4g",
-    # Each Python streaming source starts a Python worker; on a busy machine the
-    # default 15 s for it to connect back is too short and kills the query.
-    "spark.python.authenticate.socketTimeout": "120s",
 }
 
 
