@@ -1,0 +1,263 @@
+"""Helpers shared by the benchmarks: message bodies, fast pre-publishing, configs, timers, tables."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import multiprocessing
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Producer settings for bulk pre-publishing: big zstd batches, as a real feed would send.
+BULK_PRODUCER = dict(compression_type="zstd", linger_ms=20, batch_size=512 * 1024, max_request_size=16 * 1024 * 1024)
+
+
+def order_body(seq: int) -> bytes:
+    """A ~200-byte JSON order, different for every ``seq``."""
+    return json.dumps({
+        "id": seq, "symbol": "ACME", "side": "buy" if seq % 2 else "sell", "qty": seq % 1000,
+        "price": 100.0 + seq % 97 / 10, "trader": f"trader-{seq % 50:04d}", "desk": "equities-nyc",
+        "account": f"ACC-{seq % 10007:06d}", "note": "benchmark order flow with a realistic body size of ~200 B",
+    }, separators=(",", ":")).encode()
+
+
+# -- publishing ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One publisher's share of a pre-publish: ``count`` messages numbered from ``first_seq``."""
+
+    client: str
+    partition: int
+    first_seq: int
+    count: int
+
+
+def feeds(count: int, publishers: int, partitions: int, *, first_seq: int = 1) -> list[Feed]:
+    """Split ``count`` messages over publishers ``pub-0..`` (publisher k on partition k mod partitions)."""
+    shares = [count // publishers + (1 if k < count % publishers else 0) for k in range(publishers)]
+    return [Feed(f"pub-{k}", k % partitions, first_seq, n) for k, n in enumerate(shares) if n]
+
+
+def prepublish(bootstrap: str, topic: str, plan: Sequence[Feed]) -> float:
+    """Publish every feed with its own raw KafkaProducer in its own process; returns msg/s."""
+    started = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that runs a JVM gateway
+    procs = [ctx.Process(target=_publish_feed, args=(bootstrap, topic, feed)) for feed in plan]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    failed = [p.exitcode for p in procs if p.exitcode]
+    if failed:
+        raise SystemExit(f"a publishing process failed (exit codes {failed})")
+    return sum(f.count for f in plan) / (time.perf_counter() - started)
+
+
+def _publish_feed(bootstrap: str, topic: str, feed: Feed) -> None:
+    """DESIGN §7 wire format: key and amps-client = client, amps-seq, amps-topic."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, **BULK_PRODUCER)
+    client = feed.client.encode()
+    for seq in range(feed.first_seq, feed.first_seq + feed.count):
+        producer.send(
+            topic, key=client, value=order_body(seq), partition=feed.partition,
+            headers=[("amps-client", client), ("amps-seq", str(seq).encode()), ("amps-topic", b"/orders")],
+        )
+    producer.flush()
+    producer.close()
+
+
+# -- instances -------------------------------------------------------------------
+
+
+def instance_config(workdir: Path, name: str, bootstrap: str, *, topic: str | None = None,
+                    max_offsets: int | None = None, inbox: bool = True):
+    """Write and load an instance config: Kafka ``topic`` (default ``<name>.publish``), every JSON topic recorded.
+
+    ``inbox``: also the incoming replication transport, as every instance of a
+    fabric has (DESIGN §4); the ingest query then reads Kafka and the inbox.
+    """
+    from replication import config
+
+    topic = topic or f"{name}.publish"
+    limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
+    replication = (f"<Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
+                   f"<InetAddr>{workdir / name}</InetAddr></Transport>") if inbox else ""
+    path = workdir / f"{name}.xml"
+    path.write_text(f"""<?xml version="1.0"?>
+<AMPSConfig>
+  <Name>{name}</Name>
+  <Storage>{workdir / name}</Storage>
+  <Transports>
+    <Transport>
+      <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
+      <Topic>{topic}</Topic><MessageType>json</MessageType>{limit}
+    </Transport>
+    {replication}
+  </Transports>
+  <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+</AMPSConfig>
+""")
+    return config.load(str(path))
+
+
+def poll_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns a truthy value (returned), or None after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value or None
+        time.sleep(interval)
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.02, what: str) -> Any:
+    """:func:`poll_for`, but a timeout ends the benchmark with a message naming ``what``."""
+    value = poll_for(predicate, timeout=timeout, interval=interval)
+    if value is None:
+        raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+    return value
+
+
+# -- timing ----------------------------------------------------------------------
+
+
+class PhaseTimer:
+    """Wall time spent in chosen functions, by label, while :meth:`patched` is active.
+
+    The wrapped functions keep their behaviour; the timer only adds up
+    ``perf_counter`` differences (thread-safe) and counts calls.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.seconds.clear()
+            self.calls.clear()
+
+    @contextlib.contextmanager
+    def patched(self, targets: dict[str, tuple[object, str]]) -> Iterator[PhaseTimer]:
+        """Time ``owner.attr`` under ``label`` for each ``label: (owner, attr)``; restore on exit."""
+        originals = [(owner, attr, getattr(owner, attr)) for owner, attr in targets.values()]
+        try:
+            for label, (owner, attr) in targets.items():
+                setattr(owner, attr, self._wrap(label, getattr(owner, attr)))
+            yield self
+        finally:
+            for owner, attr, original in originals:
+                setattr(owner, attr, original)
+
+    def _wrap(self, label: str, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.seconds[label] += time.perf_counter() - started
+                    self.calls[label] += 1
+
+        return timed
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """User + system CPU seconds of ``root`` (default: this process) and all its descendants.
+
+    Children that ended and were waited for are included (in their parent's
+    ``cutime``/``cstime``): Spark's Python workers, the JVM, the broker. CPU
+    time is much less disturbed than wall time by other work on the machine.
+    """
+    import os
+
+    root = root or os.getpid()
+    ticks = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = defaultdict(list)
+    spent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        children[int(fields[1])].append(int(entry))
+        spent[int(entry)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += spent.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total / ticks
+
+
+class PySpy:
+    """``py-spy record`` of this process and its children (Spark's Python workers) while active."""
+
+    def __init__(self, output: str | None) -> None:
+        self.output = output
+        self._proc = None
+
+    def __enter__(self) -> PySpy:
+        import os
+        import shutil
+        import subprocess
+        import sys
+
+        if not self.output:
+            return self
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(Path(self.output).suffix, "raw")  # raw: collapsed
+        self._proc = subprocess.Popen(
+            [exe, "record", "--pid", str(os.getpid()), "--subprocesses", "--nonblocking", "--rate", "100",
+             "--format", fmt, "--output", self.output],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # let it attach before the measured work starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            self._proc.wait(timeout=60)
+
+
+# -- reporting -------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values``, nearest-rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Rows as an aligned text table (first column left-aligned, others right-aligned)."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])

@@ -1,0 +1,661 @@
+"""Benchmark: an instance's ingest (Kafka -> txlog) against two baselines, side by side.
+
+One run prints (issue 2, "Performance"):
+
+1. ingest rate of an instance for N (default 1M) ~200-byte JSON messages,
+   pre-published with zstd by several raw producers (DESIGN §7 headers); the
+   clock runs from the start of the ingest query to the last row committed;
+2. baseline (a): the same Spark source and rows, ``foreachBatch(toArrow +
+   write_deltalake)``, no dedupe, seq or acks, same trigger;
+3. baseline (b): one kafka-python consumer -> deltalake loop, no Spark;
+4. publish -> persisted-ack latency (p50/p99) at a steady rate with
+   ``replication.client.Publisher``;
+5. the time to ingest a 100k-message batch into a txlog of 100k rows and into
+   one of 5M rows (built directly with deltalake, recovered by the instance);
+
+and where the ingest driver's time goes (toArrow, classify, Delta append,
+state snapshot, acks, Spark). Uses an embedded tansu broker unless
+``--bootstrap`` is given::
+
+    .venv/bin/python bench/ingest.py --quick          # ~2 minutes
+    .venv/bin/python bench/ingest.py                  # 1M messages, ~6 minutes
+    .venv/bin/python bench/ingest.py --quick --only ingest,latency --py-spy /tmp/spy
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+# Spark's Python workers must run this interpreter (it has the package and its dependencies).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    PhaseTimer,
+    PySpy,
+    feeds,
+    format_table,
+    instance_config,
+    order_body,
+    percentile,
+    poll_for,
+    prepublish,
+    tree_cpu_seconds,
+    wait_until,
+)
+
+PHASES = ("ingest", "a", "b", "latency", "txlog")
+
+
+@dataclass
+class Run:
+    """One measured pass over the same messages."""
+
+    label: str
+    rows: int
+    seconds: float
+    batches: int
+    parts: dict[str, float] = field(default_factory=dict)
+    batch_seconds: float | None = None
+    """Spark's ``triggerExecution`` summed over the batches with rows: the query's start-up left out."""
+    cpu_seconds: float | None = None
+    """CPU time of every process of the benchmark (driver, JVM, Python workers, broker) during the run."""
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+
+# -- instance ingest ---------------------------------------------------------------
+
+
+def ingest_timer_targets() -> dict[str, tuple[object, str]]:
+    """The driver-side steps of an ingest batch, in the order they run (see IngestWriter)."""
+    from replication import ingest
+    from replication.delta_tables import IdempotentAppender
+    from replication.durability import Durability
+    from replication.txlog import PublisherState
+
+    return {
+        "foreachBatch": (ingest.IngestWriter, "__call__"),
+        "after toArrow": (ingest.IngestWriter, "write_arrow"),
+        "classify": (ingest, "classify"),
+        "Delta append": (IdempotentAppender, "append"),
+        "state snapshot": (PublisherState, "save"),
+        "acks": (Durability, "on_commit"),
+    }
+
+
+def breakdown(timer: PhaseTimer, wall: float) -> dict[str, float]:
+    """Seconds per step of the ingest driver; ``Spark`` is everything outside foreachBatch."""
+    s = timer.seconds
+    named = s["classify"] + s["Delta append"] + s["state snapshot"] + s["acks"]
+    return {
+        "Spark (plan, offsets, checkpoint)": max(0.0, wall - s["foreachBatch"]),
+        "toArrow (Kafka read in workers + collect)": s["foreachBatch"] - s["after toArrow"],
+        "classify": s["classify"],
+        "Delta append (write_deltalake)": s["Delta append"],
+        "state snapshot (publishers.json)": s["state snapshot"],
+        "acks (send + flush)": s["acks"],
+        "other driver logic": s["after toArrow"] - named,
+    }
+
+
+def run_instance(spark, cfg, target_seq: int, timer: PhaseTimer, *, label: str) -> Run:
+    """Start an instance on a pre-published backlog; time query start -> ``max_seq == target_seq``."""
+    from replication.instance import Instance
+
+    timer.reset()
+    inst = Instance(cfg, spark).start()
+    started, cpu = time.perf_counter(), tree_cpu_seconds()
+    try:
+        rows = target_seq - inst.status()["max_seq"]
+        wait_until(lambda: _committed(inst, target_seq), timeout=120 + rows / 2000, interval=0.05,
+                   what=f"{cfg.name} to commit seq {target_seq}")
+        seconds, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
+        batch_seconds = _batch_seconds(inst.query, rows)
+    finally:
+        inst.stop()  # lets the current batch finish, so the counters and timers below are final
+    counters = inst.status()["counters"]
+    parts = breakdown(timer, seconds)
+    if counters.get("rejected") or counters.get("duplicates"):
+        raise SystemExit(f"{cfg.name}: unexpected rejects/duplicates {counters}")
+    return Run(label, rows, seconds, counters["batches"], parts, batch_seconds, cpu)
+
+
+def _batch_seconds(query, rows: int) -> float | None:
+    """Sum of ``triggerExecution`` of the batches that brought ``rows`` rows (None: progress not kept)."""
+
+    def batches() -> list[dict] | None:
+        with_rows = [p for p in query.recentProgress if p.get("numInputRows")]
+        return with_rows if sum(p["numInputRows"] for p in with_rows) >= rows else None
+
+    found = poll_for(batches, timeout=10, interval=0.05)
+    return sum(p["durationMs"]["triggerExecution"] for p in found) / 1000 if found else None
+
+
+def _committed(inst, target_seq: int) -> bool:
+    status = inst.status()
+    if status["error"]:
+        raise SystemExit(f"{status['instance']}: ingest query failed: {status['error']}")
+    return status["max_seq"] >= target_seq
+
+
+# -- baselines -----------------------------------------------------------------------
+
+
+def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
+    """(a): the instance's Kafka source and rows, ``toArrow`` + ``write_deltalake``, nothing else."""
+    from deltalake import write_deltalake
+
+    from replication.sources import publish_stream
+
+    target = workdir / f"{cfg.name}-baseline-a"
+    parts = {"toArrow": 0.0, "write_deltalake": 0.0}
+    written = [0]
+    done = threading.Event()
+
+    def sink(df, _batch_id: int) -> None:
+        t0 = time.perf_counter()
+        table = df.toArrow()
+        t1 = time.perf_counter()
+        write_deltalake(str(target), table, mode="append")
+        parts["toArrow"] += t1 - t0
+        parts["write_deltalake"] += time.perf_counter() - t1
+        written[0] += table.num_rows
+        if written[0] >= rows:
+            done.set()
+
+    query = (
+        publish_stream(spark, cfg).writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(workdir / f"{cfg.name}-baseline-a-checkpoint"))
+        .trigger(processingTime="0 seconds").start()
+    )
+    started, cpu = time.perf_counter(), tree_cpu_seconds()
+    try:
+        wait_until(lambda: done.is_set() or query.exception(), timeout=120 + rows / 2000, interval=0.05,
+                   what="baseline (a) to write every row")
+        seconds, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
+        if not done.is_set():
+            raise SystemExit(f"baseline (a) failed: {query.exception()}")
+        batch_seconds = _batch_seconds(query, rows)  # also lets the last batch end before stop()
+        batches = len([p for p in query.recentProgress if p.get("numInputRows")])
+    finally:
+        query.stop()
+    parts["Spark (plan, offsets, checkpoint)"] = seconds - sum(parts.values())
+    return Run("(a) Spark source -> toArrow -> Delta", rows, seconds, batches, parts, batch_seconds, cpu)
+
+
+def plain_baseline(bootstrap: str, topic: str, rows: int, partitions: int, batch_rows: int, workdir: Path) -> Run:
+    """(b): one kafka-python consumer decoding DESIGN §7 headers, ``write_deltalake`` every ``batch_rows``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5,
+        max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024, max_poll_records=20_000,
+    )
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, 0)
+    target = str(workdir / "baseline-b")
+    pending: list = []
+    parts = {"poll + decode": 0.0, "write_deltalake": 0.0}
+    seen = batches = 0
+    started, cpu = time.perf_counter(), tree_cpu_seconds()
+    while seen < rows:
+        t0 = time.perf_counter()
+        for records in consumer.poll(timeout_ms=10).values():
+            pending.extend(records)
+            seen += len(records)
+        t1 = time.perf_counter()
+        parts["poll + decode"] += t1 - t0
+        if len(pending) >= batch_rows or (pending and seen >= rows):
+            _write_records(target, pending)
+            pending = []
+            batches += 1
+            parts["write_deltalake"] += time.perf_counter() - t1
+    seconds, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
+    consumer.close()
+    return Run("(b) kafka-python -> Delta, no Spark", seen, seconds, batches, parts, cpu_seconds=cpu)
+
+
+def _write_records(target: str, records: list) -> None:
+    """kafka-python records -> the publish columns (headers decoded) -> one Delta append."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    clients, seqs, topics = [], [], []
+    for record in records:
+        headers = dict(record.headers)
+        clients.append(headers.get("amps-client"))
+        seqs.append(headers.get("amps-seq"))
+        topics.append(headers.get("amps-topic"))
+    table = pa.table({
+        "kafka_partition": pa.array([r.partition for r in records], pa.int32()),
+        "kafka_offset": pa.array([r.offset for r in records], pa.int64()),
+        "publisher": pa.array(clients, pa.binary()).cast(pa.string()),
+        "publisher_seq": pa.array(seqs, pa.binary()).cast(pa.string()),
+        "topic": pa.array(topics, pa.binary()).cast(pa.string()),
+        "data": pa.array([r.value for r in records], pa.binary()),
+        "publish_time": pa.array([r.timestamp * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+    })
+    write_deltalake(target, table, mode="append")
+
+
+# -- latency -------------------------------------------------------------------------
+
+
+class AckClock:
+    """When each advance of a Publisher's persisted sequence arrives (a bench hook on its condition)."""
+
+    def __init__(self, publisher) -> None:
+        self.publisher = publisher
+        self.events: list[tuple[int, float]] = []  # (persisted seq, perf_counter)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ack-clock", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        pub = self.publisher
+        last = 0
+        with pub._cond:
+            while True:
+                if pub._persisted > last:
+                    last = pub._persisted
+                    self.events.append((last, time.perf_counter()))
+                if self._stop.is_set():
+                    return
+                pub._cond.wait(0.05)
+
+    def arrival(self, seq: int) -> float | None:
+        """Time of the first ack covering ``seq``."""
+        i = bisect.bisect_left(self.events, (seq, float("-inf")))
+        return self.events[i][1] if i < len(self.events) else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def latency(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> dict:
+    """Publish at ``--latency-rate`` msg/s for ``--latency-seconds`` with a Publisher; publish -> persisted-ack ms.
+
+    Also returns the mean time per micro-batch of each step (Spark's own
+    ``durationMs`` and the driver steps timed by ``timer``).
+    """
+    from replication.broker import ensure_topics
+    from replication.client import Publisher
+    from replication.instance import Instance
+
+    cfg = instance_config(workdir, f"bench-lat-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
+    ensure_topics(bootstrap, [f"{cfg.name}.publish"])
+    inst = Instance(cfg, spark).start()
+    try:
+        pub = Publisher("lat-pub", bootstrap=bootstrap, topic=f"{cfg.name}.publish", instance=cfg.name,
+                        store_path=workdir / "lat-pub.store")
+        clock = AckClock(pub)
+        timer.reset()
+        sent = _paced_publish(pub, args.latency_rate, args.latency_seconds)
+        pub.flush(timeout=120)
+        clock.stop()
+        pub.close()
+        per_batch = _per_batch_ms(inst.query.recentProgress, timer)
+    finally:
+        inst.stop()
+    lat = [(clock.arrival(seq) - t) * 1000 for seq, t in sent.items()]
+    achieved = len(sent) / (max(sent.values()) - min(sent.values()))
+    return {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "max": max(lat),
+            "count": len(lat), "rate": achieved, "per_batch": per_batch}
+
+
+def _per_batch_ms(progress: list[dict], timer: PhaseTimer) -> dict[str, float]:
+    """Mean milliseconds per micro-batch with rows: Spark's ``durationMs`` steps, then the driver's."""
+    batches = [p for p in progress if p.get("numInputRows")]
+    if not batches:
+        return {}
+    out = {"batches": len(batches), "rows per batch": sum(p["numInputRows"] for p in batches) / len(batches)}
+    for step in ("triggerExecution", "latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit",
+                 "commitOffsets"):
+        out[f"spark {step}"] = sum(p["durationMs"].get(step, 0) for p in batches) / len(batches)
+    calls = max(1, timer.calls["foreachBatch"])
+    s = timer.seconds
+    out["  toArrow (read + collect)"] = 1000 * (s["foreachBatch"] - s["after toArrow"]) / calls
+    for label in ("classify", "Delta append", "state snapshot", "acks"):
+        out[f"  {label}"] = 1000 * s[label] / calls
+    return out
+
+
+def _paced_publish(pub, rate: float, seconds: float) -> dict[int, float]:
+    """Publish on a fixed schedule; returns seq -> time just before ``publish`` was called."""
+    sent: dict[int, float] = {}
+    started = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = time.perf_counter()
+        sent[pub.publish("/orders", order_body(i + 1))] = t
+    return sent
+
+
+# -- txlog size ----------------------------------------------------------------------
+
+_BODY_HEAD = '{"id":'
+_BODY_TAIL = (',"symbol":"ACME","side":"buy","qty":500,"price":101.5,"trader":"trader-0007","desk":"equities-nyc",'
+              '"account":"ACC-000123","note":"benchmark order flow with a realistic body size of ~200 B"}')
+
+
+def synthetic_txlog_rows(instance: str, first: int, count: int, publishers: int, now: datetime):
+    """Txlog rows ``first..first+count-1`` (0-based) as the instance would store them.
+
+    Row i belongs to ``pub-(i % publishers)`` with publisher_seq ``i // publishers + 1``.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from replication.messages import publisher_id
+    from replication.txlog import TXLOG_SCHEMA
+
+    i = np.arange(first, first + count, dtype=np.int64)
+    who = pa.array(i % publishers)
+    pub_seq = pa.array(i // publishers + 1)
+    names = pa.array([f"pub-{k}" for k in range(publishers)])
+    ids = pa.array([str(publisher_id(f"pub-{k}")) for k in range(publishers)])
+    now_us = pa.array(np.full(count, int(now.timestamp() * 1e6), dtype=np.int64), pa.timestamp("us", tz="UTC"))
+    const = lambda v: pa.array([v] * count, pa.string())  # noqa: E731
+    columns = {
+        "seq": pa.array(i + 1),
+        "bookmark": pc.binary_join_element_wise(ids.take(who), pub_seq.cast(pa.string()), "", "|"),
+        "publisher": names.take(who),
+        "publisher_seq": pub_seq,
+        "topic": const("/orders"),
+        "message_type": const("json"),
+        "command": const("publish"),
+        "sow_key": pa.nulls(count, pa.string()),
+        "data": pc.binary_join_element_wise(_BODY_HEAD, pa.array(i + 1).cast(pa.string()), _BODY_TAIL, "")
+        .cast(pa.binary()),
+        "origin": const(instance),
+        "received_from": pa.nulls(count, pa.string()),
+        "received_from_group": pa.nulls(count, pa.string()),
+        "path": pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32)), const(instance)),
+        "publish_time": now_us,
+        "persist_time": now_us,
+    }
+    return pa.table(columns).cast(TXLOG_SCHEMA)
+
+
+def build_txlog(cfg, rows: int, publishers: int, chunk: int) -> None:
+    """Write ``rows`` txlog rows in commits of ``chunk``, each with the metadata an ingest commit carries.
+
+    No ``ingest`` app transaction is recorded: the instance starts a new query
+    (batch ids from 0), as after its checkpoint was reset; it recovers
+    ``max_seq`` and the publishers' high-water marks from the snapshot and
+    the commit metadata like from any log of its own.
+    """
+    from deltalake import CommitProperties, write_deltalake
+
+    from replication.delta_tables import COMMIT_METADATA_KEY, open_or_create
+    from replication.storage import StorageLayout
+    from replication.txlog import TXLOG_SCHEMA, PublisherState
+
+    layout = StorageLayout.of(cfg.storage)
+    table = open_or_create(layout.txlog, TXLOG_SCHEMA, name=f"{cfg.name} txlog")
+    state = PublisherState()
+    now = datetime.now(timezone.utc)
+    for batch, first in enumerate(range(0, rows, chunk)):
+        count = min(chunk, rows - first)
+        last = first + count - 1
+        metadata = {
+            "batch": batch, "first_seq": first + 1, "last_seq": last + 1, "links": {},
+            "publishers": {f"pub-{k}": (last - (last - k) % publishers) // publishers + 1
+                           for k in range(min(publishers, count))},
+        }
+        write_deltalake(table, synthetic_txlog_rows(cfg.name, first, count, publishers, now), mode="append",
+                        commit_properties=CommitProperties(
+                            custom_metadata={COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))}))
+        state.apply(table.version(), metadata)
+    state.save(layout.publishers_json)
+
+
+def txlog_scaling(spark, workdir: Path, bootstrap: str, sizes: list[int], args, timer: PhaseTimer) -> list[dict]:
+    """Build a txlog of each size, then ingest ``--txlog-batch`` new messages into each, ``--rounds`` times.
+
+    Rounds alternate the order of the sizes (small, big, big, small, ...), so
+    neither size always runs first after a quiet period.
+    """
+    logs = [_prepared_log(workdir, bootstrap, size, args) for size in sizes]
+    for r in range(args.rounds):
+        for log in (logs if r % 2 == 0 else logs[::-1]):
+            base = log["size"] + len(log["runs"]) * args.txlog_batch
+            prepublish(bootstrap, log["topic"], feeds(args.txlog_batch, args.publishers, args.partitions,
+                                                      first_seq=base // args.publishers + 1))
+            run = run_instance(spark, log["cfg"], base + args.txlog_batch, timer, label=f"txlog {base:,}")
+            log["runs"].append(run)
+            print(f"  txlog of {base:>9,} rows: {args.txlog_batch:,} new messages in {run.seconds:.2f}s "
+                  f"({run.batches} batch(es))", flush=True)
+    return logs
+
+
+def _prepared_log(workdir: Path, bootstrap: str, size: int, args) -> dict:
+    """An instance config whose txlog already holds ``size`` rows, and its publish topic."""
+    from replication.broker import ensure_topics
+
+    cfg = instance_config(workdir, f"bench-log{size}-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
+    topic = f"{cfg.name}.publish"
+    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    started = time.perf_counter()
+    build_txlog(cfg, size, args.publishers, args.txlog_batch)
+    print(f"  built a txlog of {size:,} rows in {time.perf_counter() - started:.1f}s", flush=True)
+    return {"size": size, "cfg": cfg, "topic": topic, "runs": []}
+
+
+# -- orchestration -------------------------------------------------------------------
+
+
+def warm_up(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> None:
+    """Start the JVM's and the Python workers' code paths once, so no measurement pays for it."""
+    from replication.broker import ensure_topics
+
+    cfg = instance_config(workdir, f"bench-warm-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
+    ensure_topics(bootstrap, [f"{cfg.name}.publish"], partitions=args.partitions)
+    prepublish(bootstrap, f"{cfg.name}.publish", feeds(5000, args.publishers, args.partitions))
+    run_instance(spark, cfg, 5000, timer, label="warm-up")
+    spark_baseline(spark, cfg, 5000, workdir)
+
+
+def throughput(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer, phases: set[str]) -> dict[str, Run]:
+    """Pre-publish once; the instance and both baselines read the same topic, ``--repeat`` times in turn (best kept)."""
+    from replication.broker import ensure_topics
+
+    topic = f"bench-ingest-{uuid.uuid4().hex[:6]}.publish"
+    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    rate = prepublish(bootstrap, topic, feeds(args.messages, args.publishers, args.partitions))
+    print(f"published {args.messages:,} messages ({args.publishers} producers, {args.partitions} partitions, "
+          f"zstd): {rate:,.0f} msg/s", flush=True)
+    best: dict[str, Run] = {}
+    for rep in range(args.repeat):
+        cfg = instance_config(workdir, f"bench-ingest-{rep}-{uuid.uuid4().hex[:6]}", bootstrap, topic=topic,
+                              max_offsets=args.max_offsets, inbox=args.inbox)
+        for key in [k for k in ("ingest", "a", "b") if k in phases]:
+            run = _throughput_run(key, spark, cfg, workdir / f"rep{rep}", bootstrap, topic, args, timer)
+            print(f"  {run.label}: {run.rate:,.0f} rows/s (load average {os.getloadavg()[0]:.1f})", flush=True)
+            if key not in best or run.seconds < best[key].seconds:
+                best[key] = run
+    return best
+
+
+def _throughput_run(key: str, spark, cfg, workdir: Path, bootstrap: str, topic: str, args, timer) -> Run:
+    if key == "ingest":
+        with PySpy(_spy_file(args, "ingest")):
+            return run_instance(spark, cfg, args.messages, timer, label="instance ingest")
+    if key == "a":
+        return spark_baseline(spark, cfg, args.messages, workdir)
+    return plain_baseline(bootstrap, topic, args.messages, args.partitions, args.plain_batch, workdir)
+
+
+def _spy_file(args, phase: str) -> str | None:
+    """Where py-spy writes the collapsed stacks of ``phase`` (None: not asked for)."""
+    if not args.py_spy:
+        return None
+    Path(args.py_spy).mkdir(parents=True, exist_ok=True)
+    return str(Path(args.py_spy) / f"{phase}.txt")
+
+
+def report(args, runs: dict[str, Run], lat: dict | None, scaling: list[dict]) -> str:
+    """The final tables: rates, ratios and targets, latency, txlog scaling, ingest breakdown."""
+    out = [f"\n== bench/ingest.py: {args.messages:,} msgs, {args.partitions} partitions, "
+           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or 'none'}, trigger 0 s, "
+           f"inbox {'on' if args.inbox else 'off'}, "
+           f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
+    if runs:
+        rows = [[r.label, f"{r.rows:,}", f"{r.seconds:.2f}", f"{r.rate:,.0f}", r.batches, _secs(r.batch_seconds),
+                 _secs(r.cpu_seconds), f"{r.rows / r.cpu_seconds:,.0f}"] for r in runs.values()]
+        out.append(format_table(["throughput", "rows", "seconds", "rows/s", "batches", "in batches s", "CPU s",
+                                 "rows/CPU-s"], rows))
+    checks = []
+    ingest = runs.get("ingest")
+    for key, target in (("a", 0.8), ("b", 1.5)):
+        if ingest and key in runs:
+            ratio = ingest.rate / runs[key].rate
+            cpu_ratio = runs[key].cpu_seconds / ingest.cpu_seconds
+            checks.append([f"ingest / ({key}), rows/s", f"{ratio:.2f}", f">= {target}", _verdict(ratio >= target)])
+            checks.append([f"ingest / ({key}), rows per CPU-second", f"{cpu_ratio:.2f}", "", "(less load-sensitive)"])
+    if lat:
+        checks.append([f"ack latency p50 ({lat['count']:,} msgs at {lat['rate']:,.0f}/s)", f"{lat['p50']:.0f} ms",
+                       "<= 300 ms", _verdict(lat["p50"] <= 300)])
+        checks.append(["ack latency p99", f"{lat['p99']:.0f} ms", "<= 1000 ms", _verdict(lat["p99"] <= 1000)])
+        checks.append(["ack latency max", f"{lat['max']:.0f} ms", "", ""])
+    if len(scaling) == 2:
+        small, big = (min(_batch_time(r) for r in log["runs"]) for log in scaling)
+        ratio = big / small
+        checks.append([f"{args.txlog_batch:,}-msg batch, txlog {scaling[0]['size']:,} -> {scaling[1]['size']:,}",
+                       f"{small:.2f}s -> {big:.2f}s = {ratio:.2f}", "<= 1.2", _verdict(ratio <= 1.2)])
+    if checks:
+        out.append("")
+        out.append(format_table(["measure", "value", "target", ""], checks))
+    for key in ("ingest", "a", "b"):
+        if key in runs and runs[key].parts:
+            out.append("")
+            out.append(_parts_table(runs[key]))
+    if lat and lat["per_batch"]:
+        out.append("")
+        out.append(format_table(["latency run: mean per micro-batch", "ms"],
+                                [[k, f"{v:,.0f}"] for k, v in lat["per_batch"].items()]))
+    if len(scaling) == 2:
+        out.append("")
+        out.append(_scaling_table(scaling, args.txlog_batch))
+    return "\n".join(out)
+
+
+def _batch_time(run: Run) -> float:
+    """The batch's own time (Spark's triggerExecution), or the wall time when Spark's progress is gone."""
+    return run.batch_seconds if run.batch_seconds is not None else run.seconds
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _parts_table(run: Run) -> str:
+    rows = [[name, f"{sec:.2f}", f"{100 * sec / run.seconds:.0f}%"] for name, sec in run.parts.items()]
+    return format_table([f"where time goes: {run.label}", "seconds", "share"], rows)
+
+
+def _scaling_table(scaling: list[dict], batch: int) -> str:
+    rows = []
+    for log in scaling:
+        for r in log["runs"]:
+            p = r.parts
+            rows.append([r.label, f"{r.seconds:.2f}", _secs(r.batch_seconds),
+                         f"{p['Delta append (write_deltalake)']:.2f}",
+                         f"{p['classify']:.2f}", f"{p['toArrow (Kafka read in workers + collect)']:.2f}",
+                         f"{p['Spark (plan, offsets, checkpoint)']:.2f}", r.batches])
+    return format_table([f"{batch:,} new msgs into", "total s", "batch s", "append s", "classify s", "toArrow s",
+                         "Spark s", "batches"], rows)
+
+
+def _verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", "--messages", type=int, default=None, help="messages for the throughput runs (1M)")
+    parser.add_argument("--quick", action="store_true", help="100k messages, 8 s of latency, 1M-row big txlog")
+    parser.add_argument("--partitions", type=int, default=2, help="partitions of the publish topics")
+    parser.add_argument("--publishers", type=int, default=4, help="publishers (one producer process each)")
+    parser.add_argument("--repeat", type=int, default=1, help="throughput passes, in turn; the best of each is kept")
+    parser.add_argument("--max-offsets", type=int, default=None, help="MaxOffsetsPerTrigger of the instance and (a)")
+    parser.add_argument("--no-inbox", dest="inbox", action="store_false",
+                        help="instances without the incoming replication transport (Kafka only)")
+    parser.add_argument("--plain-batch", type=int, default=100_000, help="rows per Delta append in baseline (b)")
+    parser.add_argument("--latency-rate", type=float, default=2000.0)
+    parser.add_argument("--latency-seconds", type=float, default=None, help="(25; --quick: 8)")
+    parser.add_argument("--big-txlog", type=int, default=None, help="rows of the big txlog (5M; --quick: 1M)")
+    parser.add_argument("--txlog-batch", type=int, default=100_000, help="new messages ingested into each txlog")
+    parser.add_argument("--rounds", type=int, default=2, help="batches measured per txlog size (best kept)")
+    parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--bootstrap", help="use this Kafka instead of an embedded tansu broker")
+    parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
+    parser.add_argument("--py-spy", metavar="DIR", help="py-spy the ingest and latency runs into DIR/<phase>.txt "
+                        "(collapsed stacks of the driver and Spark's Python workers)")
+    args = parser.parse_args(argv)
+    args.messages = args.messages or (100_000 if args.quick else 1_000_000)
+    args.latency_seconds = args.latency_seconds or (8.0 if args.quick else 25.0)
+    args.big_txlog = args.big_txlog or (1_000_000 if args.quick else 5_000_000)
+    return args
+
+
+def measure(spark, workdir: Path, bootstrap: str, args) -> str:
+    """Run the selected phases, each with the driver steps timed; returns the report."""
+    phases = set(args.only.split(","))
+    timer = PhaseTimer()
+    with timer.patched(ingest_timer_targets()):
+        warm_up(spark, workdir, bootstrap, args, timer)
+        runs = throughput(spark, workdir, bootstrap, args, timer, phases) if phases & {"ingest", "a", "b"} else {}
+        lat = None
+        if "latency" in phases:
+            with PySpy(_spy_file(args, "latency")):
+                lat = latency(spark, workdir, bootstrap, args, timer)
+        scaling = []
+        if "txlog" in phases:
+            scaling = txlog_scaling(spark, workdir, bootstrap, [args.txlog_batch, args.big_txlog], args, timer)
+    return report(args, runs, lat, scaling)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from replication.broker import EmbeddedBroker
+    from replication.spark import session
+
+    args = parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-ingest-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = None if args.bootstrap else EmbeddedBroker().start()
+    try:
+        spark = session("bench-ingest")
+        print(measure(spark, workdir, args.bootstrap or broker.bootstrap, args), flush=True)
+        spark.stop()
+    finally:
+        if broker:
+            broker.stop()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
