@@ -19,6 +19,7 @@ Lifecycle of a destination (its state is in ``_control/links/<destination>.json`
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from pathlib import Path
@@ -155,9 +156,17 @@ class DestinationManager:
                     self._stop_query()
                     continue
                 connected = True
-                backoff = BACKOFF_START_S
-                self._watch(down)
+                started = time.monotonic()
+                failed = self._watch(down)
                 self._stop_query()
+                if not failed or time.monotonic() - started > BACKOFF_MAX_S:
+                    backoff = BACKOFF_START_S  # the destination went away, or the query had been healthy
+                if failed:
+                    # A replicator that dies (its Python source could not start within Spark's
+                    # 10 s, a bad inbox...) is retried with growing, jittered back-off, not at once.
+                    if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
+                        return
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
                 break
             if not connected:
                 state = self.link.snapshot().state
@@ -207,7 +216,8 @@ class DestinationManager:
     def _checkpoint(self, incarnation: str) -> Path:
         return self.layout.checkpoint(f"replicate-{self.dest.name}-{incarnation}")
 
-    def _watch(self, down: StorageLayout) -> None:
+    def _watch(self, down: StorageLayout) -> bool:
+        """Follow acks until the query dies (True) or the destination goes away or we stop (False)."""
         last_beat_check = 0.0
         reported = -1
         while not self._stop.wait(ACK_POLL_S):
@@ -222,7 +232,7 @@ class DestinationManager:
                 error = query.exception() if query is not None else None
                 log.error("%s->%s: replicator query stopped: %s", self.cfg.name, self.dest.name, error)
                 self.link.set(state="waiting", detail=f"replicator stopped: {error}")
-                return
+                return True
             now = time.time()
             if now - last_beat_check >= 1.0:
                 last_beat_check = now
@@ -230,7 +240,8 @@ class DestinationManager:
                     log.warning("%s->%s: %s stopped answering; failing over",
                                 self.cfg.name, self.dest.name, self.link.snapshot().address)
                     self.link.set(state="waiting", detail="destination heartbeat stale")
-                    return
+                    return False
+        return False
 
     def _stop_query(self) -> None:
         query, self.query = self.query, None
