@@ -102,14 +102,25 @@ def destination_xml(
     group: str | None = None,
     passthrough: str | None = ".*",
     topics: str = '<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>',
+    compression: str | None = None,
 ) -> str:
     """One ``<Destination>``; wrap several in ``replication_xml``."""
     inet = "".join(f"<InetAddr>{a}</InetAddr>" for a in addresses)
-    pt = f"<PassThrough>{passthrough}</PassThrough>" if passthrough is not None else ""
     grp = f"<Group>{group}</Group>" if group else ""
+    if compression:
+        grp += f"<Compression>{compression}</Compression>"
+    pt = f"<PassThrough>{passthrough}</PassThrough>" if passthrough is not None else ""
     return (f"<Destination><Name>{name}</Name>{grp}<SyncType>{sync}</SyncType>{pt}{topics}"
             f"<Transport><Type>amps-replication</Type>{inet}</Transport></Destination>")
 
 
 def replication_xml(*destinations: str, actions: str = "") -> str:
     return f"<Replication>{''.join(destinations)}</Replication>{actions}"
+
+
+def inbox_codecs(storage: Path) -> set[str]:
+    """Parquet compression codecs used by the data files of an instance's inbox."""
+    import pyarrow.parquet as pq
+
+    files = DeltaTable(str(storage / "inbox")).file_uris()
+    return {pq.ParquetFile(f.removeprefix("file://")).metadata.row_group(0).column(0).compression for f in files}

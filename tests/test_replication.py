@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fabric_support import TestFabric
-from factories import assert_exactly_once, destination_xml, replication_xml, txlog_rows, wait_until
+from factories import assert_exactly_once, destination_xml, inbox_codecs, replication_xml, txlog_rows, wait_until
 from replication import config, routing
 
 ONE_WAY = '<Topic><Name>.*</Name><MessageType>json</MessageType><ExcludeValidation>replicate,cascade</ExcludeValidation></Topic>'
@@ -54,6 +54,7 @@ def test_two_way_pair_ends_with_the_same_messages_once_each(fabric):
     assert {r["received_from"] for r in received} == {fabric.name("a")}
     assert {tuple(r["path"]) for r in received} == {(fabric.name("a"), fabric.name("b"))}
     assert {r["origin"] for r in received} == {fabric.name("a")}
+    assert inbox_codecs(fabric.storage("b")) == {"ZSTD"}, "inbox writes default to zstd"
 
 
 @pytest.mark.parametrize("passthrough", [None, ".*"], ids=["no-passthrough", "passthrough"])
@@ -111,8 +112,8 @@ def test_topic_type_and_content_filters_route_exactly_the_expected_rows(fabric):
     txlog = ('<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>'
              '<Topic><Name>.*</Name><MessageType>xml</MessageType></Topic>')
     fabric.configure("b", txlog_topics=txlog)
-    fabric.configure("a", txlog_topics=txlog,
-                     replication=replication_xml(destination_xml(fabric.name("b"), [b], topics=topics)))
+    fabric.configure("a", txlog_topics=txlog, replication=replication_xml(
+        destination_xml(fabric.name("b"), [b], topics=topics, compression="snappy")))
     fabric.start("b")
     fabric.start("a")
     pub = fabric.publisher("mixed", "a")
@@ -137,6 +138,7 @@ def test_topic_type_and_content_filters_route_exactly_the_expected_rows(fabric):
     assert by_module == by_hand and 0 < len(by_hand) < len(sent)
     wait_until(lambda: count(fabric, "b") == len(by_hand), what="B to receive the routed rows")
     assert set(rows_of(fabric, "b")["publisher_seq"].to_pylist()) == by_hand
+    assert inbox_codecs(b) == {"SNAPPY"}, "the destination's <Compression> applies to its inbox writes"
     # Filtered rows are acknowledged too: the link's acknowledged position reaches the end of A's log.
     link = fabric.running["a"].links[dest.name]
     wait_until(lambda: link.acked_seq == fabric.running["a"].durability.committed_seq, what="filtered rows acked")

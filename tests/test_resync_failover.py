@@ -88,6 +88,28 @@ def test_destination_fails_over_to_the_next_address(fabric):
     assert link["state"] == "failed over" and link["address"] == str(b2)
     assert_exactly_once(rows_of(fabric, "b2"), {"fo": 400})
 
+    # What an operator sees: `replication status` names the state and the address in use.
+    import contextlib
+    import io
+
+    from replication.cli import main
+    def status_text() -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["status", str(fabric.paths["a"]), str(fabric.paths["b1"])]) == 0
+        return out.getvalue()
+
+    def link_line(text: str) -> str:
+        return next((line for line in text.splitlines() if line.split()[:1] == ["B"]), "")
+
+    def failed_over_text() -> str | None:
+        text = status_text()
+        return text if "failed over" in link_line(text) else None
+
+    text = wait_until(failed_over_text, timeout=30, what="status to show the failover")  # heartbeats: every second
+    assert str(b2) in link_line(text) and "sync" in link_line(text)
+    assert any(fabric.name("b1") in line and "DOWN" in line for line in text.splitlines())
+
 
 def test_publisher_fails_over_within_a_sync_pair_without_loss_or_duplicate(fabric, tmp_path):
     a, b = fabric.storage("a"), fabric.storage("b")
