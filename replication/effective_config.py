@@ -17,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 import types
 import typing
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal, Union
 
 from replication.config import InstanceConfig
+from replication.storage import write_json_atomic
 
 __all__ = ["FORMAT", "from_dict", "read", "to_dict", "write"]
 
@@ -53,23 +54,7 @@ def from_dict(data: dict[str, Any]) -> InstanceConfig:
 
 def write(cfg: InstanceConfig, path: str | os.PathLike[str]) -> None:
     """Write ``cfg`` to the local file ``path`` atomically (temp file in the same directory, fsync, rename)."""
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    os.makedirs(directory, exist_ok=True)
-    text = json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".instance-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)  # readers see the old file or the new one, never a torn one
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_json_atomic(Path(path), to_dict(cfg), indent=2)
 
 
 def read(path: str | os.PathLike[str]) -> InstanceConfig:

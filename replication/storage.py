@@ -85,13 +85,13 @@ class StorageLayout:
         return self.root / "_checkpoints" / query
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
+def write_json_atomic(path: Path, payload: Any, *, indent: int | None = None) -> None:
     """Replace ``path`` with ``payload`` as JSON so readers never see a torn file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, separators=(",", ":"), sort_keys=True)
+            json.dump(payload, fh, indent=indent, separators=(",", ": ") if indent else (",", ":"), sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

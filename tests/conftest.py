@@ -21,3 +21,13 @@ def broker():
 
     with EmbeddedBroker() as b:
         yield b
+
+
+@pytest.fixture
+def fabric(spark, broker, tmp_path):
+    """Instances in this test session's Spark application, stopped at the end of the test."""
+    from fabric_support import TestFabric
+
+    f = TestFabric(spark, broker, tmp_path)
+    yield f
+    f.close()

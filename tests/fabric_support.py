@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
-from factories import write_config
+from factories import txlog_rows, write_config
 from replication import config
 from replication.client import Publisher
 from replication.instance import Instance
 
 TEST_TRIGGER = "100 milliseconds"
+
+#: A destination topic for one-way links (nothing replicates back), as AMPS validation wants it said.
+ONE_WAY = (
+    "<Topic><Name>.*</Name><MessageType>json</MessageType>"
+    "<ExcludeValidation>replicate,cascade</ExcludeValidation></Topic>"
+)
+
+
+def publish_orders(pub, n: int, topic: str = "/orders") -> None:
+    """Publish ``n`` small JSON orders through an HA publisher."""
+    for i in range(n):
+        pub.publish(topic, json.dumps({"i": i, "qty": i % 300}).encode())
 
 
 class TestFabric:
@@ -33,6 +46,17 @@ class TestFabric:
 
     def storage(self, short: str) -> Path:
         return self.root / self.name(short)
+
+    def rows(self, short: str):
+        """The txlog of an instance, in seq order."""
+        return txlog_rows(self.root, self.name(short))
+
+    def count(self, short: str) -> int:
+        """Rows in an instance's txlog (0 before it exists)."""
+        try:
+            return self.rows(short).num_rows
+        except Exception:
+            return 0
 
     def configure(self, short: str, **kwargs) -> Path:
         path = write_config(self.root, self.name(short), self.broker.bootstrap, **kwargs)

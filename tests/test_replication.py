@@ -6,34 +6,10 @@ import json
 
 import pytest
 
-from fabric_support import TestFabric
-from factories import assert_exactly_once, destination_xml, inbox_codecs, replication_xml, txlog_rows, wait_until
+from fabric_support import ONE_WAY, publish_orders
+from factories import assert_exactly_once, destination_xml, inbox_codecs, replication_xml, wait_until
 from replication import config, routing
 
-ONE_WAY = '<Topic><Name>.*</Name><MessageType>json</MessageType><ExcludeValidation>replicate,cascade</ExcludeValidation></Topic>'
-
-
-@pytest.fixture
-def fabric(spark, broker, tmp_path):
-    f = TestFabric(spark, broker, tmp_path)
-    yield f
-    f.close()
-
-
-def rows_of(fabric: TestFabric, short: str):
-    return txlog_rows(fabric.root, fabric.name(short))
-
-
-def count(fabric: TestFabric, short: str) -> int:
-    try:
-        return rows_of(fabric, short).num_rows
-    except Exception:
-        return 0
-
-
-def publish(pub, n: int, topic: str = "/orders", start: int = 0) -> None:
-    for i in range(start, start + n):
-        pub.publish(topic, json.dumps({"i": i, "qty": i % 300}).encode())
 
 
 def test_two_way_pair_ends_with_the_same_messages_once_each(fabric):
@@ -43,14 +19,14 @@ def test_two_way_pair_ends_with_the_same_messages_once_each(fabric):
     fabric.start("a")
     fabric.start("b")
     pa_, pb_ = fabric.publisher("pub-a", "a"), fabric.publisher("pub-b", "b")
-    publish(pa_, 1500)
-    publish(pb_, 1500)
+    publish_orders(pa_, 1500)
+    publish_orders(pb_, 1500)
     pa_.flush(timeout=240)  # sync: persisted only once the other side has it
     pb_.flush(timeout=240)
     for side in ("a", "b"):
-        assert_exactly_once(rows_of(fabric, side), {"pub-a": 1500, "pub-b": 1500})
-    assert set(rows_of(fabric, "a")["bookmark"].to_pylist()) == set(rows_of(fabric, "b")["bookmark"].to_pylist())
-    received = [r for r in rows_of(fabric, "b").to_pylist() if r["publisher"] == "pub-a"]
+        assert_exactly_once(fabric.rows(side), {"pub-a": 1500, "pub-b": 1500})
+    assert set(fabric.rows("a")["bookmark"].to_pylist()) == set(fabric.rows("b")["bookmark"].to_pylist())
+    received = [r for r in fabric.rows("b").to_pylist() if r["publisher"] == "pub-a"]
     assert {r["received_from"] for r in received} == {fabric.name("a")}
     assert {tuple(r["path"]) for r in received} == {(fabric.name("a"), fabric.name("b"))}
     assert {r["origin"] for r in received} == {fabric.name("a")}
@@ -68,14 +44,14 @@ def test_chain_forwards_only_with_passthrough(fabric, passthrough):
     for short in ("c", "b", "a"):
         fabric.start(short)
     from_a, from_b = fabric.publisher("from-a", "a"), fabric.publisher("from-b", "b")
-    publish(from_a, 200)
-    publish(from_b, 200)
+    publish_orders(from_a, 200)
+    publish_orders(from_b, 200)
     from_a.flush(timeout=240)
     from_b.flush(timeout=240)
-    assert_exactly_once(rows_of(fabric, "b"), {"from-a": 200, "from-b": 200})
+    assert_exactly_once(fabric.rows("b"), {"from-a": 200, "from-b": 200})
     expected_at_c = {"from-b": 200} if passthrough is None else {"from-a": 200, "from-b": 200}
-    wait_until(lambda: count(fabric, "c") == sum(expected_at_c.values()), what="C to receive what it should")
-    assert_exactly_once(rows_of(fabric, "c"), expected_at_c)
+    wait_until(lambda: fabric.count("c") == sum(expected_at_c.values()), what="C to receive what it should")
+    assert_exactly_once(fabric.rows("c"), expected_at_c)
 
 
 def test_cycle_with_passthrough_does_not_loop(fabric):
@@ -88,12 +64,12 @@ def test_cycle_with_passthrough_does_not_loop(fabric):
         fabric.start(short)
     pubs = {s: fabric.publisher(f"at-{s}", s) for s in "abc"}
     for pub in pubs.values():
-        publish(pub, 300)
+        publish_orders(pub, 300)
     for pub in pubs.values():
         pub.flush(timeout=240)
     for s in "abc":
-        wait_until(lambda s=s: count(fabric, s) == 900, what=f"{s} to hold all 900")
-        assert_exactly_once(rows_of(fabric, s), {"at-a": 300, "at-b": 300, "at-c": 300})
+        wait_until(lambda s=s: fabric.count(s) == 900, what=f"{s} to hold all 900")
+        assert_exactly_once(fabric.rows(s), {"at-a": 300, "at-b": 300, "at-c": 300})
     # No message went round twice: each inbox holds at most one copy per hop.
     for s in "abc":
         inbox = fabric.running[s].layout.inbox
@@ -136,8 +112,8 @@ def test_topic_type_and_content_filters_route_exactly_the_expected_rows(fabric):
                if (topic == "/orders" and body["qty"] > 100 and body["side"] == "buy")
                or (topic.startswith("/trades/") and mtype == "json")}
     assert by_module == by_hand and 0 < len(by_hand) < len(sent)
-    wait_until(lambda: count(fabric, "b") == len(by_hand), what="B to receive the routed rows")
-    assert set(rows_of(fabric, "b")["publisher_seq"].to_pylist()) == by_hand
+    wait_until(lambda: fabric.count("b") == len(by_hand), what="B to receive the routed rows")
+    assert set(fabric.rows("b")["publisher_seq"].to_pylist()) == by_hand
     assert inbox_codecs(b) == {"SNAPPY"}, "the destination's <Compression> applies to its inbox writes"
     # Filtered rows are acknowledged too: the link's acknowledged position reaches the end of A's log.
     link = fabric.running["a"].links[dest.name]
@@ -154,14 +130,14 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
     fabric.stop("b")  # B exists (validation can read it) but is down
     fabric.start("a")
     pub = fabric.publisher("waiter", "a")
-    publish(pub, 100)
+    publish_orders(pub, 100)
     if sync_type == "sync":
         with pytest.raises(TimeoutError):
             pub.flush(timeout=8)
-        assert count(fabric, "a") == 100, "the messages are in A's txlog; only the ack is withheld"
+        assert fabric.count("a") == 100, "the messages are in A's txlog; only the ack is withheld"
     else:
         pub.flush(timeout=120)
     fabric.start("b")  # B returns: A resyncs it, and acks flow
     pub.flush(timeout=240)
-    wait_until(lambda: count(fabric, "b") == 100, what="B to be resynced")
-    assert_exactly_once(rows_of(fabric, "b"), {"waiter": 100})
+    wait_until(lambda: fabric.count("b") == 100, what="B to be resynced")
+    assert_exactly_once(fabric.rows("b"), {"waiter": 100})

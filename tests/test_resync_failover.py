@@ -2,37 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 
 import pytest
 from deltalake import DeltaTable
 
-from fabric_support import TestFabric
-from factories import assert_exactly_once, destination_xml, replication_xml, txlog_rows, wait_until
+from fabric_support import ONE_WAY, publish_orders
+from factories import assert_exactly_once, destination_xml, replication_xml, wait_until
 from processes import InstanceProcess
 
-ONE_WAY = '<Topic><Name>.*</Name><MessageType>json</MessageType><ExcludeValidation>replicate,cascade</ExcludeValidation></Topic>'
 
 
-@pytest.fixture
-def fabric(spark, broker, tmp_path):
-    f = TestFabric(spark, broker, tmp_path)
-    yield f
-    f.close()
-
-
-def rows_of(fabric: TestFabric, short: str):
-    return txlog_rows(fabric.root, fabric.name(short))
-
-
-def publish(pub, n: int) -> None:
-    for _ in range(n):
-        pub.publish("/orders", json.dumps({"qty": 1}).encode())
-
-
-def inbox_rows(fabric: TestFabric, short: str) -> int:
+def inbox_rows(fabric, short: str) -> int:
     return DeltaTable(str(fabric.storage(short) / "inbox")).to_pyarrow_table(columns=["upstream_seq"]).num_rows
 
 
@@ -43,16 +25,16 @@ def test_destination_down_then_back_and_lost_checkpoint_resync_without_loss_or_d
     fabric.start("b")
     fabric.start("a")
     pub = fabric.publisher("resync", "a")
-    publish(pub, 300)
+    publish_orders(pub, 300)
     pub.flush(timeout=240)
 
     fabric.stop("b")  # down for a while: A keeps accepting, acks wait (sync)
-    publish(pub, 300)
+    publish_orders(pub, 300)
     with pytest.raises(TimeoutError):
         pub.flush(timeout=5)
     fabric.start("b")
     pub.flush(timeout=240)
-    assert_exactly_once(rows_of(fabric, "b"), {"resync": 600})
+    assert_exactly_once(fabric.rows("b"), {"resync": 600})
 
     # A loses its replicator checkpoint and link state: it must resync from B's high-water marks.
     fabric.stop("a")
@@ -60,9 +42,9 @@ def test_destination_down_then_back_and_lost_checkpoint_resync_without_loss_or_d
     shutil.rmtree(fabric.storage("a") / "_control" / "links")
     sent_before = inbox_rows(fabric, "b")
     fabric.start("a")
-    publish(pub, 100)
+    publish_orders(pub, 100)
     pub.flush(timeout=240)
-    assert_exactly_once(rows_of(fabric, "b"), {"resync": 700})
+    assert_exactly_once(fabric.rows("b"), {"resync": 700})
     # Resync started where B's marks said, not at the beginning of A's log.
     assert inbox_rows(fabric, "b") - sent_before < 300
 
@@ -76,17 +58,17 @@ def test_destination_fails_over_to_the_next_address(fabric):
     fabric.start("b2")
     a = fabric.start("a")
     pub = fabric.publisher("fo", "a")
-    publish(pub, 200)
+    publish_orders(pub, 200)
     pub.flush(timeout=240)
     assert a.status()["links"]["B"]["state"] == "connected"
-    assert_exactly_once(rows_of(fabric, "b1"), {"fo": 200})
+    assert_exactly_once(fabric.rows("b1"), {"fo": 200})
 
     fabric.stop("b1")
-    publish(pub, 200)
+    publish_orders(pub, 200)
     pub.flush(timeout=240)  # sync acks resume through the second address
     link = a.status()["links"]["B"]
     assert link["state"] == "failed over" and link["address"] == str(b2)
-    assert_exactly_once(rows_of(fabric, "b2"), {"fo": 400})
+    assert_exactly_once(fabric.rows("b2"), {"fo": 400})
 
     # What an operator sees: `replication status` names the state and the address in use.
     import contextlib
@@ -119,22 +101,22 @@ def test_publisher_fails_over_within_a_sync_pair_without_loss_or_duplicate(fabri
     fabric.start("b")
     store = tmp_path / "mover.store"
     first = fabric.publisher("mover", "a", store_path=store)
-    publish(first, 500)
+    publish_orders(first, 500)
     first.flush(timeout=240)
-    publish(first, 200)  # in flight when amps-1 goes away
+    publish_orders(first, 200)  # in flight when amps-1 goes away
     fabric.stop("a")
     first.close()
 
     second = fabric.publisher("mover", "b", store_path=store)  # same client name, same publish store
     assert second.last_logon_seq >= 500
-    publish(second, 300)
+    publish_orders(second, 300)
     with pytest.raises(TimeoutError):
         second.flush(timeout=5)  # amps-2's sync partner is down: nothing more counts as persisted
     fabric.start("a")
     second.flush(timeout=240)
-    wait_until(lambda: rows_of(fabric, "a").num_rows == 1000, timeout=240, what="amps-1 to catch up after restart")
+    wait_until(lambda: fabric.rows("a").num_rows == 1000, timeout=240, what="amps-1 to catch up after restart")
     for side in ("a", "b"):
-        assert_exactly_once(rows_of(fabric, side), {"mover": 1000})
+        assert_exactly_once(fabric.rows(side), {"mover": 1000})
 
 
 @pytest.mark.slow
@@ -146,12 +128,12 @@ def test_kill_9_mid_replication_then_restart_keeps_every_txlog_exactly_once(fabr
     proc = InstanceProcess(a_cfg, fabric.root / "a-run0.log", failpoints="replicator.after_inbox_commit@3")
     pub = fabric.publisher("kill", "a", resend_after=3, logon_timeout=180)
     try:
-        publish(pub, 1500)
+        publish_orders(pub, 1500)
         assert proc.wait_killed(timeout=300) == -signal.SIGKILL, proc.log_text()[-3000:]
         assert "failpoint replicator.after_inbox_commit reached" in proc.log_text()
         proc = InstanceProcess(a_cfg, fabric.root / "a-run1.log")
         pub.flush(timeout=300)
     finally:
         proc.stop()
-    assert_exactly_once(rows_of(fabric, "a"), {"kill": 1500})
-    assert_exactly_once(rows_of(fabric, "b"), {"kill": 1500})
+    assert_exactly_once(fabric.rows("a"), {"kill": 1500})
+    assert_exactly_once(fabric.rows("b"), {"kill": 1500})
