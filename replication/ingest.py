@@ -113,47 +113,57 @@ def classify(
     now = now or datetime.now(timezone.utc)
     batch = batch.select(CANDIDATE_SCHEMA.names)
     n = batch.num_rows
-    clients = batch["publisher"].to_pylist()
+    # Publishers as small integer codes: the per-row work below stays in numpy/Arrow.
+    encoded = pc.dictionary_encode(batch["publisher"]).combine_chunks()
+    names = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     logons = logons_in(batch)
     is_logon = pc.fill_null(pc.equal(batch["command"], LOGON), False).to_numpy(zero_copy_only=False)
 
     # Vectorised header checks; only rows that fail get a reason spelled out.
     headers_ok = _headers_ok(batch, recorded) & ~is_logon
-    reasons: list[str | None] = [None] * n
-    seq_text = batch["publisher_seq"].to_pylist()
+    reasons: dict[int, str] = {}
     for i in np.nonzero(~headers_ok & ~is_logon)[0]:
-        reasons[i] = _header_problem(
-            clients[i], seq_text[i], batch["command"][i].as_py(), batch["topic"][i].as_py(),
-            batch["message_type"][i].as_py(), recorded,
+        row = {k: batch[k][i].as_py() for k in ("publisher", "publisher_seq", "command", "topic", "message_type")}
+        reasons[int(i)] = _header_problem(
+            row["publisher"], row["publisher_seq"], row["command"], row["topic"], row["message_type"], recorded
         ) or "message could not be accepted"
-    seqs = np.zeros(n, dtype=np.int64)
-    ok_idx = np.nonzero(headers_ok)[0]
-    seqs[ok_idx] = np.array([int(seq_text[i]) for i in ok_idx], dtype=np.int64)
-    types = batch["message_type"].to_pylist()
-    commands = batch["command"].to_pylist()
-    data = batch["data"].to_pylist()
-    for i in ok_idx:
-        body = data[i] or b""
-        if len(body) > MAX_MESSAGE_BYTES:
-            reasons[i] = f"message is {len(body)} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
-        elif commands[i] != "sow_delete":
-            reasons[i] = _body_problem(types[i], body)
+    ok_mask = pa.array(headers_ok)
+    seqs = pc.cast(pc.if_else(ok_mask, batch["publisher_seq"], "0"), pa.int64()).to_numpy(zero_copy_only=False)
+    sizes = pc.fill_null(pc.binary_length(batch["data"]), 0).to_numpy(zero_copy_only=False)
+    for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
+        reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
+    needs_body = headers_ok & (sizes <= MAX_MESSAGE_BYTES) & ~pc.fill_null(
+        pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
+    body_idx = np.nonzero(needs_body)[0]
+    if body_idx.size:
+        rows = batch.select(["message_type", "data"])
+        if body_idx.size != n:
+            rows = rows.take(pa.array(body_idx))
+        for i, message_type, body in zip(body_idx.tolist(), rows["message_type"].to_pylist(),
+                                         rows["data"].to_pylist(), strict=True):
+            problem = _body_problem(message_type, body or b"")
+            if problem:
+                reasons[i] = problem
 
-    valid = np.array([r is None for r in reasons], dtype=bool) & ~is_logon
-    keep = _first_new_per_publisher(clients, seqs, valid, state.publishers)
+    valid = headers_ok.copy()
+    if reasons:
+        valid[np.fromiter(reasons, dtype=np.int64)] = False
+    floors = np.array([state.publishers.get(name, 0) for name in names], dtype=np.int64)
+    keep = _first_new_per_publisher(codes, seqs, valid, floors)
     duplicates = int(valid.sum() - keep.sum())
 
     links = _link_positions(batch)
     kept_idx = np.nonzero(keep)[0]
-    txlog_rows = _txlog_rows(batch, kept_idx, seqs, state.max_seq, instance, now)
-    rejected_idx = np.array([i for i, r in enumerate(reasons) if r is not None], dtype=np.int64)
-    rejected_rows = _rejected_rows(batch, rejected_idx, [reasons[i] for i in rejected_idx], now)
+    txlog_rows = _txlog_rows(batch, kept_idx, seqs, codes, names, state.max_seq, instance, now)
+    rejected_idx = np.array(sorted(reasons), dtype=np.int64)
+    rejected_rows = _rejected_rows(batch, rejected_idx, [reasons[i] for i in rejected_idx.tolist()], now)
 
     publishers: dict[str, int] = {}
-    for i in kept_idx:
-        client = clients[i]
-        if seqs[i] > publishers.get(client, 0):
-            publishers[client] = int(seqs[i])
+    if kept_idx.size:
+        top = np.full(len(names), -1, dtype=np.int64)
+        np.maximum.at(top, codes[kept_idx], seqs[kept_idx])
+        publishers = {names[c]: int(top[c]) for c in np.nonzero(top >= 0)[0]}
     return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links)
 
 
@@ -226,67 +236,66 @@ def _body_problem(message_type: str, body: bytes) -> str | None:
     return body_error(message_type, body)
 
 
-def _first_new_per_publisher(clients, seqs: np.ndarray, valid: np.ndarray, hwm: dict[str, int]) -> np.ndarray:
+def _first_new_per_publisher(codes: np.ndarray, seqs: np.ndarray, valid: np.ndarray, floors: np.ndarray) -> np.ndarray:
     """Rows whose seq exceeds every earlier seq of the same publisher (stored or in this batch).
 
     AMPS rule: a publisher's sequence numbers only increase, so anything at or
     below the running maximum is a duplicate (a resend, or a copy that came
-    another way). Vectorised per publisher: cost O(rows), not O(log).
+    another way). ``codes`` numbers the publishers, ``floors[code]`` is each
+    one's stored high-water mark. Vectorised per publisher: cost O(rows), not O(log).
     """
     keep = np.zeros(len(seqs), dtype=bool)
     idx = np.nonzero(valid)[0]
     if idx.size == 0:
         return keep
-    names = np.array([clients[i] for i in idx], dtype=object)
-    order = np.argsort(names, kind="stable")
+    order = np.argsort(codes[idx], kind="stable")
     sorted_idx = idx[order]
-    sorted_names = names[order]
-    bounds = np.flatnonzero(sorted_names[1:] != sorted_names[:-1]) + 1
+    sorted_codes = codes[sorted_idx]
+    bounds = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
     for segment in np.split(np.arange(sorted_idx.size), bounds):
         rows = sorted_idx[segment]  # arrival order within this publisher
         s = seqs[rows]
-        floor = hwm.get(sorted_names[segment[0]], 0)
-        running = np.maximum.accumulate(np.concatenate(([floor], s)))[:-1]
+        running = np.maximum.accumulate(np.concatenate(([floors[sorted_codes[segment[0]]]], s)))[:-1]
         keep[rows] = s > running
     return keep
 
 
 def _link_positions(batch: pa.Table) -> dict[str, int]:
     """Highest upstream seq per link in the batch: stored, duplicate or rejected, all are handled."""
-    out: dict[str, int] = {}
     upstream = batch["upstream_seq"]
     if upstream.null_count == len(upstream):
-        return out
-    sources = batch["source"].to_pylist()
-    for i, value in enumerate(upstream.to_pylist()):
-        if value is None or not sources[i].startswith("inbox:"):
-            continue
-        link = sources[i][len("inbox:") :]
-        if value > out.get(link, 0):
-            out[link] = value
-    return out
+        return {}
+    rows = batch.select(["source", "upstream_seq"]).filter(pc.is_valid(upstream))
+    top = rows.group_by("source").aggregate([("upstream_seq", "max")])
+    return {
+        source[len("inbox:"):]: int(seq)
+        for source, seq in zip(top["source"].to_pylist(), top["upstream_seq_max"].to_pylist(), strict=True)
+        if source.startswith("inbox:")
+    }
 
 
-def _txlog_rows(batch, kept_idx, seqs, max_seq, instance, now) -> pa.Table:
-    take = pa.array(kept_idx, pa.int64())
-    rows = batch.take(take)
+def _txlog_rows(batch, kept_idx, seqs, codes, names, max_seq, instance, now) -> pa.Table:
+    rows = batch if kept_idx.size == batch.num_rows else batch.take(pa.array(kept_idx, pa.int64()))
     k = rows.num_rows
-    pub_seqs = seqs[kept_idx]
-    clients = rows["publisher"].to_pylist()
-    bookmarks = [f"{publisher_id(c)}|{s}|" for c, s in zip(clients, pub_seqs.tolist(), strict=True)]
+    pub_seqs = pa.array(seqs[kept_idx], pa.int64())
+    ids = pa.array([str(publisher_id(name)) for name in names], pa.string())
+    bookmarks = pc.binary_join_element_wise(
+        pc.take(ids, pa.array(codes[kept_idx])), pc.cast(pub_seqs, pa.string()), "", "|"
+    )
     origin = pc.fill_null(rows["origin"], instance)
     # path = the instances a message has passed through, this one included
     # (a publish stored here: [instance]; sources give received rows theirs).
     path = rows["path"]
     if path.null_count:
-        path = pa.array([p if p is not None else [instance] for p in path.to_pylist()], pa.list_(pa.string()))
+        here = pa.repeat(pa.scalar([instance], pa.list_(pa.string())), k)
+        path = here if path.null_count == k else pc.if_else(pc.is_valid(path), path, here)
     publish_time = pc.fill_null(rows["publish_time"], pa.scalar(now, pa.timestamp("us", tz="UTC")))
     return pa.table(
         {
             "seq": pa.array(np.arange(max_seq + 1, max_seq + 1 + k, dtype=np.int64)),
-            "bookmark": pa.array(bookmarks, pa.string()),
+            "bookmark": bookmarks,
             "publisher": rows["publisher"],
-            "publisher_seq": pa.array(pub_seqs, pa.int64()),
+            "publisher_seq": pub_seqs,
             "topic": rows["topic"],
             "message_type": rows["message_type"],
             "command": pc.if_else(pc.equal(rows["command"], "delta_publish"), "publish", rows["command"]),
@@ -297,7 +306,7 @@ def _txlog_rows(batch, kept_idx, seqs, max_seq, instance, now) -> pa.Table:
             "received_from_group": rows["received_from_group"],
             "path": path,
             "publish_time": publish_time,
-            "persist_time": pa.array([now] * k, pa.timestamp("us", tz="UTC")),
+            "persist_time": pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), k),
         },
         schema=TXLOG_SCHEMA,
     )

@@ -95,3 +95,17 @@ def test_logon_is_answered_not_stored():
 def test_delta_publish_is_stored_as_publish():
     result = run(publishes({"publisher": "a", "publisher_seq": "1", "command": "delta_publish"}))
     assert result.txlog_rows["command"].to_pylist() == ["publish"]
+
+
+def test_received_rows_keep_their_path_and_report_the_upstream_position():
+    result = run(publishes(
+        {"publisher": "a", "publisher_seq": "1"},
+        {"source": "inbox:up", "publisher": "b", "publisher_seq": "4", "path": ["up", "amps-1"],
+         "received_from": "up", "origin": "up", "upstream_seq": 17},
+        {"source": "inbox:up", "publisher": "b", "publisher_seq": "3", "path": ["up", "amps-1"],
+         "received_from": "up", "origin": "up", "upstream_seq": 16},  # an older copy: dropped, still acknowledged
+    ))
+    rows = result.txlog_rows.to_pylist()
+    assert [r["path"] for r in rows] == [["amps-1"], ["up", "amps-1"]]
+    assert [r["origin"] for r in rows] == ["amps-1", "up"]
+    assert result.links == {"up": 17} and result.duplicates == 1
