@@ -19,6 +19,11 @@ from deltalake.exceptions import TableNotFoundError
 
 #: Key of this product's record in each commit's commitInfo.
 COMMIT_METADATA_KEY = "replication.batch"
+#: A DeltaTable object that commits again and again gets slower with every
+#: commit it has made (delta-rs keeps growing in-memory log state: ~0.14 ms more
+#: per commit, 23 ms -> 163 ms over 1,000 commits); re-opening it from the
+#: latest checkpoint resets that. Same cadence as ``delta.checkpointInterval``.
+REOPEN_EVERY_COMMITS = 50
 
 
 def open_or_create(
@@ -65,6 +70,7 @@ class IdempotentAppender:
         self.writer_properties = writer_properties
         self.table = open_or_create(path, schema, name=name, configuration=configuration)
         self._committed = self.table.transaction_version(app_id)
+        self._commits = 0
 
     @property
     def committed_version(self) -> int | None:
@@ -99,6 +105,9 @@ class IdempotentAppender:
             ),
         )
         self._committed = version
+        self._commits += 1
+        if self._commits % REOPEN_EVERY_COMMITS == 0:
+            self.table = DeltaTable(str(self.path))
         return True
 
 
