@@ -200,6 +200,7 @@ class Publisher:
 
     def close(self) -> None:
         self._closed.set()
+        self._watchdog.join(timeout=self.resend_after + 5)  # it may be in a logon: let it end first
         try:
             self._producer.flush(timeout=10)
         finally:
@@ -282,10 +283,13 @@ class Publisher:
             oldest = self.store.oldest_stored_at()
             if oldest is None or time.time() - oldest < self.resend_after:
                 continue
-            if time.monotonic() - last_progress[1] < self.resend_after:
+            if time.monotonic() - last_progress[1] < self.resend_after or self._closed.is_set():
                 continue
             try:
                 self.logon(timeout=self.resend_after)
             except ReplicationError as exc:
                 log.warning("%s", exc)
+            except Exception:  # the producer closed under us: close() is in progress
+                if not self._closed.is_set():
+                    raise
             last_progress = (self.persisted_seq, time.monotonic())
