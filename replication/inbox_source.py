@@ -26,6 +26,7 @@ Columns: :data:`INBOX_SCHEMA` (what upstreams write) plus ``inbox_version``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator, Mapping
@@ -266,14 +267,9 @@ def read_partition(part: InboxInputPartition) -> Iterator[pa.RecordBatch]:
         yield batch.cast(schema)
 
 
-_SPARK_ARROW_SCHEMA: pa.Schema | None = None
-
-
+@functools.cache
 def _spark_arrow_schema() -> pa.Schema:
-    global _SPARK_ARROW_SCHEMA
-    if _SPARK_ARROW_SCHEMA is None:
-        _SPARK_ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
-    return _SPARK_ARROW_SCHEMA
+    return to_arrow_schema(SCHEMA, timezone="UTC")
 
 
 # -- Spark data source ---------------------------------------------------------

@@ -30,6 +30,7 @@ A table that does not exist yet reads as empty until it appears.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -370,16 +371,11 @@ def _checked(rows: pa.Table, start: int, end: int, path: str) -> pa.Table:
     return rows
 
 
-_SPARK_ARROW_SCHEMA: pa.Schema | None = None
-
-
+@functools.cache
 def _spark_arrow_schema() -> pa.Schema:
     # Spark refuses a batch whose schema differs in any detail (list field
     # names, nullability): derive it the way Spark does.
-    global _SPARK_ARROW_SCHEMA
-    if _SPARK_ARROW_SCHEMA is None:
-        _SPARK_ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
-    return _SPARK_ARROW_SCHEMA
+    return to_arrow_schema(SCHEMA, timezone="UTC")
 
 
 # -- Spark data source ---------------------------------------------------------
