@@ -24,7 +24,6 @@ from pathlib import Path
 
 from replication.storage import read_json, write_json_atomic
 
-STATES = ("connecting", "connected", "failed over", "waiting", "validation failed", "stopped")
 
 
 @dataclass
@@ -39,6 +38,7 @@ class LinkState:
     downstream_txlog_id: str | None = None
     """Delta table id of the downstream's txlog: a new id means a new downstream, so resync."""
     state: str = "connecting"
+    """connecting, connected, failed over (on a later address), waiting, validation failed, stopped."""
     epoch: int = 0
     """Incremented at each resync (for people reading the status)."""
     incarnation: str = ""

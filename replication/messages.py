@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from functools import lru_cache
 
 HEADER_CLIENT = "amps-client"
@@ -17,7 +16,6 @@ HEADER_SEQ = "amps-seq"
 HEADER_TOPIC = "amps-topic"
 HEADER_COMMAND = "amps-command"
 HEADER_TYPE = "amps-type"
-HEADER_CORRELATION = "amps-correlation-id"
 
 #: Commands stored in the txlog. ``logon`` is answered, never stored.
 STORED_COMMANDS = ("publish", "delta_publish", "sow_delete")
@@ -35,19 +33,6 @@ def publisher_id(client: str) -> int:
 def bookmark(client: str, publisher_seq: int) -> str:
     """AMPS-style bookmark ``<publisher_id>|<publisher_seq>|``."""
     return f"{publisher_id(client)}|{publisher_seq}|"
-
-
-_SEQ = re.compile(r"[0-9]{1,18}")
-
-
-def parse_seq(raw: str | None) -> int | None:
-    """The publisher sequence number of an ``amps-seq`` header, or None if it is not a decimal."""
-    if raw is None:
-        return None
-    text = raw.strip()
-    if not _SEQ.fullmatch(text):
-        return None
-    return int(text)
 
 
 def body_error(message_type: str, data: bytes) -> str | None:
