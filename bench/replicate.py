@@ -1,0 +1,864 @@
+"""Benchmark: A->B replication against the ingest-only rate of the same instance, side by side.
+
+One run prints (issue 3, "Performance"):
+
+1. throughput: N (default 1M) ~200-byte JSON messages pre-published once by
+   raw producers (DESIGN §7 headers, zstd); instance A with no destination
+   reads them (ingest only), then a fresh A with one sync destination B reads
+   the same topic, and the clock runs from A's query start until B's txlog
+   holds all N rows. Ratio target: replication >= 0.7 x ingest only;
+2. latency: a ``replication.client.Publisher`` in its own process publishes
+   to A at a steady rate (2,000 msg/s) while A replicates to its sync
+   destination B; each message is followed through every step, from the
+   publish to A's txlog, B's inbox, B's txlog, B's ack file, A reading that
+   ack, and the persisted ack reaching the publisher. Targets: publish -> B's
+   txlog p50 <= 700 ms and p99 <= 2 s; publish -> persisted ack p50 <= 1 s;
+3. where the time goes: the engine's driver steps of each run, per instance
+   (ingest at A, replicator batches, ingest at B, ack polling, durability
+   release, control files), and Spark's own per-query figures.
+
+Both instances run in this process's Spark application, as ``replication run
+a.xml b.xml`` runs them, with the engine's default trigger (``0 seconds``).
+Uses an embedded tansu broker unless ``--bootstrap`` is given::
+
+    .venv/bin/python bench/replicate.py --quick        # 100k messages, ~3 minutes
+    .venv/bin/python bench/replicate.py                # 1M messages
+    .venv/bin/python bench/replicate.py --quick --only latency --py-spy /tmp/spy
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Spark's Python workers must run this interpreter (it has the package and its dependencies).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    PySpy,
+    feeds,
+    format_table,
+    order_body,
+    percentile,
+    prepublish,
+    tree_cpu_seconds,
+)
+
+PHASES = ("throughput", "latency")
+LATENCY_CLIENT = "steady-pub"
+
+#: Destination topics of a one-way link: B does not replicate back, so the
+#: checks that expect a symmetric pair are excluded (as in the tests' one-way links).
+ONE_WAY_TOPICS = ("<Topic><Name>.*</Name><MessageType>json</MessageType>"
+                  "<ExcludeValidation>replicate,cascade</ExcludeValidation></Topic>")
+
+
+# -- configs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Config files of one measured setup: instance ``a`` (reads ``topic``) and its destination ``b`` (or none)."""
+
+    a: Path
+    b: Path | None
+    topic: str
+
+
+def write_instance(workdir: Path, name: str, bootstrap: str, *, topic: str, max_offsets: int | None,
+                   destination: str | None = None, sync_type: str = "sync") -> Path:
+    """An instance config as a fabric member has it: Kafka ingress, an inbox, every JSON topic recorded.
+
+    ``destination``: the name of one downstream instance under ``workdir``
+    (replicating everything, one way).
+    """
+    limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
+    replication = ""
+    if destination:
+        replication = (
+            f"<Replication><Destination><Name>{destination}</Name><SyncType>{sync_type}</SyncType>"
+            f"<PassThrough>.*</PassThrough>{ONE_WAY_TOPICS}<Transport><Type>amps-replication</Type>"
+            f"<InetAddr>{workdir / destination}</InetAddr></Transport></Destination></Replication>"
+        )
+    path = workdir / f"{name}.xml"
+    path.write_text(f"""<?xml version="1.0"?>
+<AMPSConfig>
+  <Name>{name}</Name>
+  <Storage>{workdir / name}</Storage>
+  <Transports>
+    <Transport>
+      <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
+      <Topic>{topic}</Topic><MessageType>json</MessageType>{limit}
+    </Transport>
+    <Transport>
+      <Name>amps-replication</Name><Type>amps-replication</Type><InetAddr>{workdir / name}</InetAddr>
+    </Transport>
+  </Transports>
+  <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+  {replication}
+</AMPSConfig>
+""")
+    return path
+
+
+def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, max_offsets: int | None,
+              replicate: bool, timer: StageTimer) -> Pair:
+    """Configs of A (and B when ``replicate``) with unique names; ``timer`` learns their roles."""
+    from replication.broker import ensure_topics
+
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"{label}-a-{tag}", f"{label}-b-{tag}"
+    timer.roles.update({a: "A", b: "B"})
+    topic = topic or f"{a}.publish"
+    ensure_topics(bootstrap, [topic, f"{b}.publish"])
+    b_path = write_instance(workdir, b, bootstrap, topic=f"{b}.publish", max_offsets=max_offsets) if replicate else None
+    a_path = write_instance(workdir, a, bootstrap, topic=topic, max_offsets=max_offsets,
+                            destination=b if replicate else None)
+    return Pair(a_path, b_path, topic)
+
+
+# -- stage timing ------------------------------------------------------------------
+
+#: ``labeler(*args, **kwargs)`` of a timed call -> the label it is added to.
+Labeler = Callable[..., str]
+
+
+class StageTimer:
+    """Wall time of engine functions, summed per label, while :meth:`patched` is active.
+
+    Labels name the instance's role (``A``, ``B``, ``A->B``), found from the
+    call's arguments, so several instances in one process are told apart.
+    The patches are on classes and modules: they must be in place before the
+    instances start (some methods are bound once, at start).
+    """
+
+    def __init__(self) -> None:
+        self.roles: dict[str, str] = {}
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    def role(self, name: str) -> str:
+        return self.roles.get(name, name)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.seconds.clear()
+            self.calls.clear()
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, int]]:
+        with self._lock:
+            return dict(self.seconds), dict(self.calls)
+
+    @contextlib.contextmanager
+    def patched(self, targets: Sequence[tuple[object, str, Labeler]]) -> Iterator[StageTimer]:
+        """Time ``owner.attr`` for each ``(owner, attr, labeler)``; restore on exit."""
+        originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in targets]
+        try:
+            for owner, attr, labeler in targets:
+                setattr(owner, attr, self._wrap(getattr(owner, attr), labeler))
+            yield self
+        finally:
+            for owner, attr, original in originals:
+                setattr(owner, attr, original)
+
+    def _wrap(self, fn: Callable, labeler: Labeler) -> Callable:
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - started
+                label = labeler(*args, **kwargs)
+                with self._lock:
+                    self.seconds[label] += spent
+                    self.calls[label] += 1
+
+        return timed
+
+
+def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
+    """The driver-side steps of ingest, replication and durability (see the engine modules' docstrings).
+
+    Labels are ``<group> / <step>``; a group's total is its ``foreachBatch``
+    (or release) call, the steps run inside it.
+    """
+    from replication import destinations, durability, ingest, links, replicator
+    from replication.delta_tables import IdempotentAppender
+    from replication.durability import AckSender, Durability
+    from replication.links import Link
+    from replication.txlog import PublisherState
+
+    r = timer.role
+
+    def link_of(link: Link) -> str:  # <upstream root>/_control/links/<destination>.json
+        return f"{r(link.path.parents[2].name)}->{r(link.state.destination)}"
+
+    def appended(appender: IdempotentAppender, *_a, **_k) -> str:
+        if appender.app_id == "ingest":
+            return f"{r(appender.path.parent.name)} ingest / {appender.path.name} append"
+        upstream, _, downstream = appender.app_id.partition("#")[0].partition("->")
+        return f"{r(upstream)}->{r(downstream)} replicator / inbox append (write_deltalake)"
+
+    def control_file(group: str) -> Labeler:
+        def label(path: Path, *_a, **_k) -> str:  # <root>/_control/<file>
+            root = path.parents[1] if path.parent.name == "_control" else path.parents[2]
+            kind = path.name if path.parent.name == "_control" else f"{path.parent.name}/*.json"
+            return f"{r(root.name)} {group} / write {kind}"
+        return label
+
+    return [
+        (ingest.IngestWriter, "__call__", lambda w, *_a: f"{r(w.cfg.name)} ingest"),
+        (ingest.IngestWriter, "write_arrow", lambda w, *_a: f"{r(w.cfg.name)} ingest / (after toArrow)"),
+        (ingest, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest / classify"),
+        (IdempotentAppender, "append", appended),
+        (PublisherState, "save", lambda _s, path: f"{r(path.parents[1].name)} ingest / publishers.json"),
+        (Durability, "on_commit", lambda d, *_a: f"{r(d._layout.root.name)} ingest / durability on_commit"),
+        (Durability, "release", lambda d, *_a: f"{r(d._layout.root.name)} durability release"),
+        (AckSender, "send", lambda s, *_a: f"{r(s.instance)} durability release / persisted acks (Kafka send+flush)"),
+        (durability, "write_json_atomic", control_file("durability release")),
+        (replicator.ReplicatorWriter, "__call__",
+         lambda w, *_a: f"{r(w.cfg.name)}->{r(w.dest.name)} replicator"),
+        (replicator.ReplicatorWriter, "_inbox_rows",
+         lambda w, *_a: f"{r(w.cfg.name)}->{r(w.dest.name)} replicator / inbox rows"),
+        (Link, "on_sent", lambda link, *_a: f"{link_of(link)} replicator / link on_sent (link file)"),
+        (destinations, "downstream_ack",
+         lambda layout, upstream: f"{r(upstream)}->{r(layout.root.name)} ack watch / read ack file"),
+        (Link, "on_ack", lambda link, *_a: f"{link_of(link)} ack watch / link on_ack"),
+        (links, "write_json_atomic", control_file("link")),
+    ]
+
+
+# -- CPU by process ------------------------------------------------------------------
+
+#: Process kinds by a fragment of their command line, in the order they are matched.
+PROCESS_KINDS = (
+    ("python_streaming_source_runner", "Spark source runners (latestOffset...)"),
+    ("pyspark.daemon", "Spark Python workers (reads)"),
+    ("java", "JVM (Spark)"),
+    ("tansu", "broker (tansu)"),
+    ("multiprocessing", "publisher process"),
+)
+DRIVER = "driver (Python: foreachBatch, durability, acks)"
+PUBLISHER = PROCESS_KINDS[-1][1]
+
+
+def cpu_by_kind() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process and its descendants, summed by kind.
+
+    A process that ended and was waited for counts in its parent's
+    ``cutime``/``cstime``: with its parent's kind (a JVM's ``chmod`` and
+    ``readlink`` helpers), or as the publisher for this process (the only
+    child it waits for during a run).
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = defaultdict(list)
+    info: dict[int, tuple[str, float, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        children[int(fields[1])].append(int(entry))
+        own, ended = (sum(int(v) for v in fields[i:i + 2]) / ticks for i in (11, 13))
+        info[int(entry)] = (cmd, own, ended)
+    out: dict[str, float] = defaultdict(float)
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        if pid not in info:
+            continue
+        cmd, own, ended = info[pid]
+        if pid == os.getpid():
+            out[DRIVER] += own
+            out[PUBLISHER] += ended
+            continue
+        kind = next((name for fragment, name in PROCESS_KINDS if fragment in cmd), "other")
+        out[kind] += own + ended
+    return out
+
+
+def cpu_since(before: dict[str, float]) -> dict[str, float]:
+    now = cpu_by_kind()
+    return {k: now.get(k, 0.0) - before.get(k, 0.0) for k in now if now.get(k, 0.0) - before.get(k, 0.0) > 0.005}
+
+
+# -- throughput ----------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One measured pass over the pre-published messages."""
+
+    label: str
+    rows: int
+    seconds: float
+    cpu_seconds: float
+    marks: dict[str, float] = field(default_factory=dict)
+    """Seconds from the query start until each milestone (A's txlog, B's inbox, B's txlog, acks)."""
+    stages: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """label -> (seconds, calls) of the timed engine steps."""
+    queries: dict[str, list[dict]] = field(default_factory=dict)
+    """query role -> Spark progress of its batches with rows."""
+    restarts: int = 0
+    """Ingest queries the engine had to restart during the run (a failed Python worker start...)."""
+    cpu_kinds: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of the run by process kind (see :func:`cpu_by_kind`)."""
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+
+def start_instances(spark, pair: Pair, trigger: str) -> tuple:
+    """Start B (if any) then A, as an operator would (the downstream first)."""
+    from replication import config
+    from replication.instance import Instance
+
+    b = Instance(config.load(str(pair.b)), spark, trigger_interval=trigger).start() if pair.b else None
+    try:
+        a = Instance(config.load(str(pair.a)), spark, trigger_interval=trigger).start()
+    except BaseException:
+        if b:
+            b.stop()
+        raise
+    return a, b
+
+
+def stop_instances(a, b) -> None:
+    a.stop()
+    if b is not None:
+        b.stop()
+
+
+def restarts(*instances) -> int:
+    """Ingest-query restarts so far (the engine restarts a failed query; a measurement with one is suspect)."""
+    return sum(inst.restarts for inst in instances if inst is not None)
+
+
+def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: str, trigger: str,
+                   spy: str | None = None) -> Run:
+    """Start the instances on the pre-published backlog; time A's query start -> ``rows`` rows in the last txlog."""
+    timer.reset()
+    a, b = start_instances(spark, pair, trigger)
+    link = next(iter(a.links.values()), None)
+    queries = {"A ingest": a.query} if b is None else {"A ingest": a.query, "B ingest": b.query}
+    marks: dict[str, float] = {}
+    timeout = 120 + rows / 1000
+    with PySpy(spy):
+        started, cpu, kinds = time.perf_counter(), tree_cpu_seconds(), cpu_by_kind()
+        try:
+            while True:
+                now = time.perf_counter() - started
+                positions = {"A txlog": a.writer.state.max_seq}
+                if b is not None:
+                    snap = link.snapshot()
+                    positions.update({"B inbox (sent)": snap.sent_seq, "B txlog": b.writer.state.max_seq,
+                                      "B ack seen by A": snap.acked_seq})
+                    if a.managers[0].query is not None:
+                        queries["A->B replicator"] = a.managers[0].query
+                for mark, seq in positions.items():
+                    if seq >= rows and mark not in marks:
+                        marks[mark] = now
+                last = "B txlog" if b is not None else "A txlog"
+                if last in marks:
+                    break
+                if now > timeout:
+                    state = link.snapshot().to_json() if link else {}
+                    errors = [inst.status()["error"] for inst in (a, b) if inst is not None]
+                    raise SystemExit(f"{label}: timed out after {timeout:.0f}s at {positions} "
+                                     f"(query errors: {errors}; link: {state})")
+                time.sleep(0.02)
+            seconds, cpu, kinds = marks[last], tree_cpu_seconds() - cpu, cpu_since(kinds)
+            if b is not None:  # the ack is not part of the throughput, but worth showing
+                deadline = time.perf_counter() + 30
+                while link.acked_seq < rows and time.perf_counter() < deadline:
+                    time.sleep(0.02)
+                if link.acked_seq >= rows:
+                    marks["B ack seen by A"] = time.perf_counter() - started
+            queries["A ingest"] = a.query  # the engine may have restarted a failed one
+            if b is not None:
+                queries["B ingest"] = b.query
+            wait_for_progress(queries.values(), rows)
+        finally:
+            stop_instances(a, b)  # lets the current batches finish, so counters and timers are final
+    for inst in (a, b):
+        if inst is not None:
+            counters = inst.status()["counters"]
+            if counters.get("rejected") or counters.get("duplicates"):
+                raise SystemExit(f"{inst.name}: unexpected rejects/duplicates {counters}")
+    seconds_by, calls_by = timer.snapshot()
+    stages = {k: (seconds_by[k], calls_by[k]) for k in seconds_by}
+    return Run(label, rows, seconds, cpu, marks, stages, {k: batches_with_rows(q) for k, q in queries.items()},
+               restarts(a, b), kinds)
+
+
+def restarted(count: int) -> str:
+    return f" [{count} ingest query restart(s): figures suspect]" if count else ""
+
+
+def wait_for_progress(queries, rows: int, timeout: float = 10.0) -> None:
+    """Let each query report the batches that brought ``rows`` rows (stopping sooner loses their progress)."""
+    deadline = time.monotonic() + timeout
+    for query in queries:
+        while (sum(p["numInputRows"] for p in batches_with_rows(query)) < rows
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+
+
+def batches_with_rows(query) -> list[dict]:
+    return [p for p in query.recentProgress if p.get("numInputRows")]
+
+
+def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> dict[str, Run]:
+    """Pre-publish once; ingest-only and replication read the same topic, ``--repeat`` times in turn (best kept)."""
+    from replication.broker import ensure_topics
+
+    topic = f"bench-repl-{uuid.uuid4().hex[:6]}.publish"
+    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    rate = prepublish(bootstrap, topic, feeds(args.messages, args.publishers, args.partitions))
+    print(f"published {args.messages:,} messages ({args.publishers} producers, {args.partitions} partitions, "
+          f"zstd): {rate:,.0f} msg/s", flush=True)
+    best: dict[str, Run] = {}
+    for rep in range(args.repeat):
+        order = ("ingest", "replicate") if rep % 2 == 0 else ("replicate", "ingest")
+        for key in order:
+            pair = make_pair(workdir, bootstrap, f"t{rep}{key[0]}", topic=topic, max_offsets=args.max_offsets,
+                             replicate=key == "replicate", timer=timer)
+            label = "A ingest only (no destination)" if key == "ingest" else "A -> B replication (sync)"
+            run = throughput_run(spark, pair, args.messages, timer, label=label, trigger=args.trigger,
+                                 spy=spy_file(args, key))
+            print(f"  {run.label}: {run.rate:,.0f} rows/s in {run.seconds:.1f}s, {run.cpu_seconds:.0f} CPU-s "
+                  f"({', '.join(f'{k} {v:.1f}s' for k, v in run.marks.items())}; "
+                  f"load average {os.getloadavg()[0]:.1f})" + restarted(run.restarts), flush=True)
+            if key not in best or run.seconds < best[key].seconds:
+                best[key] = run
+    return best
+
+
+# -- latency -------------------------------------------------------------------------
+
+
+class Milestones:
+    """When each instance got each seq through a step: (seq reached, wall time) per step, appended by hooks.
+
+    Hooks wrap the instances' own attributes, so only these instances are seen.
+    """
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[tuple[int, float]]] = defaultdict(list)
+
+    def hook(self, owner: object, attr: str, *, before: str | None = None, after: str | None = None,
+             seq: Callable[..., int]) -> None:
+        """Record ``seq(*args)`` with the time just before (``before``) and/or after (``after``) each call."""
+        fn = getattr(owner, attr)
+
+        @functools.wraps(fn)
+        def recorded(*args, **kwargs):
+            if before:
+                self.events[before].append((seq(*args, **kwargs), time.time()))
+            out = fn(*args, **kwargs)
+            if after:
+                self.events[after].append((seq(*args, **kwargs), time.time()))
+            return out
+
+        setattr(owner, attr, recorded)
+
+    def reached(self, step: str, seqs):
+        """Wall time at which ``step`` first covered each of ``seqs`` (NaN: never)."""
+        import numpy as np
+
+        events = sorted(self.events.get(step, []), key=lambda e: e[1])
+        if not events:
+            return np.full(len(seqs), np.nan)
+        covered = np.maximum.accumulate(np.array([e[0] for e in events], dtype=np.int64))
+        times = np.array([e[1] for e in events])
+        i = np.searchsorted(covered, np.asarray(seqs, dtype=np.int64), side="left")
+        return np.where(i < len(times), times[np.minimum(i, len(times) - 1)], np.nan)
+
+
+def steady_publisher(bootstrap: str, topic: str, instance: str, rate: float, seconds: float, store: str,
+                     out: str) -> None:
+    """(Own process.) Publish with a Publisher at ``rate`` msg/s; write publish and persisted-ack times to ``out``.
+
+    Times are wall-clock (``time.time()``), comparable with the instances' on
+    this machine. An ack watcher thread waits on the Publisher's own
+    ``wait_persisted`` and stamps each advance of ``persisted_seq``.
+    """
+    from replication.client import Publisher
+
+    pub = Publisher(LATENCY_CLIENT, bootstrap=bootstrap, topic=topic, instance=instance, store_path=store)
+    acks: list[tuple[int, float]] = []
+    done = threading.Event()
+    total = int(rate * seconds)
+
+    def watch() -> None:
+        target = 1
+        while target <= total:
+            try:
+                pub.wait_persisted(target, timeout=0.5)
+            except TimeoutError:
+                if done.is_set():
+                    return
+                continue
+            persisted = pub.persisted_seq
+            acks.append((persisted, time.time()))
+            target = persisted + 1
+
+    watcher = threading.Thread(target=watch, name="ack-watch", daemon=True)
+    watcher.start()
+    sent: list[tuple[int, float]] = []
+    started = time.perf_counter()
+    for i in range(total):
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = time.time()
+        sent.append((pub.publish("/orders", order_body(i + 1)), t))
+    try:
+        pub.flush(timeout=120)
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+        pub.close()
+        Path(out).write_text(json.dumps({"sent": sent, "acks": acks}))
+
+
+#: The path of one message, in order: (step, what reaches it).
+LATENCY_STEPS = (
+    ("A txlog commit", "A ingest committed the message"),
+    ("B inbox commit", "A->B replicator appended it to B's inbox"),
+    ("B txlog commit", "B ingest committed it"),
+    ("B ack file", "B wrote its ack to A (_control/acks/A.json)"),
+    ("A reads ack", "A's ack watcher read that file (every 50 ms)"),
+    ("publisher ack", "the persisted ack reached the Publisher"),
+)
+
+
+def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> dict:
+    """Steady publishing to A (sync destination B); per message, wall time from publish to each step."""
+    import numpy as np
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    pair = make_pair(workdir, bootstrap, "lat", topic=None, max_offsets=args.max_offsets, replicate=True, timer=timer)
+    a, b = start_instances(spark, pair, args.trigger)
+    marks = Milestones()
+    marks.hook(a.writer, "on_commit", after="A txlog commit", seq=lambda last, _result: last)
+    marks.hook(b.writer, "on_commit", before="B txlog commit", after="B ack file", seq=lambda last, _result: last)
+    link = next(iter(a.links.values()))
+    marks.hook(link, "on_sent", after="B inbox commit", seq=lambda _runs, through: through)
+    marks.hook(link, "on_ack", after="A reads ack", seq=lambda ack: ack)
+    out = workdir / "steady-publisher.json"
+    timer.reset()
+    try:
+        with PySpy(spy_file(args, "latency")):
+            proc = multiprocessing.get_context("spawn").Process(
+                target=steady_publisher,
+                args=(bootstrap, pair.topic, a.name, args.latency_rate, args.latency_seconds,
+                      str(workdir / "steady-publisher.store"), str(out)),
+            )
+            kinds, started = cpu_by_kind(), time.perf_counter()
+            proc.start()
+            proc.join(timeout=args.latency_seconds + 300)
+            kinds, wall = cpu_since(kinds), time.perf_counter() - started
+            if proc.exitcode != 0:
+                proc.kill()
+                raise SystemExit(f"the steady publisher failed (exit code {proc.exitcode})")
+        queries = {"A ingest": batches_with_rows(a.query), "B ingest": batches_with_rows(b.query),
+                   "A->B replicator": batches_with_rows(a.managers[0].query)}
+        restart_count = restarts(a, b)
+    finally:
+        stop_instances(a, b)
+    seconds_by, calls_by = timer.snapshot()
+    published = json.loads(out.read_text())
+    sent = np.array(published["sent"])
+    pub_seq, pub_time = sent[:, 0].astype(np.int64), sent[:, 1]
+
+    def local_seqs(inst) -> np.ndarray:
+        """Local seq of each published message, by publisher seq (from the instance's txlog)."""
+        rows = DeltaTable(str(inst.layout.txlog)).to_pyarrow_table(columns=["seq", "publisher", "publisher_seq"])
+        mine = rows.filter(pc.equal(rows["publisher"], LATENCY_CLIENT))
+        by_pub = dict(zip(mine["publisher_seq"].to_pylist(), mine["seq"].to_pylist(), strict=True))
+        return np.array([by_pub.get(int(s), -1) for s in pub_seq], dtype=np.int64)
+
+    a_seq, b_seq = local_seqs(a), local_seqs(b)
+    if (a_seq < 0).any() or (b_seq < 0).any():
+        raise SystemExit(f"latency run: {(a_seq < 0).sum()} messages missing at A, {(b_seq < 0).sum()} at B")
+    ack = Milestones()
+    ack.events["publisher ack"] = [tuple(e) for e in published["acks"]]
+    reached = {
+        "A txlog commit": marks.reached("A txlog commit", a_seq),
+        "B inbox commit": marks.reached("B inbox commit", a_seq),
+        "B txlog commit": marks.reached("B txlog commit", b_seq),
+        "B ack file": marks.reached("B ack file", b_seq),
+        "A reads ack": marks.reached("A reads ack", a_seq),
+        "publisher ack": ack.reached("publisher ack", pub_seq),
+    }
+    ms = {step: (t - pub_time) * 1000 for step, t in reached.items()}
+    return {"count": len(pub_seq), "rate": len(pub_seq) / (pub_time[-1] - pub_time[0]), "ms": ms,
+            "stages": {k: (seconds_by[k], calls_by[k]) for k in seconds_by}, "queries": queries,
+            "seconds": float(pub_time[-1] - pub_time[0]), "restarts": restart_count, "cpu_kinds": kinds,
+            "wall": wall}
+
+
+# -- report ----------------------------------------------------------------------------
+
+#: Stage groups in the order a message meets them.
+GROUPS = ("A ingest", "A->B replicator", "B ingest", "A->B ack watch", "B durability release",
+          "A durability release", "A link", "B link")
+SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "getBatch", "walCommit",
+               "commitOffsets")
+
+
+def report(args, runs: dict[str, Run], lat: dict | None) -> str:
+    out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
+           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or 'none'}, trigger {args.trigger}, "
+           f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
+    if args.conf:
+        out.append(f"Spark settings tried: {', '.join(args.conf)}")
+    checks = []
+    if runs:
+        rows = [[r.label + restarted(r.restarts), f"{r.rows:,}", f"{r.seconds:.2f}", f"{r.rate:,.0f}",
+                 f"{r.cpu_seconds:.1f}", f"{r.rows / r.cpu_seconds:,.0f}"] for r in runs.values()]
+        out.append(format_table(["throughput", "rows", "seconds", "rows/s", "CPU s", "rows/CPU-s"], rows))
+        if "replicate" in runs:
+            marks = runs["replicate"].marks
+            out.append("")
+            out.append(format_table(["replication run: all rows in ...", "s after A's start"],
+                                    [[k, f"{v:.2f}"] for k, v in marks.items()]))
+        if "ingest" in runs and "replicate" in runs:
+            ing, rep = runs["ingest"], runs["replicate"]
+            ratio = rep.rate / ing.rate
+            checks.append(["replication / ingest only, rows/s", f"{ratio:.2f}", ">= 0.7", verdict(ratio >= 0.7)])
+            checks.append(["replication / ingest only, rows per CPU-s",
+                           f"{(rep.rows / rep.cpu_seconds) / (ing.rows / ing.cpu_seconds):.2f}", "",
+                           "(less load-sensitive)"])
+    if lat:
+        ms = lat["ms"]
+        what = f"{lat['count']:,} msgs at {lat['rate']:,.0f}/s{restarted(lat['restarts'])}"
+        p50, p99 = pct(ms["B txlog commit"], 50), pct(ms["B txlog commit"], 99)
+        ack50 = pct(ms["publisher ack"], 50)
+        checks.append([f"publish -> B txlog p50 ({what})", f"{p50:,.0f} ms", "<= 700 ms", verdict(p50 <= 700)])
+        checks.append(["publish -> B txlog p99", f"{p99:,.0f} ms", "<= 2000 ms", verdict(p99 <= 2000)])
+        checks.append(["publish -> persisted ack p50 (sync B)", f"{ack50:,.0f} ms", "<= 1000 ms",
+                       verdict(ack50 <= 1000)])
+    if checks:
+        out.append("")
+        out.append(format_table(["measure", "value", "target", ""], checks))
+    if lat:
+        out.append("")
+        out.append(latency_table(lat["ms"]))
+    cpu_columns = {f"{run.label} ({run.seconds:.0f}s)": (run.cpu_kinds, run.seconds) for run in runs.values()}
+    if lat:
+        cpu_columns[f"latency run ({lat['wall']:.0f}s)"] = (lat["cpu_kinds"], lat["wall"])
+    if cpu_columns:
+        out.append("")
+        out.append(cpu_table(cpu_columns))
+    for key, run in runs.items():
+        out.append("")
+        out.append(stage_table(f"where time goes: {run.label} ({run.seconds:.1f}s)", run.stages, run.seconds))
+        out.append("")
+        out.append(spark_table(f"Spark per query: {run.label}", run.queries))
+    if lat:
+        out.append("")
+        out.append(stage_table(f"where time goes: latency run ({lat['seconds']:.1f}s of publishing)",
+                               lat["stages"], lat["seconds"]))
+        out.append("")
+        out.append(spark_table("Spark per query: latency run", lat["queries"]))
+    return "\n".join(out)
+
+
+def cpu_table(columns: dict[str, tuple[dict[str, float], float]]) -> str:
+    """CPU by process kind for each run, as cores in use on average (CPU-s per wall second)."""
+    kinds = sorted({k for figures, _ in columns.values() for k in figures},
+                   key=lambda k: -sum(f.get(k, 0.0) / w for f, w in columns.values()))
+    rows = [[kind] + [f"{figures.get(kind, 0.0) / wall:.2f}" for figures, wall in columns.values()] for kind in kinds]
+    rows.append(["total"] + [f"{sum(figures.values()) / wall:.2f}" for figures, wall in columns.values()])
+    return format_table(["CPU cores in use, by process"] + list(columns), rows)
+
+
+def latency_table(ms: dict) -> str:
+    """Cumulative percentiles from the publish to each step, and the median time spent in each step."""
+    import numpy as np
+
+    rows, previous = [], None
+    for step, meaning in LATENCY_STEPS:
+        values = ms[step]
+        step_ms = values - previous if previous is not None else values
+        previous = values
+        missing = int(np.isnan(values).sum())
+        rows.append([step, f"{pct(values, 50):,.0f}", f"{pct(values, 99):,.0f}", f"{np.nanmax(values):,.0f}",
+                     f"{pct(step_ms, 50):,.0f}", meaning + (f" ({missing} never seen)" if missing else "")])
+    return format_table(["publish -> ...", "p50 ms", "p99 ms", "max ms", "step p50 ms", "(step)"], rows)
+
+
+def pct(values, q: float) -> float:
+    """:func:`percentile` of the values that were seen (NaN: a step never recorded for that message)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    return percentile(values[~np.isnan(values)].tolist(), q)
+
+
+def stage_table(title: str, stages: dict[str, tuple[float, int]], wall: float) -> str:
+    """Each group's total then its steps; ``toArrow`` is the group total minus the steps after it."""
+    derived = dict(stages)
+    for group in {k.split(" / ")[0] for k in stages}:
+        if group.endswith(" ingest") and group in stages and f"{group} / (after toArrow)" in stages:
+            total, calls = stages[group]
+            derived[f"{group} / toArrow (Spark: read sources in workers, collect)"] = (
+                total - stages[f"{group} / (after toArrow)"][0], calls)
+            del derived[f"{group} / (after toArrow)"]
+        if group.endswith(" replicator") and group in stages:
+            total, calls = stages[group]
+            after = sum(v[0] for k, v in stages.items() if k.startswith(f"{group} / "))
+            derived[f"{group} / toArrow + routing (Spark: read txlog in workers, collect)"] = (total - after, calls)
+    groups = sorted({k.split(" / ")[0] for k in derived}, key=lambda g: (GROUPS.index(g) if g in GROUPS else 99, g))
+    rows = []
+    for group in groups:
+        rows.append(stage_row(group, derived.get(group), wall))
+        steps = [k for k in derived if k.startswith(f"{group} / ")]
+        for label in sorted(steps, key=lambda k: -derived[k][0]):
+            rows.append(stage_row("  " + label.split(" / ", 1)[1], derived[label], wall))
+    return format_table([title, "calls", "seconds", "ms/call", "of wall"], rows)
+
+
+def stage_row(name: str, figures: tuple[float, int] | None, wall: float) -> list:
+    if figures is None:  # a group of separate calls, with no call of its own around them
+        return [name, "", "", "", ""]
+    seconds, calls = figures
+    return [name, calls, f"{seconds:.2f}", f"{1000 * seconds / max(calls, 1):,.1f}", f"{100 * seconds / wall:.0f}%"]
+
+
+def spark_table(title: str, queries: dict[str, list[dict]]) -> str:
+    """Per query: batches with rows, rows per batch, and Spark's ``durationMs`` steps (mean ms per batch)."""
+    rows = []
+    for name, batches in queries.items():
+        if not batches:
+            rows.append([name, 0, "-"] + ["-"] * len(SPARK_STEPS))
+            continue
+        n = len(batches)
+        mean = [sum(p["durationMs"].get(s, 0) for p in batches) / n for s in SPARK_STEPS]
+        rows.append([name, n, f"{sum(p['numInputRows'] for p in batches) / n:,.0f}"] + [f"{m:,.0f}" for m in mean])
+    return format_table([title, "batches", "rows/batch"] + [f"{s} ms" for s in SPARK_STEPS], rows)
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+# -- orchestration ---------------------------------------------------------------------
+
+
+def spy_file(args, phase: str) -> str | None:
+    """Where py-spy writes the collapsed stacks of ``phase`` (None: not asked for)."""
+    if not args.py_spy:
+        return None
+    Path(args.py_spy).mkdir(parents=True, exist_ok=True)
+    return str(Path(args.py_spy) / f"{phase}.txt")
+
+
+def warm_up(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> None:
+    """Run every code path once (Kafka and inbox sources, replicator, acks), so no measurement pays for it."""
+    from replication.broker import ensure_topics
+
+    topic = f"bench-warm-{uuid.uuid4().hex[:6]}.publish"
+    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    prepublish(bootstrap, topic, feeds(5000, args.publishers, args.partitions))
+    pair = make_pair(workdir, bootstrap, "warm", topic=topic, max_offsets=args.max_offsets, replicate=True,
+                     timer=timer)
+    throughput_run(spark, pair, 5000, timer, label="warm-up", trigger=args.trigger)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", "--messages", type=int, default=None, help="messages for the throughput runs (1M)")
+    parser.add_argument("--quick", action="store_true", help="100k messages, 10 s of steady publishing")
+    parser.add_argument("--partitions", type=int, default=2, help="partitions of the publish topic")
+    parser.add_argument("--publishers", type=int, default=4, help="publishers (one producer process each)")
+    parser.add_argument("--repeat", type=int, default=1, help="throughput passes, in turn; the best of each is kept")
+    parser.add_argument("--max-offsets", type=int, default=None, help="<MaxOffsetsPerTrigger> of the instances")
+    parser.add_argument("--trigger", default="0 seconds", help="trigger interval of every query (engine default)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark SQL setting for the measured queries, to try a change (repeatable)")
+    parser.add_argument("--latency-rate", type=float, default=2000.0, help="msg/s of the steady publisher")
+    parser.add_argument("--latency-seconds", type=float, default=None, help="(30; --quick: 10)")
+    parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--bootstrap", help="use this Kafka instead of an embedded tansu broker")
+    parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
+    parser.add_argument("--py-spy", metavar="DIR", help="py-spy the measured runs into DIR/<run>.txt "
+                        "(collapsed stacks of the driver and Spark's Python workers)")
+    args = parser.parse_args(argv)
+    args.messages = args.messages or (100_000 if args.quick else 1_000_000)
+    args.latency_seconds = args.latency_seconds or (10.0 if args.quick else 30.0)
+    bad = [c for c in args.conf if "=" not in c]
+    if bad:
+        parser.error(f"--conf takes KEY=VALUE, got {bad[0]!r}; e.g. --conf spark.sql.adaptive.enabled=false")
+    unknown = set(args.only.split(",")) - set(PHASES)
+    if unknown:
+        parser.error(f"--only: unknown phase(s) {', '.join(sorted(unknown))}; choose from {', '.join(PHASES)}")
+    return args
+
+
+def measure(spark, workdir: Path, bootstrap: str, args) -> str:
+    """Run the selected phases with the engine's steps timed; returns the report."""
+    phases = set(args.only.split(","))
+    # Keep every batch's progress: the latency run has hundreds of small batches per query.
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
+    for setting in args.conf:
+        key, _, value = setting.partition("=")
+        spark.conf.set(key.strip(), value.strip())
+    timer = StageTimer()
+    with timer.patched(stage_targets(timer)):
+        warm_up(spark, workdir, bootstrap, args, timer)
+        runs = throughput(spark, workdir, bootstrap, args, timer) if "throughput" in phases else {}
+        lat = latency(spark, workdir, bootstrap, args, timer) if "latency" in phases else None
+    return report(args, runs, lat)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from replication.broker import EmbeddedBroker
+    from replication.spark import session
+
+    args = parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-replicate-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = None if args.bootstrap else EmbeddedBroker().start()
+    try:
+        spark = session("bench-replicate")
+        print(measure(spark, workdir, args.bootstrap or broker.bootstrap, args), flush=True)
+        spark.stop()
+    finally:
+        if broker:
+            broker.stop()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
