@@ -5,25 +5,30 @@ One run prints (issue 3, "Performance"):
 1. throughput: N (default 1M) ~200-byte JSON messages pre-published once by
    raw producers (DESIGN §7 headers, zstd); instance A with no destination
    reads them (ingest only), then a fresh A with one sync destination B reads
-   the same topic, and the clock runs from A's query start until B's txlog
-   holds all N rows. Ratio target: replication >= 0.7 x ingest only;
+   the same topic; the clock runs from A's query start until B's txlog holds
+   all N rows. Target: replication >= 0.7 x ingest only. A timeline shows
+   when A's txlog, B's inbox, B's txlog and A's view of B's ack were complete;
 2. latency: a ``replication.client.Publisher`` in its own process publishes
    to A at a steady rate (2,000 msg/s) while A replicates to its sync
-   destination B; each message is followed through every step, from the
-   publish to A's txlog, B's inbox, B's txlog, B's ack file, A reading that
-   ack, and the persisted ack reaching the publisher. Targets: publish -> B's
-   txlog p50 <= 700 ms and p99 <= 2 s; publish -> persisted ack p50 <= 1 s;
-3. where the time goes: the engine's driver steps of each run, per instance
-   (ingest at A, replicator batches, ingest at B, ack polling, durability
-   release, control files), and Spark's own per-query figures.
+   destination B; each message is followed by (client, seq) through every
+   step: A's txlog, B's inbox, B's txlog, B's ack file, A reading that ack,
+   the persisted ack at the publisher (wall clocks of one machine). Targets:
+   publish -> B's txlog p50 <= 700 ms, p99 <= 2 s; publish -> persisted ack
+   p50 <= 1 s;
+3. where the time goes: CPU by process (JVM, Spark's Python source runners
+   and workers, driver, broker, publisher), the engine's driver steps per
+   instance (ingest at A, replicator batches, ingest at B, ack polling,
+   durability release, control files) and Spark's per-query batch figures.
 
 Both instances run in this process's Spark application, as ``replication run
 a.xml b.xml`` runs them, with the engine's default trigger (``0 seconds``).
-Uses an embedded tansu broker unless ``--bootstrap`` is given::
+``--trigger``, ``--max-offsets`` and ``--conf`` try other settings. Uses an
+embedded tansu broker unless ``--bootstrap`` is given::
 
-    .venv/bin/python bench/replicate.py --quick        # 100k messages, ~3 minutes
-    .venv/bin/python bench/replicate.py                # 1M messages
+    .venv/bin/python bench/replicate.py --quick        # 100k messages, 10 s of latency, ~3 minutes
+    .venv/bin/python bench/replicate.py                # 1M messages, 30 s of latency, ~5 minutes
     .venv/bin/python bench/replicate.py --quick --only latency --py-spy /tmp/spy
+    .venv/bin/python bench/replicate.py --only throughput --max-offsets 100000
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Spark's Python workers must run this interpreter (it has the package and its dependencies).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -57,7 +66,6 @@ from common import (  # noqa: E402
     order_body,
     percentile,
     prepublish,
-    tree_cpu_seconds,
 )
 
 PHASES = ("throughput", "latency")
@@ -82,17 +90,17 @@ class Pair:
 
 
 def write_instance(workdir: Path, name: str, bootstrap: str, *, topic: str, max_offsets: int | None,
-                   destination: str | None = None, sync_type: str = "sync") -> Path:
+                   destination: str | None = None) -> Path:
     """An instance config as a fabric member has it: Kafka ingress, an inbox, every JSON topic recorded.
 
-    ``destination``: the name of one downstream instance under ``workdir``
-    (replicating everything, one way).
+    ``destination``: the name of one downstream instance under ``workdir``,
+    replicated to synchronously (everything, one way).
     """
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
     replication = ""
     if destination:
         replication = (
-            f"<Replication><Destination><Name>{destination}</Name><SyncType>{sync_type}</SyncType>"
+            f"<Replication><Destination><Name>{destination}</Name><SyncType>sync</SyncType>"
             f"<PassThrough>.*</PassThrough>{ONE_WAY_TOPICS}<Transport><Type>amps-replication</Type>"
             f"<InetAddr>{workdir / destination}</InetAddr></Transport></Destination></Replication>"
         )
@@ -303,8 +311,9 @@ def cpu_by_kind() -> dict[str, float]:
 
 
 def cpu_since(before: dict[str, float]) -> dict[str, float]:
-    now = cpu_by_kind()
-    return {k: now.get(k, 0.0) - before.get(k, 0.0) for k in now if now.get(k, 0.0) - before.get(k, 0.0) > 0.005}
+    """CPU seconds by kind spent since ``before`` (a :func:`cpu_by_kind`), kinds that spent any."""
+    spent = {k: v - before.get(k, 0.0) for k, v in cpu_by_kind().items()}
+    return {k: v for k, v in spent.items() if v > 0.005}
 
 
 # -- throughput ----------------------------------------------------------------------
@@ -317,7 +326,6 @@ class Run:
     label: str
     rows: int
     seconds: float
-    cpu_seconds: float
     marks: dict[str, float] = field(default_factory=dict)
     """Seconds from the query start until each milestone (A's txlog, B's inbox, B's txlog, acks)."""
     stages: dict[str, tuple[float, int]] = field(default_factory=dict)
@@ -332,6 +340,11 @@ class Run:
     @property
     def rate(self) -> float:
         return self.rows / self.seconds
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU of every process of the benchmark (driver, JVM, Python workers, broker) during the run."""
+        return sum(self.cpu_kinds.values())
 
 
 def start_instances(spark, pair: Pair, trigger: str) -> tuple:
@@ -360,49 +373,49 @@ def restarts(*instances) -> int:
     return sum(inst.restarts for inst in instances if inst is not None)
 
 
+def positions(a, b) -> dict[str, int]:
+    """How far each step has got: rows in A's txlog, sent to B's inbox, in B's txlog, acknowledged by B."""
+    out = {"A txlog": a.writer.state.max_seq}
+    if b is not None:
+        link = next(iter(a.links.values())).snapshot()
+        out.update({"B inbox (sent)": link.sent_seq, "B txlog": b.writer.state.max_seq,
+                    "B ack seen by A": link.acked_seq})
+    return out
+
+
 def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: str, trigger: str,
                    spy: str | None = None) -> Run:
-    """Start the instances on the pre-published backlog; time A's query start -> ``rows`` rows in the last txlog."""
+    """Start the instances on the pre-published backlog; time A's query start -> ``rows`` rows in the last txlog.
+
+    The ack of the last row is waited for too (not part of the time), so the
+    timeline shows it.
+    """
     timer.reset()
     a, b = start_instances(spark, pair, trigger)
-    link = next(iter(a.links.values()), None)
-    queries = {"A ingest": a.query} if b is None else {"A ingest": a.query, "B ingest": b.query}
+    last = "A txlog" if b is None else "B txlog"
     marks: dict[str, float] = {}
     timeout = 120 + rows / 1000
     with PySpy(spy):
-        started, cpu, kinds = time.perf_counter(), tree_cpu_seconds(), cpu_by_kind()
+        started, cpu_at_start, cpu = time.perf_counter(), cpu_by_kind(), None
         try:
             while True:
                 now = time.perf_counter() - started
-                positions = {"A txlog": a.writer.state.max_seq}
-                if b is not None:
-                    snap = link.snapshot()
-                    positions.update({"B inbox (sent)": snap.sent_seq, "B txlog": b.writer.state.max_seq,
-                                      "B ack seen by A": snap.acked_seq})
-                    if a.managers[0].query is not None:
-                        queries["A->B replicator"] = a.managers[0].query
-                for mark, seq in positions.items():
-                    if seq >= rows and mark not in marks:
-                        marks[mark] = now
-                last = "B txlog" if b is not None else "A txlog"
-                if last in marks:
+                reached = positions(a, b)
+                for mark, seq in reached.items():
+                    if seq >= rows:
+                        marks.setdefault(mark, now)
+                if last in marks and cpu is None:
+                    cpu = cpu_since(cpu_at_start)
+                if len(marks) == len(reached) or (last in marks and now > marks[last] + 30):  # acks: 30 s
                     break
                 if now > timeout:
-                    state = link.snapshot().to_json() if link else {}
                     errors = [inst.status()["error"] for inst in (a, b) if inst is not None]
-                    raise SystemExit(f"{label}: timed out after {timeout:.0f}s at {positions} "
-                                     f"(query errors: {errors}; link: {state})")
+                    raise SystemExit(f"{label}: timed out after {now:.0f}s at {reached} (query errors: {errors})")
                 time.sleep(0.02)
-            seconds, cpu, kinds = marks[last], tree_cpu_seconds() - cpu, cpu_since(kinds)
-            if b is not None:  # the ack is not part of the throughput, but worth showing
-                deadline = time.perf_counter() + 30
-                while link.acked_seq < rows and time.perf_counter() < deadline:
-                    time.sleep(0.02)
-                if link.acked_seq >= rows:
-                    marks["B ack seen by A"] = time.perf_counter() - started
-            queries["A ingest"] = a.query  # the engine may have restarted a failed one
+            queries = {"A ingest": a.query}  # now: the engine may have restarted a failed one
             if b is not None:
-                queries["B ingest"] = b.query
+                queries.update({"A->B replicator": a.managers[0].query, "B ingest": b.query})
+            queries = {k: q for k, q in queries.items() if q is not None}
             wait_for_progress(queries.values(), rows)
         finally:
             stop_instances(a, b)  # lets the current batches finish, so counters and timers are final
@@ -413,8 +426,8 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
                 raise SystemExit(f"{inst.name}: unexpected rejects/duplicates {counters}")
     seconds_by, calls_by = timer.snapshot()
     stages = {k: (seconds_by[k], calls_by[k]) for k in seconds_by}
-    return Run(label, rows, seconds, cpu, marks, stages, {k: batches_with_rows(q) for k, q in queries.items()},
-               restarts(a, b), kinds)
+    return Run(label, rows, marks[last], marks, stages, {k: batches_with_rows(q) for k, q in queries.items()},
+               restarts(a, b), cpu)
 
 
 def restarted(count: int) -> str:
@@ -464,9 +477,10 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) ->
 
 
 class Milestones:
-    """When each instance got each seq through a step: (seq reached, wall time) per step, appended by hooks.
+    """When each step covered each seq: per step, events (highest seq covered, wall time).
 
-    Hooks wrap the instances' own attributes, so only these instances are seen.
+    Events come from hooks on one instance's own attributes (so no other
+    instance is seen), or are added to :attr:`events` directly.
     """
 
     def __init__(self) -> None:
@@ -559,12 +573,27 @@ LATENCY_STEPS = (
 )
 
 
-def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> dict:
-    """Steady publishing to A (sync destination B); per message, wall time from publish to each step."""
-    import numpy as np
-    import pyarrow.compute as pc
-    from deltalake import DeltaTable
+@dataclass
+class Latency:
+    """The steady-publishing run: per message and step, milliseconds from the publish."""
 
+    ms: dict[str, "np.ndarray"]
+    """Step (:data:`LATENCY_STEPS`) -> one value per message (NaN: never seen)."""
+    count: int
+    rate: float
+    """Achieved publishing rate, msg/s."""
+    seconds: float
+    """From the first publish to the last."""
+    wall: float
+    """The publisher process's life (logon, publishing, flush): the CPU window."""
+    stages: dict[str, tuple[float, int]]
+    queries: dict[str, list[dict]]
+    cpu_kinds: dict[str, float]
+    restarts: int
+
+
+def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> Latency:
+    """Steady publishing to A (sync destination B); per message, wall time from publish to each step."""
     pair = make_pair(workdir, bootstrap, "lat", topic=None, max_offsets=args.max_offsets, replicate=True, timer=timer)
     a, b = start_instances(spark, pair, args.trigger)
     marks = Milestones()
@@ -589,18 +618,34 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> di
             if proc.exitcode != 0:
                 proc.kill()
                 raise SystemExit(f"the steady publisher failed (exit code {proc.exitcode})")
-        queries = {"A ingest": batches_with_rows(a.query), "B ingest": batches_with_rows(b.query),
-                   "A->B replicator": batches_with_rows(a.managers[0].query)}
+        queries = {k: batches_with_rows(q) for k, q in
+                   (("A ingest", a.query), ("A->B replicator", a.managers[0].query), ("B ingest", b.query))
+                   if q is not None}
         restart_count = restarts(a, b)
     finally:
         stop_instances(a, b)
     seconds_by, calls_by = timer.snapshot()
     published = json.loads(out.read_text())
-    sent = np.array(published["sent"])
-    pub_seq, pub_time = sent[:, 0].astype(np.int64), sent[:, 1]
+    marks.events["publisher ack"] = [tuple(e) for e in published["acks"]]
+    ms, pub_time = follow_messages(marks, published["sent"], a, b)
+    return Latency(ms, len(pub_time), len(pub_time) / (pub_time[-1] - pub_time[0]), float(pub_time[-1] - pub_time[0]),
+                   wall, {k: (seconds_by[k], calls_by[k]) for k in seconds_by}, queries, kinds, restart_count)
+
+
+def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, "np.ndarray"]:
+    """Milliseconds from each publish to each step, and the publish times.
+
+    A message is found at A and B by (client, publisher seq) in their txlogs;
+    A's steps are recorded in A's seq space, B's in B's.
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    sent_at = np.array(sent)
+    pub_seq, pub_time = sent_at[:, 0].astype(np.int64), sent_at[:, 1]
 
     def local_seqs(inst) -> np.ndarray:
-        """Local seq of each published message, by publisher seq (from the instance's txlog)."""
         rows = DeltaTable(str(inst.layout.txlog)).to_pyarrow_table(columns=["seq", "publisher", "publisher_seq"])
         mine = rows.filter(pc.equal(rows["publisher"], LATENCY_CLIENT))
         by_pub = dict(zip(mine["publisher_seq"].to_pylist(), mine["seq"].to_pylist(), strict=True))
@@ -609,21 +654,9 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> di
     a_seq, b_seq = local_seqs(a), local_seqs(b)
     if (a_seq < 0).any() or (b_seq < 0).any():
         raise SystemExit(f"latency run: {(a_seq < 0).sum()} messages missing at A, {(b_seq < 0).sum()} at B")
-    ack = Milestones()
-    ack.events["publisher ack"] = [tuple(e) for e in published["acks"]]
-    reached = {
-        "A txlog commit": marks.reached("A txlog commit", a_seq),
-        "B inbox commit": marks.reached("B inbox commit", a_seq),
-        "B txlog commit": marks.reached("B txlog commit", b_seq),
-        "B ack file": marks.reached("B ack file", b_seq),
-        "A reads ack": marks.reached("A reads ack", a_seq),
-        "publisher ack": ack.reached("publisher ack", pub_seq),
-    }
-    ms = {step: (t - pub_time) * 1000 for step, t in reached.items()}
-    return {"count": len(pub_seq), "rate": len(pub_seq) / (pub_time[-1] - pub_time[0]), "ms": ms,
-            "stages": {k: (seconds_by[k], calls_by[k]) for k in seconds_by}, "queries": queries,
-            "seconds": float(pub_time[-1] - pub_time[0]), "restarts": restart_count, "cpu_kinds": kinds,
-            "wall": wall}
+    seqs = {"A txlog commit": a_seq, "B inbox commit": a_seq, "B txlog commit": b_seq, "B ack file": b_seq,
+            "A reads ack": a_seq, "publisher ack": pub_seq}
+    return {step: (marks.reached(step, seqs[step]) - pub_time) * 1000 for step, _ in LATENCY_STEPS}, pub_time
 
 
 # -- report ----------------------------------------------------------------------------
@@ -635,7 +668,7 @@ SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", 
                "commitOffsets")
 
 
-def report(args, runs: dict[str, Run], lat: dict | None) -> str:
+def report(args, runs: dict[str, Run], lat: Latency | None) -> str:
     out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
            f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or 'none'}, trigger {args.trigger}, "
            f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
@@ -659,8 +692,8 @@ def report(args, runs: dict[str, Run], lat: dict | None) -> str:
                            f"{(rep.rows / rep.cpu_seconds) / (ing.rows / ing.cpu_seconds):.2f}", "",
                            "(less load-sensitive)"])
     if lat:
-        ms = lat["ms"]
-        what = f"{lat['count']:,} msgs at {lat['rate']:,.0f}/s{restarted(lat['restarts'])}"
+        ms = lat.ms
+        what = f"{lat.count:,} msgs at {lat.rate:,.0f}/s{restarted(lat.restarts)}"
         p50, p99 = pct(ms["B txlog commit"], 50), pct(ms["B txlog commit"], 99)
         ack50 = pct(ms["publisher ack"], 50)
         checks.append([f"publish -> B txlog p50 ({what})", f"{p50:,.0f} ms", "<= 700 ms", verdict(p50 <= 700)])
@@ -672,10 +705,10 @@ def report(args, runs: dict[str, Run], lat: dict | None) -> str:
         out.append(format_table(["measure", "value", "target", ""], checks))
     if lat:
         out.append("")
-        out.append(latency_table(lat["ms"]))
+        out.append(latency_table(lat.ms))
     cpu_columns = {f"{run.label} ({run.seconds:.0f}s)": (run.cpu_kinds, run.seconds) for run in runs.values()}
     if lat:
-        cpu_columns[f"latency run ({lat['wall']:.0f}s)"] = (lat["cpu_kinds"], lat["wall"])
+        cpu_columns[f"latency run ({lat.wall:.0f}s)"] = (lat.cpu_kinds, lat.wall)
     if cpu_columns:
         out.append("")
         out.append(cpu_table(cpu_columns))
@@ -686,10 +719,10 @@ def report(args, runs: dict[str, Run], lat: dict | None) -> str:
         out.append(spark_table(f"Spark per query: {run.label}", run.queries))
     if lat:
         out.append("")
-        out.append(stage_table(f"where time goes: latency run ({lat['seconds']:.1f}s of publishing)",
-                               lat["stages"], lat["seconds"]))
+        out.append(stage_table(f"where time goes: latency run ({lat.seconds:.1f}s of publishing)",
+                               lat.stages, lat.seconds))
         out.append("")
-        out.append(spark_table("Spark per query: latency run", lat["queries"]))
+        out.append(spark_table("Spark per query: latency run", lat.queries))
     return "\n".join(out)
 
 
