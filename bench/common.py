@@ -6,6 +6,8 @@ import contextlib
 import functools
 import json
 import multiprocessing
+import shutil
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -261,3 +263,22 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
+
+
+def run_benchmark(name: str, args, measure: Callable) -> None:
+    """Start a broker (unless ``--bootstrap``) and a SparkSession, print ``measure(...)``'s report, clean up."""
+    from replication.broker import EmbeddedBroker
+    from replication.spark import session
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix=f"{name}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = None if args.bootstrap else EmbeddedBroker().start()
+    try:
+        spark = session(name)
+        print(measure(spark, workdir, args.bootstrap or broker.bootstrap, args), flush=True)
+        spark.stop()
+    finally:
+        if broker:
+            broker.stop()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -28,9 +28,7 @@ import argparse
 import bisect
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -44,6 +42,7 @@ os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an id
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    run_benchmark,
     PhaseTimer,
     PySpy,
     feeds,
@@ -653,22 +652,7 @@ def measure(spark, workdir: Path, bootstrap: str, args) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from replication.broker import EmbeddedBroker
-    from replication.spark import session
-
-    args = parse_args(argv)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-ingest-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    broker = None if args.bootstrap else EmbeddedBroker().start()
-    try:
-        spark = session("bench-ingest")
-        print(measure(spark, workdir, args.bootstrap or broker.bootstrap, args), flush=True)
-        spark.stop()
-    finally:
-        if broker:
-            broker.stop()
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+    run_benchmark("bench-ingest", parse_args(argv), measure)
 
 
 if __name__ == "__main__":
