@@ -275,6 +275,9 @@ def run_benchmark(name: str, args, measure: Callable) -> None:
     broker = None if args.bootstrap else EmbeddedBroker().start()
     try:
         spark = session(name)
+        for setting in getattr(args, "conf", []):  # --conf KEY=VALUE: settings to try, applied before any query
+            key, _, value = setting.partition("=")
+            spark.conf.set(key.strip(), value.strip())
         print(measure(spark, workdir, args.bootstrap or broker.bootstrap, args), flush=True)
         spark.stop()
     finally:

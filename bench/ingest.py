@@ -623,6 +623,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--txlog-batch", type=int, default=100_000, help="new messages ingested into each txlog")
     parser.add_argument("--rounds", type=int, default=3, help="batches measured per txlog size (best kept)")
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting to try (repeatable)")
     parser.add_argument("--bootstrap", help="use this Kafka instead of an embedded tansu broker")
     parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy the ingest and latency runs into DIR/<phase>.txt "

@@ -862,9 +862,6 @@ def measure(spark, workdir: Path, bootstrap: str, args) -> str:
     phases = set(args.only.split(","))
     # Keep every batch's progress: the latency run has hundreds of small batches per query.
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
-    for setting in args.conf:
-        key, _, value = setting.partition("=")
-        spark.conf.set(key.strip(), value.strip())
     timer = StageTimer()
     with timer.patched(stage_targets(timer)):
         warm_up(spark, workdir, bootstrap, args, timer)

@@ -41,6 +41,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 from pyspark.sql.types import StructType
 
 from replication.errors import ConfigError, StorageError
+from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 from replication.txlog import TXLOG_SCHEMA
 from replication.txlog_source import int_option
 
@@ -106,11 +107,15 @@ class InboxSourceOptions:
         versions_per_partition: a micro-batch is read by one Spark task per this
             many versions (option ``versionsPerPartition``, default
             :data:`VERSIONS_PER_PARTITION`).
+        prefetch_rows: a micro-batch of at most this many rows is read by the
+            source's planner process instead of Spark tasks (option
+            ``prefetchRows``; 0: always tasks). See :mod:`replication.prefetch`.
     """
 
     path: str
     max_rows_per_trigger: int | None = None
     versions_per_partition: int = VERSIONS_PER_PARTITION
+    prefetch_rows: int = PREFETCH_MAX_ROWS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> InboxSourceOptions:
@@ -126,6 +131,7 @@ class InboxSourceOptions:
             int_option(opts, "maxRowsPerTrigger", FORMAT, minimum=1, example=50000),
             int_option(opts, "versionsPerPartition", FORMAT, minimum=1, example=VERSIONS_PER_PARTITION)
             or VERSIONS_PER_PARTITION,
+            prefetch_rows_option(opts, FORMAT),
         )
 
 
@@ -286,7 +292,8 @@ class InboxSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return InboxStreamReader(InboxSourceOptions.parse(self.options))
+        options = InboxSourceOptions.parse(self.options)
+        return prefetching(InboxStreamReader(options), _spark_arrow_schema(), options.prefetch_rows)
 
 
 class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -345,6 +352,14 @@ class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [
             InboxInputPartition(self.options.path, v, min(v + step - 1, last)) for v in range(first, last + 1, step)
         ]
+
+    def rows_between(self, start: dict, end: dict, at_most: int) -> int:
+        total = 0
+        for version in range(int(start["version"]) + 1, int(end["version"]) + 1):
+            total += self._log().rows_in(version)
+            if total > at_most:
+                break
+        return total
 
     def commit(self, end: dict) -> None:
         pass

@@ -37,6 +37,7 @@ Within a micro-batch, the rows of one Kafka partition come in offset order.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -58,6 +59,7 @@ from pyspark.sql.types import (
 
 from replication.errors import ConfigError, ReplicationError
 from replication.kafka_records import RecordColumns
+from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -139,12 +141,17 @@ class KafkaSourceOptions:
             decoding is CPU-bound in Python, so a busy Kafka partition can use
             several cores. Sub-ranges of one Kafka partition are planned in
             offset order. ``None``: one task per Kafka partition.
+        prefetch_rows: a micro-batch of at most this many offsets is read by the
+            source's planner process instead of Spark tasks (option
+            ``prefetchRows``, default :data:`replication.prefetch.PREFETCH_MAX_ROWS`;
+            0: always tasks). See :mod:`replication.prefetch`.
     """
 
     bootstrap_servers: str
     topics: tuple[str, ...]
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
+    prefetch_rows: int = PREFETCH_MAX_ROWS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
@@ -167,6 +174,7 @@ class KafkaSourceOptions:
             topics,
             _positive_int(opts, "maxOffsetsPerTrigger", example=100000),
             _positive_int(opts, "minPartitions", example=4),
+            prefetch_rows_option(opts, FORMAT),
         )
 
 
@@ -259,7 +267,8 @@ class KafkaSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return KafkaStreamReader(KafkaSourceOptions.parse(self.options))
+        options = KafkaSourceOptions.parse(self.options)
+        return prefetching(KafkaStreamReader(options), _spark_arrow_schema(), options.prefetch_rows)
 
 
 @dataclass(frozen=True)
@@ -332,6 +341,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if stop > begin.get((topic, partition), 0)
         ]
         return split_ranges(ranges, self.options.min_partitions or 0)
+
+    def rows_between(self, start: dict, end: dict, at_most: int) -> int:
+        begin = decode_offset(start)
+        return sum(max(0, stop - begin.get(tp, 0)) for tp, stop in decode_offset(end).items())
 
     def commit(self, end: dict) -> None:
         pass  # offsets live in Spark's checkpoint; nothing to tell Kafka
@@ -467,11 +480,8 @@ def read_partition(
     installed kafka-python allows it (see :func:`_decode_into`).
     """
     from kafka import KafkaConsumer, TopicPartition
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    # Spark rejects a batch whose schema differs in any detail (field names,
-    # nullability): derive it the way Spark does.
-    schema = to_arrow_schema(SCHEMA, timezone="UTC")
+    schema = _spark_arrow_schema()
     columns = RecordColumns(part.topic, part.partition, part.end, schema, [key for key, _ in PUBLISH_HEADERS])
     consumer = KafkaConsumer(
         bootstrap_servers=options.bootstrap_servers.split(","),
@@ -513,6 +523,15 @@ def read_partition(
             yield columns.flush()
     finally:
         consumer.close()
+
+
+@functools.cache
+def _spark_arrow_schema() -> pa.Schema:
+    # Spark rejects a batch whose schema differs in any detail (field names,
+    # nullability): derive it the way Spark does.
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(SCHEMA, timezone="UTC")
 
 
 def _decode_into(consumer: KafkaConsumer, columns: RecordColumns) -> bool:

@@ -43,6 +43,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 from pyspark.sql.types import StructType
 
 from replication.errors import ConfigError, StorageError
+from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 from replication.txlog import TXLOG_SCHEMA
 
 if TYPE_CHECKING:
@@ -87,12 +88,16 @@ class TxlogSourceOptions:
         rows_per_partition: a micro-batch is read by one Spark task per about
             this many rows, cut at file boundaries (option ``rowsPerPartition``,
             default :data:`ROWS_PER_PARTITION`).
+        prefetch_rows: a micro-batch of at most this many rows is read by the
+            source's planner process instead of Spark tasks (option
+            ``prefetchRows``; 0: always tasks). See :mod:`replication.prefetch`.
     """
 
     path: str
     start_seq: int = 0
     max_rows_per_trigger: int | None = None
     rows_per_partition: int = ROWS_PER_PARTITION
+    prefetch_rows: int = PREFETCH_MAX_ROWS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TxlogSourceOptions:
@@ -108,6 +113,7 @@ class TxlogSourceOptions:
             int_option(opts, "startSeq", FORMAT, minimum=0, example=0) or 0,
             int_option(opts, "maxRowsPerTrigger", FORMAT, minimum=1, example=50000),
             int_option(opts, "rowsPerPartition", FORMAT, minimum=1, example=ROWS_PER_PARTITION) or ROWS_PER_PARTITION,
+            prefetch_rows_option(opts, FORMAT),
         )
 
 
@@ -392,7 +398,8 @@ class TxlogSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return TxlogStreamReader(TxlogSourceOptions.parse(self.options))
+        options = TxlogSourceOptions.parse(self.options)
+        return prefetching(TxlogStreamReader(options), _spark_arrow_schema(), options.prefetch_rows)
 
 
 class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -451,6 +458,9 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._files().plan(
             int(start["seq"]), int(end["seq"]), rows_per_partition=self.options.rows_per_partition
         )
+
+    def rows_between(self, start: dict, end: dict, at_most: int) -> int:
+        return max(0, int(end["seq"]) - int(start["seq"]))  # seq is contiguous
 
     def commit(self, end: dict) -> None:
         pass

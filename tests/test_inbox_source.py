@@ -206,14 +206,17 @@ def test_available_now_from_absent_inbox_then_concurrent_upstreams_then_restart(
     assert min(second.column("inbox_version").to_pylist()) > max(first.column("inbox_version").to_pylist())
 
 
-def test_max_rows_per_trigger_bounds_batches_in_whole_commits(spark, tmp_path):
+@pytest.mark.parametrize("prefetch", ["0", "8"], ids=["tasks", "planner"])
+def test_max_rows_per_trigger_bounds_batches_in_whole_commits(spark, tmp_path, prefetch):
     inbox = tmp_path / "inbox"
     create_inbox(inbox)
     a = Upstream(inbox, "amps-a")
     for _ in range(6):
         a.push(4)
-    # One task per commit: rows of several tasks come back in version order.
-    batches = run_available_now(spark, inbox, tmp_path / "cp", maxRowsPerTrigger="9", versionsPerPartition="1")
+    # One task per commit, or the planner reading the commits in turn: rows come back in version order.
+    batches = run_available_now(
+        spark, inbox, tmp_path / "cp", maxRowsPerTrigger="9", versionsPerPartition="1", prefetchRows=prefetch
+    )
     assert [b.num_rows for b in batches] == [8, 8, 8]
     assert by_link(pa.concat_tables(batches)) == {"amps-a": list(range(1, 25))}
 

@@ -140,6 +140,7 @@ def test_options():
         ({}, "option 'path' is required"),
         ({"path": "/t", "startSeq": "-1"}, "startSeq must be an integer >= 0, got '-1'"),
         ({"path": "/t", "maxRowsPerTrigger": "0"}, "maxRowsPerTrigger must be a positive integer"),
+        ({"path": "/t", "prefetchRows": "many"}, r"prefetchRows must be an integer >= 0 \(0 reads every"),
     ],
 )
 def test_bad_options_say_what_to_write(options, fix):
@@ -306,12 +307,16 @@ def test_available_now_delivers_every_row_once_in_order_and_restarts_where_it_st
     assert run_available_now(spark, tmp_path / "txlog", checkpoint) == []
 
 
-def test_max_rows_per_trigger_bounds_each_batch_and_start_seq_skips(spark, tmp_path):
+# prefetchRows: every batch read by the planner (default), by tasks (0), or both (5: the last, 2-row batch)
+@pytest.mark.parametrize("prefetch", [{}, {"prefetchRows": "0"}, {"prefetchRows": "5"}], ids=["planner", "tasks", "mixed"])
+def test_max_rows_per_trigger_bounds_each_batch_and_start_seq_skips(spark, tmp_path, prefetch):
     writer = TxlogWriter(tmp_path / "txlog")
     for _ in range(4):
         writer.append(10)
 
-    batches = run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", maxRowsPerTrigger="7", startSeq="3")
+    batches = run_available_now(
+        spark, tmp_path / "txlog", tmp_path / "cp", maxRowsPerTrigger="7", startSeq="3", **prefetch
+    )
     assert [len(b) for b in seqs(batches)] == [7, 7, 7, 7, 7, 2]
     assert flat(batches) == list(range(4, 41))
 
