@@ -132,7 +132,10 @@ def classify(
     sizes = pc.fill_null(pc.binary_length(batch["data"]), 0).to_numpy(zero_copy_only=False)
     for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
         reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
-    needs_body = headers_ok & (sizes <= MAX_MESSAGE_BYTES) & ~pc.fill_null(
+    # Bodies are checked where a message is first published; a replicated row
+    # was checked there, and re-parsing it at every hop costs ~0.7 us a row.
+    published = pc.fill_null(pc.equal(batch["source"], "kafka"), False).to_numpy(zero_copy_only=False)
+    needs_body = published & headers_ok & (sizes <= MAX_MESSAGE_BYTES) & ~pc.fill_null(
         pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
     body_idx = np.nonzero(needs_body)[0]
     if body_idx.size:

@@ -97,6 +97,17 @@ def test_delta_publish_is_stored_as_publish():
     assert result.txlog_rows["command"].to_pylist() == ["publish"]
 
 
+def test_bodies_are_checked_where_published_not_again_when_replicated():
+    result = run(publishes(
+        {"publisher": "a", "publisher_seq": "1", "data": b"{not json"},
+        {"source": "inbox:up", "publisher": "b", "publisher_seq": "1", "data": b"{not json",
+         "path": ["up"], "received_from": "up", "origin": "up", "upstream_seq": 1},
+    ))
+    assert [r["publisher"] for r in result.rejected_rows.to_pylist()] == ["a"]
+    assert "body is not valid JSON" in result.rejected_rows["reason"][0].as_py()
+    assert [r["publisher"] for r in result.txlog_rows.to_pylist()] == ["b"]
+
+
 def test_received_rows_keep_their_path_and_report_the_upstream_position():
     result = run(publishes(
         {"publisher": "a", "publisher_seq": "1"},
