@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     run_benchmark,
+    wait_until,
     PySpy,
     feeds,
     format_table,
@@ -361,6 +362,26 @@ def start_instances(spark, pair: Pair, trigger: str) -> tuple:
     return a, b
 
 
+def wait_until_idle(*instances, settle: float = 2.0) -> None:
+    """Wait until every query of ``instances`` (ingest, replicators) has started and polled its sources.
+
+    A steady-state measurement must not include the queries' start-up (each
+    Python source starts a process that imports PySpark).
+    """
+    def queries():
+        for inst in instances:
+            if inst is not None:
+                yield inst.query
+                yield from (m.query for m in inst.managers)
+
+    def polling(q) -> bool:
+        return q is not None and q.isActive and (
+            q.lastProgress is not None or q.status.get("message") == "Waiting for data to arrive")
+
+    wait_until(lambda: all(polling(q) for q in queries()), timeout=300, interval=0.1, what="every query to start")
+    time.sleep(settle)
+
+
 def stop_instances(a, b) -> None:
     a.stop()
     if b is not None:
@@ -595,6 +616,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
     """Steady publishing to A (sync destination B); per message, wall time from publish to each step."""
     pair = make_pair(workdir, bootstrap, "lat", topic=None, max_offsets=args.max_offsets, replicate=True, timer=timer)
     a, b = start_instances(spark, pair, args.trigger)
+    wait_until_idle(a, b)
     marks = Milestones()
     marks.hook(a.writer, "on_commit", after="A txlog commit", seq=lambda last, _result: last)
     marks.hook(b.writer, "on_commit", before="B txlog commit", after="B ack file", seq=lambda last, _result: last)
