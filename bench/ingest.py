@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-# Spark's Python workers must run this interpreter (it has the package and its dependencies).
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from replication.config import DEFAULT_BATCH_ROWS  # noqa: E402
 from common import (  # noqa: E402
     run_benchmark,
     PhaseTimer,
@@ -523,7 +522,7 @@ def _spy_file(args, phase: str) -> str | None:
 def report(args, runs: dict[str, Run], lat: dict | None, scaling: list[dict]) -> str:
     """The final tables: rates, ratios and targets, latency, txlog scaling, ingest breakdown."""
     out = [f"\n== bench/ingest.py: {args.messages:,} msgs, {args.partitions} partitions, "
-           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or 'none'}, trigger 0 s, "
+           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger 0 s, "
            f"inbox {'on' if args.inbox else 'off'}, "
            f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
     if runs:

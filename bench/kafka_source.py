@@ -19,18 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 import uuid
 
-# Spark's Python workers must run this interpreter (it has pyarrow, kafka-python).
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
-
-from replication.broker import EmbeddedBroker, ensure_topics  # noqa: E402
+from replication.broker import EmbeddedBroker, ensure_topics
 
 
 def publish(bootstrap: str, topic: str, count: int, partitions: int) -> float:

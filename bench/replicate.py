@@ -52,11 +52,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-# Spark's Python workers must run this interpreter (it has the package and its dependencies).
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from replication.config import DEFAULT_BATCH_ROWS  # noqa: E402
 from common import (  # noqa: E402
     run_benchmark,
     wait_until,
@@ -691,7 +690,7 @@ SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", 
 
 def report(args, runs: dict[str, Run], lat: Latency | None) -> str:
     out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
-           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or 'none'}, trigger {args.trigger}, "
+           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger {args.trigger}, "
            f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
     if args.conf:
         out.append(f"Spark settings tried: {', '.join(args.conf)}")

@@ -31,6 +31,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from replication.config import (
+    DEFAULT_BATCH_ROWS,
     MANDATORY_CHECKS,
     MESSAGE_TYPES,
     VALIDATION_CHECKS,
@@ -519,7 +520,7 @@ def _kafka(tnode: Node, kids: Kids, name: str) -> KafkaTransport:
         bootstrap_servers=tuple(servers),
         topics=tuple(topics),
         message_type=_message_type(mt) if mt is not None else "json",
-        max_offsets_per_trigger=_positive_int(cap) if cap is not None else None,
+        max_offsets_per_trigger=_positive_int(cap) if cap is not None else DEFAULT_BATCH_ROWS,
         source=tnode.source(),
     )
 

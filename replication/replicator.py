@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replication import failpoints, routing
-from replication.config import Destination, InstanceConfig
+from replication.config import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
 from replication.delta_tables import IdempotentAppender
 from replication.inbox_source import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.links import runs_of
@@ -105,6 +105,7 @@ def start_query(
         spark.readStream.format(txlog_source.FORMAT)
         .option("path", str(txlog))
         .option("startSeq", str(start_seq))
+        .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS))
         .load()
     )
     writer = ReplicatorWriter(cfg, dest, inbox=inbox, incarnation=incarnation, link=link)

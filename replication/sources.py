@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from replication.config import InstanceConfig
+from replication.config import DEFAULT_BATCH_ROWS, InstanceConfig
 from replication.ingest import CANDIDATE_SCHEMA
 from replication.storage import StorageLayout
 
@@ -25,9 +25,8 @@ def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
             spark.readStream.format(kafka_source.FORMAT)
             .option("bootstrap.servers", ",".join(transport.bootstrap_servers))
             .option("topics", ",".join(transport.topics))
+            .option("maxOffsetsPerTrigger", str(transport.max_offsets_per_trigger))
         )
-        if transport.max_offsets_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", str(transport.max_offsets_per_trigger))
         raw = reader.load()
         frames.append(
             raw.select(
@@ -60,7 +59,10 @@ def inbox_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayo
     from replication import inbox_source, routing
 
     inbox_source.register(spark)
-    raw = spark.readStream.format(inbox_source.FORMAT).option("path", str(layout.inbox)).load()
+    raw = (
+        spark.readStream.format(inbox_source.FORMAT).option("path", str(layout.inbox))
+        .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS)).load()
+    )
     return raw.select(
         F.concat(F.lit("inbox:"), F.col("link")).alias("source"),
         F.lit(None).cast("string").alias("kafka_topic"),

@@ -39,8 +39,12 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
     if active is not None:
         return active
     # Python workers (data sources, foreachBatch helpers) must run the same
-    # interpreter as the driver, or they will not find this package.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # interpreter as the driver, or they will not find this package; the
+    # launcher also spares each of them compiling PySpark (see worker_python).
+    if "PYSPARK_PYTHON" not in os.environ:
+        from replication.worker_python import interpreter
+
+        os.environ["PYSPARK_PYTHON"] = interpreter(sys.executable)
     from pyspark import SparkConf
 
     given = SparkConf()  # under spark-submit: its --master and --conf values
