@@ -3,7 +3,10 @@
 Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 
 1. mark each row routed or not with the routing rules (one native Spark column,
-   :func:`replication.routing.spark_condition`);
+   :func:`replication.routing.spark_condition`). Spark sees only the columns
+   the rules read (``data`` only with a content filter) and hands back
+   (seq, routed) pairs; the routed rows themselves are read from the txlog's
+   Parquet files here, so message bodies never travel through the JVM;
 2. append the routed rows to the destination's ``inbox/`` with app transaction
    ``<this>-><destination>#<incarnation>``, version ``b`` (a replay finds it and skips);
 3. tell the link which seqs were written and that (s, t] is decided: rows
@@ -18,8 +21,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from replication import failpoints, routing
 from replication.config import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
@@ -46,8 +49,11 @@ def app_id(cfg: InstanceConfig, dest: Destination, incarnation: str) -> str:
 class ReplicatorWriter:
     """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
 
-    def __init__(self, cfg: InstanceConfig, dest: Destination, *, inbox: Path, incarnation: str, link: "Link") -> None:
+    def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: Path, inbox: Path, incarnation: str,
+                 link: "Link") -> None:
         from deltalake import WriterProperties
+
+        from replication.txlog_source import TxlogFiles
 
         self.cfg = cfg
         self.dest = dest
@@ -61,19 +67,24 @@ class ReplicatorWriter:
             writer_properties=WriterProperties(compression=_CODECS[dest.compression]),
         )
         self.condition = routing.spark_condition(cfg, dest)
+        self.txlog = TxlogFiles(str(txlog))
         self.rows_sent = 0
 
     def __call__(self, df, batch_id: int) -> None:
-        marked = df.withColumn("_routed", self.condition).toArrow()
-        if marked.num_rows == 0:
+        decided = df.select("seq", self.condition.alias("_routed")).toArrow()
+        if decided.num_rows == 0:
             return
-        through = pc.max(marked["seq"]).as_py()
-        routed = marked.filter(marked["_routed"])
-        if routed.num_rows:
+        seqs = decided["seq"].to_numpy()
+        first, through = int(seqs.min()), int(seqs.max())
+        routed_seqs = np.sort(seqs[decided["_routed"].to_numpy(zero_copy_only=False)])
+        if routed_seqs.size:
+            # seq is contiguous: the batch is exactly (first - 1, through], read in seq order.
+            rows = self.txlog.read(first - 1, through)
+            routed = rows.take(pa.array(routed_seqs - first))
             self.inbox.append(self._inbox_rows(routed), batch_id, {"link": self.cfg.name, "through": through})
             self.rows_sent += routed.num_rows
         failpoints.hit("replicator.after_inbox_commit")
-        self.link.on_sent(runs_of(routed["seq"].to_numpy()), through)
+        self.link.on_sent(runs_of(routed_seqs), through)
 
     def _inbox_rows(self, routed: pa.Table) -> pa.Table:
         n = routed.num_rows
@@ -104,11 +115,12 @@ def start_query(
     stream = (
         spark.readStream.format(txlog_source.FORMAT)
         .option("path", str(txlog))
+        .option("columns", ",".join(routing.spark_condition_columns(cfg, dest)))
         .option("startSeq", str(start_seq))
         .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS))
         .load()
     )
-    writer = ReplicatorWriter(cfg, dest, inbox=inbox, incarnation=incarnation, link=link)
+    writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link)
     return (
         stream.writeStream.queryName(f"{cfg.name}->{dest.name}#{incarnation}")
         .foreachBatch(writer)

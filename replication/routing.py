@@ -363,6 +363,30 @@ def spark_condition(
     return F.coalesce(out, F.lit(False))
 
 
+def spark_condition_columns(cfg: "InstanceConfig", dest: "Destination", *, target: str | None = None,
+                            data_col: str = "data") -> tuple[str, ...]:
+    """The txlog columns :func:`spark_condition` reads for ``dest`` (``data`` only with a content filter)."""
+    found: list[str] = []
+
+    def walk(cond: Cond) -> None:
+        if isinstance(cond, Matches):
+            found.extend(cond.columns)
+        elif isinstance(cond, (Equals, IsNull, Contains)):
+            found.append(cond.column)
+        elif isinstance(cond, ContentFilter):
+            found.append(data_col)
+        elif isinstance(cond, (AllOf, AnyOf)):
+            for item in cond.items:
+                walk(item)
+        elif isinstance(cond, Negate):
+            walk(cond.item)
+
+    for rule in rules(cfg, dest, target=target):
+        if rule.name != "topic":  # implied by "filter", as in spark_condition
+            walk(rule.condition)
+    return tuple(dict.fromkeys(found))
+
+
 def _has_filter(cond: Cond) -> bool:
     if isinstance(cond, ContentFilter):
         return True

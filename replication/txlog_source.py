@@ -91,6 +91,10 @@ class TxlogSourceOptions:
         prefetch_rows: a micro-batch of at most this many rows is read by the
             source's planner process instead of Spark tasks (option
             ``prefetchRows``; 0: always tasks). See :mod:`replication.prefetch`.
+        columns: only these txlog columns, ``seq`` always among them (option
+            ``columns``, comma separated; default: all). A reader that needs
+            only a few columns (the replicator's routing) moves far less data
+            through Spark.
     """
 
     path: str
@@ -98,6 +102,12 @@ class TxlogSourceOptions:
     max_rows_per_trigger: int | None = None
     rows_per_partition: int = ROWS_PER_PARTITION
     prefetch_rows: int = PREFETCH_MAX_ROWS
+    columns: tuple[str, ...] | None = None
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The txlog's Arrow schema, or its projection on :attr:`columns`."""
+        return project(self.columns)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TxlogSourceOptions:
@@ -114,7 +124,30 @@ class TxlogSourceOptions:
             int_option(opts, "maxRowsPerTrigger", FORMAT, minimum=1, example=50000),
             int_option(opts, "rowsPerPartition", FORMAT, minimum=1, example=ROWS_PER_PARTITION) or ROWS_PER_PARTITION,
             prefetch_rows_option(opts, FORMAT),
+            _columns_option(opts.get("columns")),
         )
+
+
+def _columns_option(raw: str | None) -> tuple[str, ...] | None:
+    if raw is None or not raw.strip():
+        return None
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in names if name not in TXLOG_SCHEMA.names]
+    if unknown:
+        raise ConfigError(
+            f"{FORMAT}: columns names {', '.join(repr(u) for u in unknown)}, not txlog columns; "
+            f"choose from {', '.join(TXLOG_SCHEMA.names)}, e.g. .option('columns', 'seq,topic'), or leave it out"
+        )
+    return tuple(dict.fromkeys(["seq", *names]))  # seq: the offset, always there
+
+
+def project(columns: tuple[str, ...] | None) -> pa.Schema:
+    """:data:`TXLOG_SCHEMA`, or its fields ``columns`` (in txlog order)."""
+    import pyarrow as pa
+
+    if columns is None:
+        return TXLOG_SCHEMA
+    return pa.schema([f for f in TXLOG_SCHEMA if f.name in columns])
 
 
 def int_option(opts: Mapping[str, str], name: str, fmt: str, *, minimum: int, example: int) -> int | None:
@@ -228,7 +261,26 @@ class TxlogFiles:
         """Files that may hold a row with ``start < seq <= end``, lowest seqs first."""
         return self._files_at(self._hits(start, end))
 
-    def plan(self, start: int, end: int, *, rows_per_partition: int = ROWS_PER_PARTITION) -> list[TxlogInputPartition]:
+    def read(self, start: int, end: int, *, schema: pa.Schema | None = None) -> pa.Table:
+        """Rows ``start < seq <= end`` in seq order, checked complete, from the current snapshot.
+
+        A file listed earlier may have gone (compacted, then vacuumed): the
+        snapshot is followed once more and the range read again.
+        """
+        for attempt in (1, 2):
+            self.refresh()
+            try:
+                rows = read_files([f.uri for f in self.overlapping(start, end)], start, end, schema=schema)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                continue
+            if rows.num_rows == end - start or attempt == 2:
+                return _checked(rows, start, end, self.path)
+        raise AssertionError("unreachable")
+
+    def plan(self, start: int, end: int, *, rows_per_partition: int = ROWS_PER_PARTITION,
+             columns: tuple[str, ...] | None = None) -> list[TxlogInputPartition]:
         """Cut ``(start, end]`` into tasks of about ``rows_per_partition`` rows, at file boundaries."""
         import numpy as np
 
@@ -249,7 +301,7 @@ class TxlogFiles:
         out = []
         for a, b in zip(cuts, cuts[1:]):
             inside = hits[(self._lo[hits] <= b) & (self._hi[hits] > a)] if hits.size else hits
-            out.append(TxlogInputPartition(self.path, a, b, tuple(f.uri for f in self._files_at(inside))))
+            out.append(TxlogInputPartition(self.path, a, b, tuple(f.uri for f in self._files_at(inside)), columns))
         return out
 
     def _hits(self, start: int, end: int) -> np.ndarray:
@@ -308,6 +360,7 @@ class TxlogInputPartition(InputPartition):
     start: int
     end: int
     files: tuple[str, ...]
+    columns: tuple[str, ...] | None = None
 
 
 def read_files(
@@ -315,7 +368,8 @@ def read_files(
 ) -> pa.Table:
     """The rows with ``start < seq <= end`` of these Parquet files, in seq order.
 
-    Columns: ``schema`` (default :data:`TXLOG_SCHEMA`; Spark's variant differs in list field names).
+    Columns: those of ``schema`` (default :data:`TXLOG_SCHEMA`; Spark's variant
+    differs in list field names; a projection reads only its columns).
     """
     import numpy as np
     import pyarrow as pa
@@ -323,7 +377,7 @@ def read_files(
 
     where = [("seq", ">", start), ("seq", "<=", end)]
     parts = [
-        pq.read_table(_local_or_uri(uri), columns=TXLOG_SCHEMA.names, filters=where, partitioning=None)
+        pq.read_table(_local_or_uri(uri), columns=(schema or TXLOG_SCHEMA).names, filters=where, partitioning=None)
         for uri in files
     ]
     schema = schema or TXLOG_SCHEMA
@@ -343,10 +397,7 @@ def read_range(path: str, start: int, end: int, *, schema: pa.Schema | None = No
     For use outside Spark (tools, tests); the stream's tasks do the same with
     the file list planned on the driver.
     """
-    files = TxlogFiles(path)
-    files.refresh()
-    rows = read_files([f.uri for f in files.overlapping(start, end)], start, end, schema=schema)
-    return _checked(rows, start, end, path)
+    return TxlogFiles(path).read(start, end, schema=schema)
 
 
 def read_partition(part: TxlogInputPartition) -> Iterator[pa.RecordBatch]:
@@ -356,7 +407,7 @@ def read_partition(part: TxlogInputPartition) -> Iterator[pa.RecordBatch]:
     vacuumed) or rows are missing, the range is planned again from the
     table's current snapshot; if rows are still missing, the task fails.
     """
-    schema = _spark_arrow_schema()
+    schema = _spark_arrow_schema(part.columns)
     try:
         rows = read_files(part.files, part.start, part.end, schema=schema)
     except FileNotFoundError:
@@ -378,10 +429,10 @@ def _checked(rows: pa.Table, start: int, end: int, path: str) -> pa.Table:
 
 
 @functools.cache
-def _spark_arrow_schema() -> pa.Schema:
+def _spark_arrow_schema(columns: tuple[str, ...] | None = None) -> pa.Schema:
     # Spark refuses a batch whose schema differs in any detail (list field
     # names, nullability): derive it the way Spark does.
-    return to_arrow_schema(SCHEMA, timezone="UTC")
+    return to_arrow_schema(from_arrow_schema(project(columns)), timezone="UTC")
 
 
 # -- Spark data source ---------------------------------------------------------
@@ -395,11 +446,11 @@ class TxlogSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return from_arrow_schema(TxlogSourceOptions.parse(self.options).arrow_schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = TxlogSourceOptions.parse(self.options)
-        return prefetching(TxlogStreamReader(options), _spark_arrow_schema(), options.prefetch_rows)
+        return prefetching(TxlogStreamReader(options), _spark_arrow_schema(options.columns), options.prefetch_rows)
 
 
 class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -456,7 +507,8 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # After a restart Spark replans the last batch from the offset log: the
         # refresh in _files() brings the snapshot up to (at least) that batch.
         return self._files().plan(
-            int(start["seq"]), int(end["seq"]), rows_per_partition=self.options.rows_per_partition
+            int(start["seq"]), int(end["seq"]), rows_per_partition=self.options.rows_per_partition,
+            columns=self.options.columns,
         )
 
     def rows_between(self, start: dict, end: dict, at_most: int) -> int:

@@ -126,11 +126,20 @@ def test_spark_condition_agrees_with_decide(spark):
     links = {(id(cfg), dest.name): (cfg, dest) for cfg, dest, _m, _r in CASES}
     for key, (cfg, dest) in links.items():  # one query per link
         ids = [i for i, c in enumerate(CASES) if (id(c[0]), c[1].name) == key]
-        for r in df.where(F.col("i").isin(ids)).where(routing.spark_condition(cfg, dest)).select("i").collect():
+        # Only the columns the condition declares: the replicator's txlog source reads no others.
+        needed = df.select("i", *routing.spark_condition_columns(cfg, dest))
+        for r in needed.where(F.col("i").isin(ids)).where(routing.spark_condition(cfg, dest)).select("i").collect():
             got[r.i] = True
     expected = {i: decide(cfg, dest, m).sent for i, (cfg, dest, m, _r) in enumerate(CASES)}
     assert got == expected
     assert [i for i, sent in expected.items() if sent] == [i for i, c in enumerate(CASES) if c[3] is None]
+
+
+def test_message_bodies_are_read_only_by_content_filters():
+    assert "data" in routing.spark_condition_columns(AMPS1, ORDERS)  # /qty > 100
+    for dest in (HKG, NO_PT, GROUPS):
+        columns = routing.spark_condition_columns(AMPS1, dest)
+        assert "data" not in columns and {"topic", "message_type", "path"} <= set(columns), columns
 
 
 def test_spark_condition_for_a_whole_txlog_in_one_query(spark):

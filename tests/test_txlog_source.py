@@ -141,6 +141,7 @@ def test_options():
         ({"path": "/t", "startSeq": "-1"}, "startSeq must be an integer >= 0, got '-1'"),
         ({"path": "/t", "maxRowsPerTrigger": "0"}, "maxRowsPerTrigger must be a positive integer"),
         ({"path": "/t", "prefetchRows": "many"}, r"prefetchRows must be an integer >= 0 \(0 reads every"),
+        ({"path": "/t", "columns": "seq,body"}, r"columns names 'body', not txlog columns; choose from seq, "),
     ],
 )
 def test_bad_options_say_what_to_write(options, fix):
@@ -319,6 +320,17 @@ def test_max_rows_per_trigger_bounds_each_batch_and_start_seq_skips(spark, tmp_p
     )
     assert [len(b) for b in seqs(batches)] == [7, 7, 7, 7, 7, 2]
     assert flat(batches) == list(range(4, 41))
+
+
+@pytest.mark.parametrize("prefetch", ["0", "1000"], ids=["tasks", "planner"])
+def test_columns_reads_only_those_columns_with_seq_first(spark, tmp_path, prefetch):
+    writer = TxlogWriter(tmp_path / "txlog")
+    writer.append(12)
+    batches = run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", columns="topic, path", prefetchRows=prefetch)
+    rows = pa.concat_tables(batches)
+    assert rows.column_names == ["seq", "topic", "path"]
+    assert rows.column("seq").to_pylist() == list(range(1, 13))
+    assert rows.column("topic").to_pylist() == [f"/orders/{s}" for s in range(1, 13)]
 
 
 def test_absent_then_growing_log_with_a_processing_time_trigger(spark, tmp_path):
