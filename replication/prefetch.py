@@ -27,7 +27,6 @@ versions).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,8 +35,6 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from replication.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 #: Default bound of a micro-batch read on the planner (rows).
 PREFETCH_MAX_ROWS = 50_000
@@ -107,7 +104,7 @@ class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         parts = list(self.simple_reader.partitions(start, end))
         self._fetched = None
-        if not parts or self.max_rows <= 0:
+        if not parts:
             return parts
         if self.simple_reader.rows_between(start, end, self.max_rows) > self.max_rows:
             return parts
