@@ -207,7 +207,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
     Labels are ``<group> / <step>``; a group's total is its ``foreachBatch``
     (or release) call, the steps run inside it.
     """
-    from replication import destinations, durability, ingest, links, replicator
+    from replication import destinations, durability, ingest, links, replicator, sources
     from replication.delta_tables import IdempotentAppender
     from replication.durability import AckSender, Durability
     from replication.links import Link
@@ -235,6 +235,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
         (ingest.IngestWriter, "__call__", lambda w, *_a: f"{r(w.cfg.name)} ingest"),
         (ingest.IngestWriter, "write_arrow", lambda w, *_a: f"{r(w.cfg.name)} ingest / (after toArrow)"),
         (ingest, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest / classify"),
+        (sources.InboxRows, "__call__", lambda x, *_a: f"{r(x.instance)} ingest / inbox rows (read_versions)"),
         (IdempotentAppender, "append", appended),
         (PublisherState, "save", lambda _s, path: f"{r(path.parents[1].name)} ingest / publishers.json"),
         (Durability, "on_commit", lambda d, *_a: f"{r(d._layout.root.name)} ingest / durability on_commit"),

@@ -22,6 +22,11 @@ Example:
     ...       .load())
 
 Columns: :data:`INBOX_SCHEMA` (what upstreams write) plus ``inbox_version``.
+With ``.option("versionsOnly", "true")`` the stream carries one row per
+version instead (column ``inbox_version``): Spark then tracks the position
+exactly once while the reader fetches the rows itself with
+:func:`read_versions` (the ingest query does: message bodies need not travel
+through the JVM).
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ INBOX_SCHEMA = pa.schema(
 #: Columns of the stream: :data:`INBOX_SCHEMA` plus the Delta version that committed the row.
 STREAM_SCHEMA = INBOX_SCHEMA.append(pa.field("inbox_version", pa.int64(), nullable=False))
 
+#: Columns of a ``versionsOnly`` stream: one row per inbox version.
+VERSIONS_SCHEMA = pa.schema([pa.field("inbox_version", pa.int64(), nullable=False)])
+
 #: Spark schema of the stream.
 SCHEMA: StructType = from_arrow_schema(STREAM_SCHEMA)
 
@@ -110,12 +118,20 @@ class InboxSourceOptions:
         prefetch_rows: a micro-batch of at most this many rows is read by the
             source's planner process instead of Spark tasks (option
             ``prefetchRows``; 0: always tasks). See :mod:`replication.prefetch`.
+        versions_only: one row per version, column ``inbox_version`` (option
+            ``versionsOnly``, ``true``/``false``); the reader fetches the rows
+            with :func:`read_versions`. ``maxRowsPerTrigger`` still counts rows.
     """
 
     path: str
     max_rows_per_trigger: int | None = None
     versions_per_partition: int = VERSIONS_PER_PARTITION
     prefetch_rows: int = PREFETCH_MAX_ROWS
+    versions_only: bool = False
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return VERSIONS_SCHEMA if self.versions_only else STREAM_SCHEMA
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> InboxSourceOptions:
@@ -132,7 +148,15 @@ class InboxSourceOptions:
             int_option(opts, "versionsPerPartition", FORMAT, minimum=1, example=VERSIONS_PER_PARTITION)
             or VERSIONS_PER_PARTITION,
             prefetch_rows_option(opts, FORMAT),
+            _bool_option(opts, "versionsOnly"),
         )
+
+
+def _bool_option(opts: Mapping[str, str], name: str) -> bool:
+    raw = str(opts.get(name.lower(), "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise ConfigError(f"{FORMAT}: {name} must be true or false, got {raw!r}; e.g. .option('{name}', 'true')")
+    return raw == "true"
 
 
 # -- driver: versions and their sizes ------------------------------------------
@@ -222,6 +246,7 @@ class InboxInputPartition(InputPartition):
     path: str
     first: int
     last: int
+    versions_only: bool = False
 
 
 #: Per Python worker: the inbox tables opened by earlier tasks (workers are reused).
@@ -267,15 +292,18 @@ def read_versions(path: str, first: int, last: int) -> pa.Table:
 
 
 def read_partition(part: InboxInputPartition) -> Iterator[pa.RecordBatch]:
-    schema = _spark_arrow_schema()
+    schema = _spark_arrow_schema(part.versions_only)
+    if part.versions_only:
+        yield pa.RecordBatch.from_arrays([pa.array(range(part.first, part.last + 1), pa.int64())], schema=schema)
+        return
     rows = read_versions(part.path, part.first, part.last)
     for batch in rows.to_batches(max_chunksize=ARROW_BATCH_ROWS):
         yield batch.cast(schema)
 
 
 @functools.cache
-def _spark_arrow_schema() -> pa.Schema:
-    return to_arrow_schema(SCHEMA, timezone="UTC")
+def _spark_arrow_schema(versions_only: bool = False) -> pa.Schema:
+    return to_arrow_schema(from_arrow_schema(VERSIONS_SCHEMA if versions_only else STREAM_SCHEMA), timezone="UTC")
 
 
 # -- Spark data source ---------------------------------------------------------
@@ -289,11 +317,12 @@ class InboxSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return from_arrow_schema(InboxSourceOptions.parse(self.options).arrow_schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = InboxSourceOptions.parse(self.options)
-        return prefetching(InboxStreamReader(options), _spark_arrow_schema(), options.prefetch_rows)
+        return prefetching(InboxStreamReader(options), _spark_arrow_schema(options.versions_only),
+                           options.prefetch_rows)
 
 
 class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -350,10 +379,13 @@ class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, last = int(start["version"]) + 1, int(end["version"])
         step = self.options.versions_per_partition
         return [
-            InboxInputPartition(self.options.path, v, min(v + step - 1, last)) for v in range(first, last + 1, step)
+            InboxInputPartition(self.options.path, v, min(v + step - 1, last), self.options.versions_only)
+            for v in range(first, last + 1, step)
         ]
 
     def rows_between(self, start: dict, end: dict, at_most: int) -> int:
+        if self.options.versions_only:
+            return int(end["version"]) - int(start["version"])
         total = 0
         for version in range(int(start["version"]) + 1, int(end["version"]) + 1):
             total += self._log().rows_in(version)

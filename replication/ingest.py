@@ -50,6 +50,8 @@ CANDIDATE_SCHEMA = pa.schema(
         pa.field("path", pa.list_(pa.string())),
         pa.field("publish_time", pa.timestamp("us", tz="UTC")),
         pa.field("upstream_seq", pa.int64()),
+        # An inbox version whose rows the writer fetches itself (sources.InboxRows).
+        pa.field("inbox_version", pa.int64()),
     ]
 )
 
@@ -396,6 +398,7 @@ class IngestWriter:
         state: PublisherState,
         save_state: Callable[[PublisherState], None],
         on_commit: Callable[[int, Classified], None],
+        expand: Callable[[pa.Table], pa.Table] | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -403,6 +406,8 @@ class IngestWriter:
         self.state = state
         self.save_state = save_state
         self.on_commit = on_commit
+        self.expand = expand
+        """Turns the batch's inbox version rows into the rows those versions hold (see sources.InboxRows)."""
         self.recorded = TopicRecorder(cfg)
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0}
 
@@ -428,6 +433,8 @@ class IngestWriter:
             log.info("%s: ingest batch %d already committed; replay skipped", self.cfg.name, batch_id)
             self.on_commit(self.state.max_seq, Classified.empty(logons_in(batch)))
             return
+        if self.expand is not None:
+            batch = self.expand(batch)
         result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded)
         if result.rejected_rows.num_rows:
             self.rejected.append(result.rejected_rows, batch_id)

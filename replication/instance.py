@@ -23,6 +23,7 @@ from replication.destinations import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
 from replication.ingest import IngestWriter
 from replication.links import Link
+from replication.sources import InboxRows
 from replication.storage import StorageLayout, write_json_atomic
 from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
 
@@ -99,6 +100,7 @@ class Instance:
             state=state,
             save_state=lambda s: s.save(self.layout.publishers_json),
             on_commit=self.durability.on_commit,
+            expand=InboxRows(self.cfg, str(self.layout.inbox)) if self.cfg.replication_transport else None,
         )
         self._start_ingest()
         self.managers = [

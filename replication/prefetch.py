@@ -27,6 +27,7 @@ versions).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -138,9 +139,32 @@ class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
 
 def prefetching(inner: DataSourceStreamReader, schema: pa.Schema, max_rows: int = PREFETCH_MAX_ROWS) -> DataSourceStreamReader:
     """``inner`` with small micro-batches read on the planner when this PySpark allows it."""
+    quiet_when_spark_hangs_up()
     if not AVAILABLE or max_rows <= 0:
         return inner
     return PrefetchingReader(inner, schema, max_rows)
+
+
+def quiet_when_spark_hangs_up() -> None:
+    """In this process (a source's planner): exit without a traceback when Spark closes the socket.
+
+    Spark stops a stream source by closing the planner process's socket, then
+    killing it. In between, the process wakes with ``EOFError`` and dies on
+    ``BrokenPipeError`` replying, and Python prints a traceback that nobody
+    reads but the operator (seen in the demo's output on a loaded machine).
+    Other exceptions are reported as before.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "replication_quiet", False):
+        return
+
+    def hook(kind, value, tb):  # noqa: ANN001
+        if issubclass(kind, (EOFError, BrokenPipeError, ConnectionResetError)):
+            return
+        previous(kind, value, tb)
+
+    hook.replication_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def prefetch_rows_option(opts: Mapping[str, str], fmt: str) -> int:

@@ -19,7 +19,7 @@ replicator query), so the engine and the offline tools cannot drift apart.
 
 ``path`` convention: the instances that have stored the message, in order,
 origin first and *including the instance holding the row* (see
-:func:`published` and :func:`forwarded`; Spark: :func:`received_path_column`).
+:func:`published` and :func:`forwarded`; Arrow: :func:`received_paths`).
 
 Topic and group regexes follow AMPS: a name with no regex metacharacter is a
 literal that matches only itself; otherwise it is a regex searched anywhere in
@@ -37,6 +37,7 @@ from replication import expressions
 from replication.errors import ConfigError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column
 
     from replication.config import Destination, DestinationTopic, InstanceConfig
@@ -50,7 +51,7 @@ __all__ = [
     "forwarded",
     "is_literal",
     "published",
-    "received_path_column",
+    "received_paths",
     "regex_matches",
     "rules",
     "spark_condition",
@@ -115,12 +116,25 @@ def forwarded(msg: Message, sender: "InstanceConfig", receiver: str) -> Message:
     )
 
 
-def received_path_column(path_col: "str | Column", instance: str) -> "Column":
-    """Spark: the ``path`` an instance stores for a row it received (upstream path + itself)."""
-    from pyspark.sql import functions as F
+def received_paths(paths: "pa.Array | pa.ChunkedArray", instance: str) -> "pa.ListArray":
+    """Arrow: the ``path`` an instance stores for rows it received (each upstream path + itself; null: [])."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    col = F.col(path_col) if isinstance(path_col, str) else path_col
-    return F.concat(F.coalesce(col, F.array().cast("array<string>")), F.array(F.lit(instance)))
+    lists = paths.combine_chunks() if isinstance(paths, pa.ChunkedArray) else paths
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.list_flatten(lists).cast(pa.string())
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths + 1, out=offsets[1:])
+    last = offsets[1:] - 1  # where each row's new item goes
+    take = np.empty(int(offsets[-1]), dtype=np.int64)
+    is_new = np.zeros(len(take), dtype=bool)
+    is_new[last] = True
+    take[~is_new] = np.arange(len(values))
+    take[is_new] = len(values)  # the instance, after the upstream's values
+    pool = pa.concat_arrays([values, pa.array([instance], pa.string())])
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pool.take(pa.array(take)))
 
 
 # --------------------------------------------------------------------------- conditions

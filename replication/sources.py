@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replication import routing
 from replication.config import DEFAULT_BATCH_ROWS, InstanceConfig
 from replication.ingest import CANDIDATE_SCHEMA
 from replication.storage import StorageLayout
@@ -47,41 +51,92 @@ def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
                 F.lit(None).cast("array<string>").alias("path"),
                 F.col("kafka_timestamp").alias("publish_time"),
                 F.lit(None).cast("long").alias("upstream_seq"),
+                F.lit(None).cast("long").alias("inbox_version"),
             )
         )
     return _union(frames)
 
 
 def inbox_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame":
-    """Rows upstream instances pushed into this instance's inbox, as candidate rows."""
+    """The versions upstream instances committed to this instance's inbox, one candidate row each.
+
+    Spark tracks the inbox position exactly once (Delta versions in the ingest
+    query's checkpoint); the rows of those versions are fetched by the ingest
+    writer with :class:`InboxRows`, so message bodies do not travel through the JVM.
+    """
     from pyspark.sql import functions as F
 
-    from replication import inbox_source, routing
+    from replication import inbox_source
 
     inbox_source.register(spark)
     raw = (
         spark.readStream.format(inbox_source.FORMAT).option("path", str(layout.inbox))
+        .option("versionsOnly", "true")
         .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS)).load()
     )
     return raw.select(
-        F.concat(F.lit("inbox:"), F.col("link")).alias("source"),
-        F.lit(None).cast("string").alias("kafka_topic"),
-        F.lit(None).cast("int").alias("kafka_partition"),
-        F.lit(None).cast("long").alias("kafka_offset"),
-        F.col("publisher"),
-        F.col("publisher_seq").cast("string").alias("publisher_seq"),
-        F.col("topic"),
-        F.col("message_type"),
-        F.col("command"),
-        F.col("sow_key"),
-        F.col("data"),
-        F.col("origin"),
-        F.col("link").alias("received_from"),
-        F.col("link_group").alias("received_from_group"),
-        routing.received_path_column("path", cfg.name).alias("path"),
-        F.col("publish_time"),
-        F.col("upstream_seq"),
+        *[F.lit(INBOX_MARK if name == "source" else None).cast(_spark_type(name)).alias(name)
+          for name in CANDIDATE_SCHEMA.names if name != "inbox_version"],
+        F.col("inbox_version"),
     )
+
+
+#: ``source`` of a candidate row that stands for one inbox version.
+INBOX_MARK = "inbox-version"
+
+
+class InboxRows:
+    """The ingest writer's ``expand``: inbox version rows replaced by the rows those versions hold.
+
+    The rows are read with :func:`replication.inbox_source.read_versions` and
+    mapped onto the candidate columns: ``source`` ``inbox:<upstream>``,
+    ``received_from``/``received_from_group`` from the upstream, ``path`` the
+    upstream's path plus this instance. They follow the batch's other rows,
+    per upstream in the upstream's order.
+    """
+
+    def __init__(self, cfg: InstanceConfig, inbox: str) -> None:
+        self.instance = cfg.name
+        self.inbox = inbox
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        marks = pc.equal(batch["source"], INBOX_MARK)
+        if not pc.any(marks).as_py():
+            return batch
+        from replication.inbox_source import read_versions
+
+        versions = pc.filter(batch["inbox_version"], marks)
+        first, last = pc.min(versions).as_py(), pc.max(versions).as_py()
+        rows = read_versions(self.inbox, first, last)
+        rows = rows.filter(pc.is_in(rows["inbox_version"], versions.combine_chunks()))
+        others = batch.filter(pc.invert(pc.fill_null(marks, False)))
+        return pa.concat_tables([others.select(CANDIDATE_SCHEMA.names).cast(CANDIDATE_SCHEMA),
+                                 self.candidates(rows)])
+
+    def candidates(self, rows: pa.Table) -> pa.Table:
+        """Inbox rows (``inbox_source.STREAM_SCHEMA``) as candidate rows."""
+        n = rows.num_rows
+        link = rows["link"]
+        columns = {
+            "source": pc.binary_join_element_wise(pa.scalar("inbox:"), link, ""),
+            "kafka_topic": pa.nulls(n, pa.string()),
+            "kafka_partition": pa.nulls(n, pa.int32()),
+            "kafka_offset": pa.nulls(n, pa.int64()),
+            "publisher_seq": pc.cast(rows["publisher_seq"], pa.string()),
+            "received_from": link,
+            "received_from_group": rows["link_group"],
+            "path": routing.received_paths(rows["path"], self.instance),
+        }
+        return pa.table(
+            {name: columns[name] if name in columns else rows[name] for name in CANDIDATE_SCHEMA.names},
+            schema=CANDIDATE_SCHEMA,
+        )
+
+
+def _spark_type(name: str) -> str:
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return from_arrow_type(CANDIDATE_SCHEMA.field(name).type).simpleString()
 
 
 def ingest_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame | None":

@@ -247,3 +247,52 @@ def test_processing_time_trigger_follows_concurrent_upstreams(spark, tmp_path):
         assert_commit_order(rows)
     finally:
         query.stop()
+
+
+# -- versions only: Spark tracks the position, the ingest writer fetches the rows ---------
+
+
+@pytest.mark.parametrize("prefetch", ["0", "1000"], ids=["tasks", "planner"])
+def test_versions_only_streams_one_row_per_version_within_the_row_limit(spark, tmp_path, prefetch):
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    a = Upstream(inbox, "amps-a")
+    for _ in range(5):
+        a.push(4)  # versions 1..5
+    batches = run_available_now(spark, inbox, tmp_path / "cp", versionsOnly="true", maxRowsPerTrigger="9",
+                                prefetchRows=prefetch)
+    assert [b.column_names for b in batches] == [["inbox_version"]] * len(batches)
+    # Version 0 (the table's creation, no rows) rides with the first batch.
+    assert [b.column("inbox_version").to_pylist() for b in batches] == [[0, 1, 2], [3, 4], [5]]
+
+
+def test_inbox_rows_replace_version_rows_by_the_rows_as_candidates(tmp_path):
+    from replication.config import InstanceConfig
+    from replication.ingest import CANDIDATE_SCHEMA
+    from replication.sources import INBOX_MARK, InboxRows
+
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    a, b = Upstream(inbox, "amps-a"), Upstream(inbox, "amps-b")
+    a.push(2)  # version 1
+    b.push(1)  # version 2
+    a.push(1)  # version 3: not in this batch
+    kafka = {name: None for name in CANDIDATE_SCHEMA.names} | {"source": "kafka", "publisher": "p",
+                                                               "publisher_seq": "7", "data": b"{}"}
+    mark = {name: None for name in CANDIDATE_SCHEMA.names} | {"source": INBOX_MARK}
+    batch = pa.Table.from_pylist([mark | {"inbox_version": 1}, kafka, mark | {"inbox_version": 2}],
+                                 schema=CANDIDATE_SCHEMA)
+
+    cfg = InstanceConfig(name="amps-2", group="g2", storage=str(tmp_path), txlog_topics=())
+    rows = InboxRows(cfg, str(inbox))(batch).to_pylist()
+    assert [(r["source"], r["publisher"], r["publisher_seq"], r["upstream_seq"]) for r in rows] == [
+        ("kafka", "p", "7", None),
+        ("inbox:amps-a", "pub-amps-a", "1", 1), ("inbox:amps-a", "pub-amps-a", "2", 2),
+        ("inbox:amps-b", "pub-amps-b", "1", 1),
+    ]
+    received = rows[1]
+    assert received["path"] == ["amps-a", "amps-2"]
+    assert (received["received_from"], received["received_from_group"], received["origin"]) == (
+        "amps-a", "group-amps-a", "amps-a")
+    assert received["data"] == b'{"n":1}' and received["inbox_version"] == 1
+    assert InboxRows(cfg, str(inbox))(batch.slice(1, 1)).to_pylist() == [rows[0]]  # no versions: as it was

@@ -94,3 +94,23 @@ def test_a_bad_prefetch_rows_option_names_the_fix(tmp_path, value):
 
     with pytest.raises(ConfigError, match=r"prefetchRows must be an integer >= 0 .*\.option\('prefetchRows', 50000\)"):
         reader_for(TxlogSource, {"path": str(tmp_path), "prefetchRows": value}, TXLOG_SPARK_SCHEMA)
+
+
+def test_a_planner_process_exits_quietly_when_spark_hangs_up():
+    # What Spark's runner does when the JVM closes its socket: EOFError, then BrokenPipeError replying.
+    script = (
+        "import sys\n"
+        "from replication.prefetch import quiet_when_spark_hangs_up\n"
+        "quiet_when_spark_hangs_up(); quiet_when_spark_hangs_up()\n"
+        "try:\n"
+        "    raise EOFError\n"
+        "except EOFError:\n"
+        f"    raise {{}}('the JVM went away')\n"
+    )
+    import subprocess
+    import sys
+
+    hung_up = subprocess.run([sys.executable, "-c", script.format("BrokenPipeError")], capture_output=True, text=True)
+    assert hung_up.returncode == 1 and hung_up.stderr == ""
+    failed = subprocess.run([sys.executable, "-c", script.format("ValueError")], capture_output=True, text=True)
+    assert failed.returncode == 1 and "ValueError: the JVM went away" in failed.stderr

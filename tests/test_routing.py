@@ -190,10 +190,13 @@ def test_what_the_receiving_side_records():
     assert r.path == ("Incoming-A", "Live-A") and r.origin == "Incoming-A"
 
 
-def test_received_path_column(spark):
-    df = spark.createDataFrame([(["a", "b"],), (None,)], "path array<string>")
-    got = [r.p for r in df.select(routing.received_path_column("path", "c").alias("p")).collect()]
-    assert got == [["a", "b", "c"], ["c"]]
+def test_received_paths():
+    import pyarrow as pa
+
+    paths = pa.chunked_array([pa.array([["a", "b"], None], pa.list_(pa.string())), pa.array([[], ["d"]],
+                                                                                            pa.list_(pa.string()))])
+    assert routing.received_paths(paths, "c").to_pylist() == [["a", "b", "c"], ["c"], ["c"], ["d", "c"]]
+    assert routing.received_paths(pa.array([], pa.list_(pa.string())), "c").to_pylist() == []
 
 
 def test_a_bad_filter_is_a_config_error_naming_the_destination():
