@@ -75,9 +75,6 @@ STREAM_SCHEMA = INBOX_SCHEMA.append(pa.field("inbox_version", pa.int64(), nullab
 #: Columns of a ``versionsOnly`` stream: one row per inbox version.
 VERSIONS_SCHEMA = pa.schema([pa.field("inbox_version", pa.int64(), nullable=False)])
 
-#: Spark schema of the stream.
-SCHEMA: StructType = from_arrow_schema(STREAM_SCHEMA)
-
 #: Table properties of an inbox. The change data feed is what Delta readers
 #: (delta-spark, Databricks) require before they stream changes by version.
 INBOX_TABLE_CONFIGURATION: dict[str, str] = {"delta.enableChangeDataFeed": "true"}
