@@ -68,6 +68,8 @@ from common import (  # noqa: E402
 )
 
 PHASES = ("throughput", "latency")
+#: Seconds the started pair is watched with nothing published, before the latency run.
+IDLE_SECONDS = 8.0
 LATENCY_CLIENT = "steady-pub"
 
 #: Destination topics of a one-way link: B does not replicate back, so the
@@ -610,6 +612,9 @@ class Latency:
     queries: dict[str, list[dict]]
     cpu_kinds: dict[str, float]
     restarts: int
+    idle_cpu_kinds: dict[str, float]
+    """CPU by process kind while the started pair waited, with nothing published."""
+    idle_seconds: float
 
 
 def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> Latency:
@@ -617,6 +622,9 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
     pair = make_pair(workdir, bootstrap, "lat", topic=None, max_offsets=args.max_offsets, replicate=True, timer=timer)
     a, b = start_instances(spark, pair, args.trigger)
     wait_until_idle(a, b)
+    idle_kinds, idle_started = cpu_by_kind(), time.perf_counter()
+    time.sleep(IDLE_SECONDS)
+    idle_kinds, idle_seconds = cpu_since(idle_kinds), time.perf_counter() - idle_started
     marks = Milestones()
     marks.hook(a.writer, "on_commit", after="A txlog commit", seq=lambda last, _result: last)
     marks.hook(b.writer, "on_commit", before="B txlog commit", after="B ack file", seq=lambda last, _result: last)
@@ -650,7 +658,8 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
     marks.events["publisher ack"] = [tuple(e) for e in published["acks"]]
     ms, pub_time = follow_messages(marks, published["sent"], a, b)
     return Latency(ms, len(pub_time), len(pub_time) / (pub_time[-1] - pub_time[0]), float(pub_time[-1] - pub_time[0]),
-                   wall, {k: (seconds_by[k], calls_by[k]) for k in seconds_by}, queries, kinds, restart_count)
+                   wall, {k: (seconds_by[k], calls_by[k]) for k in seconds_by}, queries, kinds, restart_count,
+                   idle_kinds, idle_seconds)
 
 
 def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, "np.ndarray"]:
@@ -729,6 +738,7 @@ def report(args, runs: dict[str, Run], lat: Latency | None) -> str:
         out.append(latency_table(lat.ms))
     cpu_columns = {f"{run.label} ({run.seconds:.0f}s)": (run.cpu_kinds, run.seconds) for run in runs.values()}
     if lat:
+        cpu_columns[f"idle pair ({lat.idle_seconds:.0f}s)"] = (lat.idle_cpu_kinds, lat.idle_seconds)
         cpu_columns[f"latency run ({lat.wall:.0f}s)"] = (lat.cpu_kinds, lat.wall)
     if cpu_columns:
         out.append("")

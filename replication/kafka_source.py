@@ -398,6 +398,9 @@ class _OffsetProbe:
         )
         self._refreshed_at = float("-inf")
         self._existing: set[str] = set()
+        # The last full probe: what ListOffsets said, and the watermarks found.
+        self._listed: dict[TopicPartition, int] = {}
+        self._probed: Positions | None = None
 
     def close(self) -> None:
         self._consumer.close()
@@ -436,12 +439,18 @@ class _OffsetProbe:
         truth on every broker. On Apache Kafka the listed offset *is* the high
         watermark and the fetch returns no records; on tansu it returns the last
         batch. Taking the larger of the two never overshoots.
+
+        When ListOffsets answers exactly as at the last probe, nothing was
+        appended since (any append moves it, on Kafka and on tansu), and the
+        last probe's watermarks stand: an idle source costs one request a poll.
         """
         tps = self.topic_partitions(refresh)
         if not tps:
             return {}
         consumer = self._consumer
         listed = consumer.end_offsets(tps)
+        if self._probed is not None and listed == self._listed:
+            return dict(self._probed)
         # A fresh assignment forgets the high watermarks of earlier probes, so
         # a value seen below is from this probe's fetch.
         consumer.unsubscribe()
@@ -463,6 +472,8 @@ class _OffsetProbe:
         for tp in tps:
             hw = consumer.highwater(tp)
             out[(tp.topic, tp.partition)] = max(listed[tp], hw if hw is not None else -1)
+        # Without every fetch response the listed values may be short (tansu): probe again next time.
+        self._listed, self._probed = (dict(listed), dict(out)) if not pending else ({}, None)
         return out
 
 

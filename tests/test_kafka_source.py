@@ -118,6 +118,10 @@ def test_latest_offset_counts_every_record_of_a_multi_record_zstd_batch(broker):
     probe = _OffsetProbe(KafkaSourceOptions.parse(_options(broker, topic)))
     try:
         assert probe.latest() == {(topic, 0): 5, (topic, 1): 5}
+        assert probe.latest() == {(topic, 0): 5, (topic, 1): 5}  # nothing new: the last probe stands
+        _publish(broker.bootstrap, topic, 6, partitions=2, first_seq=11)  # one more batch of 3 per partition
+        assert probe.latest() == {(topic, 0): 8, (topic, 1): 8}
+        assert probe.latest() == {(topic, 0): 8, (topic, 1): 8}
     finally:
         probe.close()
 
