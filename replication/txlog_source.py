@@ -135,7 +135,7 @@ def _columns_option(raw: str | None) -> tuple[str, ...] | None:
     unknown = [name for name in names if name not in TXLOG_SCHEMA.names]
     if unknown:
         raise ConfigError(
-            f"{FORMAT}: columns names {', '.join(repr(u) for u in unknown)}, not txlog columns; "
+            f"{FORMAT}: columns lists {', '.join(repr(u) for u in unknown)}, not a txlog column; "
             f"choose from {', '.join(TXLOG_SCHEMA.names)}, e.g. .option('columns', 'seq,topic'), or leave it out"
         )
     return tuple(dict.fromkeys(["seq", *names]))  # seq: the offset, always there
@@ -267,17 +267,19 @@ class TxlogFiles:
         A file listed earlier may have gone (compacted, then vacuumed): the
         snapshot is followed once more and the range read again.
         """
-        for attempt in (1, 2):
+        def attempt() -> pa.Table | None:
             self.refresh()
             try:
-                rows = read_files([f.uri for f in self.overlapping(start, end)], start, end, schema=schema)
+                return read_files([f.uri for f in self.overlapping(start, end)], start, end, schema=schema)
             except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                continue
-            if rows.num_rows == end - start or attempt == 2:
-                return _checked(rows, start, end, self.path)
-        raise AssertionError("unreachable")
+                return None
+
+        rows = attempt()
+        if rows is None or rows.num_rows != end - start:
+            rows = attempt()
+        if rows is None:
+            raise FileNotFoundError(f"txlog {self.path}: files of seq ({start}, {end}] vanished twice while read")
+        return _checked(rows, start, end, self.path)
 
     def plan(self, start: int, end: int, *, rows_per_partition: int = ROWS_PER_PARTITION,
              columns: tuple[str, ...] | None = None) -> list[TxlogInputPartition]:

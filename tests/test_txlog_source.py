@@ -141,7 +141,7 @@ def test_options():
         ({"path": "/t", "startSeq": "-1"}, "startSeq must be an integer >= 0, got '-1'"),
         ({"path": "/t", "maxRowsPerTrigger": "0"}, "maxRowsPerTrigger must be a positive integer"),
         ({"path": "/t", "prefetchRows": "many"}, r"prefetchRows must be an integer >= 0 \(0 reads every"),
-        ({"path": "/t", "columns": "seq,body"}, r"columns names 'body', not txlog columns; choose from seq, "),
+        ({"path": "/t", "columns": "seq,body"}, r"columns lists 'body', not a txlog column; choose from seq, "),
     ],
 )
 def test_bad_options_say_what_to_write(options, fix):
