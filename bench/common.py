@@ -133,6 +133,10 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float 
 # -- timing ----------------------------------------------------------------------
 
 
+#: Names the call of a timed function from its arguments: ``labeler(*args, **kwargs) -> label``.
+Labeler = Callable[..., str]
+
+
 class PhaseTimer:
     """Wall time spent in chosen functions, by label, while :meth:`patched` is active.
 
@@ -150,30 +154,48 @@ class PhaseTimer:
             self.seconds.clear()
             self.calls.clear()
 
+    def snapshot(self) -> tuple[dict[str, float], dict[str, int]]:
+        with self._lock:
+            return dict(self.seconds), dict(self.calls)
+
     @contextlib.contextmanager
-    def patched(self, targets: dict[str, tuple[object, str]]) -> Iterator[PhaseTimer]:
-        """Time ``owner.attr`` under ``label`` for each ``label: (owner, attr)``; restore on exit."""
-        originals = [(owner, attr, getattr(owner, attr)) for owner, attr in targets.values()]
+    def patched(
+        self, targets: dict[str, tuple[object, str]] | Sequence[tuple[object, str, Labeler]]
+    ) -> Iterator[PhaseTimer]:
+        """Time ``owner.attr`` for each target; restore on exit.
+
+        Targets: ``{label: (owner, attr)}``, or ``(owner, attr, labeler)`` when
+        the label depends on the call (which instance made it, say).
+        """
+        if isinstance(targets, dict):
+            targets = [(owner, attr, _constant(label)) for label, (owner, attr) in targets.items()]
+        originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in targets]
         try:
-            for label, (owner, attr) in targets.items():
-                setattr(owner, attr, self._wrap(label, getattr(owner, attr)))
+            for owner, attr, labeler in targets:
+                setattr(owner, attr, self._wrap(getattr(owner, attr), labeler))
             yield self
         finally:
             for owner, attr, original in originals:
                 setattr(owner, attr, original)
 
-    def _wrap(self, label: str, fn: Callable) -> Callable:
+    def _wrap(self, fn: Callable, labeler: Labeler) -> Callable:
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             started = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
+                spent = time.perf_counter() - started
+                label = labeler(*args, **kwargs)
                 with self._lock:
-                    self.seconds[label] += time.perf_counter() - started
+                    self.seconds[label] += spent
                     self.calls[label] += 1
 
         return timed
+
+
+def _constant(label: str) -> Labeler:
+    return lambda *_args, **_kwargs: label
 
 
 def tree_cpu_seconds(root: int | None = None) -> float:

@@ -34,7 +34,6 @@ embedded tansu broker unless ``--bootstrap`` is given::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import multiprocessing
@@ -44,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replication.config import DEFAULT_BATCH_ROWS  # noqa: E402
 from common import (  # noqa: E402
+    Labeler,
+    PhaseTimer,
     run_benchmark,
     wait_until,
     PySpy,
@@ -145,10 +146,7 @@ def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, m
 # -- stage timing ------------------------------------------------------------------
 
 #: ``labeler(*args, **kwargs)`` of a timed call -> the label it is added to.
-Labeler = Callable[..., str]
-
-
-class StageTimer:
+class StageTimer(PhaseTimer):
     """Wall time of engine functions, summed per label, while :meth:`patched` is active.
 
     Labels name the instance's role (``A``, ``B``, ``A->B``), found from the
@@ -158,49 +156,11 @@ class StageTimer:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.roles: dict[str, str] = {}
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self._lock = threading.Lock()
 
     def role(self, name: str) -> str:
         return self.roles.get(name, name)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.seconds.clear()
-            self.calls.clear()
-
-    def snapshot(self) -> tuple[dict[str, float], dict[str, int]]:
-        with self._lock:
-            return dict(self.seconds), dict(self.calls)
-
-    @contextlib.contextmanager
-    def patched(self, targets: Sequence[tuple[object, str, Labeler]]) -> Iterator[StageTimer]:
-        """Time ``owner.attr`` for each ``(owner, attr, labeler)``; restore on exit."""
-        originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in targets]
-        try:
-            for owner, attr, labeler in targets:
-                setattr(owner, attr, self._wrap(getattr(owner, attr), labeler))
-            yield self
-        finally:
-            for owner, attr, original in originals:
-                setattr(owner, attr, original)
-
-    def _wrap(self, fn: Callable, labeler: Labeler) -> Callable:
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent = time.perf_counter() - started
-                label = labeler(*args, **kwargs)
-                with self._lock:
-                    self.seconds[label] += spent
-                    self.calls[label] += 1
-
-        return timed
 
 
 def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
