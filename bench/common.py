@@ -83,17 +83,25 @@ def _publish_feed(bootstrap: str, topic: str, feed: Feed) -> None:
 
 def instance_config(workdir: Path, name: str, bootstrap: str, *, topic: str | None = None,
                     max_offsets: int | None = None, inbox: bool = True):
-    """Write and load an instance config: Kafka ``topic`` (default ``<name>.publish``), every JSON topic recorded.
+    """Write and load an instance config (see :func:`write_instance_config`)."""
+    from replication import config
+
+    return config.load(str(write_instance_config(workdir, name, bootstrap, topic=topic, max_offsets=max_offsets,
+                                                 inbox=inbox)))
+
+
+def write_instance_config(workdir: Path, name: str, bootstrap: str, *, topic: str | None = None,
+                          max_offsets: int | None = None, inbox: bool = True, replication: str = "") -> Path:
+    """Write ``<workdir>/<name>.xml``: Kafka ``topic`` (default ``<name>.publish``), every JSON topic recorded.
 
     ``inbox``: also the incoming replication transport, as every instance of a
     fabric has (DESIGN §4); the ingest query then reads Kafka and the inbox.
+    ``replication``: a ``<Replication>`` element, as XML text.
     """
-    from replication import config
-
     topic = topic or f"{name}.publish"
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
-    replication = (f"<Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
-                   f"<InetAddr>{workdir / name}</InetAddr></Transport>") if inbox else ""
+    incoming = (f"<Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
+                f"<InetAddr>{workdir / name}</InetAddr></Transport>") if inbox else ""
     path = workdir / f"{name}.xml"
     path.write_text(f"""<?xml version="1.0"?>
 <AMPSConfig>
@@ -104,12 +112,13 @@ def instance_config(workdir: Path, name: str, bootstrap: str, *, topic: str | No
       <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
       <Topic>{topic}</Topic><MessageType>json</MessageType>{limit}
     </Transport>
-    {replication}
+    {incoming}
   </Transports>
   <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+  {replication}
 </AMPSConfig>
 """)
-    return config.load(str(path))
+    return path
 
 
 def poll_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.02) -> Any:

@@ -60,6 +60,7 @@ from common import (  # noqa: E402
     PhaseTimer,
     run_benchmark,
     wait_until,
+    write_instance_config,
     PySpy,
     feeds,
     format_table,
@@ -98,7 +99,6 @@ def write_instance(workdir: Path, name: str, bootstrap: str, *, topic: str, max_
     ``destination``: the name of one downstream instance under ``workdir``,
     replicated to synchronously (everything, one way).
     """
-    limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
     replication = ""
     if destination:
         replication = (
@@ -106,25 +106,8 @@ def write_instance(workdir: Path, name: str, bootstrap: str, *, topic: str, max_
             f"<PassThrough>.*</PassThrough>{ONE_WAY_TOPICS}<Transport><Type>amps-replication</Type>"
             f"<InetAddr>{workdir / destination}</InetAddr></Transport></Destination></Replication>"
         )
-    path = workdir / f"{name}.xml"
-    path.write_text(f"""<?xml version="1.0"?>
-<AMPSConfig>
-  <Name>{name}</Name>
-  <Storage>{workdir / name}</Storage>
-  <Transports>
-    <Transport>
-      <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
-      <Topic>{topic}</Topic><MessageType>json</MessageType>{limit}
-    </Transport>
-    <Transport>
-      <Name>amps-replication</Name><Type>amps-replication</Type><InetAddr>{workdir / name}</InetAddr>
-    </Transport>
-  </Transports>
-  <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
-  {replication}
-</AMPSConfig>
-""")
-    return path
+    return write_instance_config(workdir, name, bootstrap, topic=topic, max_offsets=max_offsets,
+                                 replication=replication)
 
 
 def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, max_offsets: int | None,
@@ -145,7 +128,6 @@ def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, m
 
 # -- stage timing ------------------------------------------------------------------
 
-#: ``labeler(*args, **kwargs)`` of a timed call -> the label it is added to.
 class StageTimer(PhaseTimer):
     """Wall time of engine functions, summed per label, while :meth:`patched` is active.
 
