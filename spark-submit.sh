@@ -49,6 +49,14 @@ for a in "${spark_args[@]+"${spark_args[@]}"}"; do [ "$a" = "--master" ] && has_
 [ "$has_master" = 1 ] || spark_args=(--master "local[2]" "${spark_args[@]+"${spark_args[@]}"}")
 
 case " ${spark_args[*]+"${spark_args[*]}"} " in *" --driver-memory "*) ;; *) spark_args+=(--driver-memory 4g) ;; esac
+# Checkpoint files written without forking chmod each (replication/local_fs.py);
+# local masters only, and only where the JDK's javac can build it.
+case " ${spark_args[*]} " in
+  *" --master local"*)
+    case " ${spark_args[*]} " in *"fs.file.impl"*|*" --driver-class-path "*) ;; *)
+      while IFS= read -r line; do spark_args+=("$line"); done < <("$venv/bin/python" -m replication.local_fs) ;;
+    esac ;;
+esac
 spark_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties")
 
 job="$here/jobs/demo.py"

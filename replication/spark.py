@@ -33,6 +33,13 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+def _launches_jvm() -> bool:
+    """True when building a session here starts Spark's JVM (not under spark-submit, no context yet)."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+
+
 def session(app_name: str = "replication", *, master: str | None = None) -> "SparkSession":
     """Return the active SparkSession, or build one with :data:`DEFAULT_CONF`.
 
@@ -55,9 +62,18 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
     given = SparkConf()  # under spark-submit: its --master and --conf values
     builder = SparkSession.builder.appName(app_name)
     if master or not given.contains("spark.master"):
-        builder = builder.master(master or os.environ.get("REPLICATION_SPARK_MASTER", "local[2]"))
+        master = master or os.environ.get("REPLICATION_SPARK_MASTER", "local[2]")
+        builder = builder.master(master)
     for key, value in DEFAULT_CONF.items():
         if not given.contains(key):
+            builder = builder.config(key, value)
+    if _launches_jvm() and not given.contains("spark.hadoop.fs.file.impl"):
+        # Checkpoint files without a forked chmod each (local_fs); the class
+        # path can only be set here, before this process starts the JVM.
+        from replication import local_fs
+
+        conf = local_fs.spark_conf(master or given.get("spark.master", ""), given.get("spark.driver.extraClassPath", None))
+        for key, value in conf.items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))

@@ -87,7 +87,7 @@ def interpreter(python: str | None = None) -> str:
     text = launcher_text(python, zip_path)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     try:
-        target = _launcher_dir() / f"python-{digest}"
+        target = cache_dir() / f"python-{digest}"
         if not target.is_file() or target.read_text() != text:
             _write_executable(target, text)
     except OSError as exc:  # e.g. a read-only home and temp dir: slower starts, nothing worse
@@ -96,7 +96,7 @@ def interpreter(python: str | None = None) -> str:
     return str(target)
 
 
-def _launcher_dir() -> Path:
+def cache_dir() -> Path:
     for base in (os.environ.get("XDG_CACHE_HOME"), str(Path.home() / ".cache"), tempfile.gettempdir()):
         if not base:
             continue
