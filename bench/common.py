@@ -316,3 +316,54 @@ def run_benchmark(name: str, args, measure: Callable) -> None:
             broker.stop()
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+#: Client name of :func:`steady_publisher`.
+STEADY_CLIENT = "steady-pub"
+
+
+def steady_publisher(bootstrap: str, topic: str, instance: str, rate: float, seconds: float, store: str,
+                     out: str) -> None:
+    """(Own process.) Publish with a Publisher at ``rate`` msg/s; write publish and persisted-ack times to ``out``.
+
+    Times are wall-clock (``time.time()``), comparable with the instances' on
+    this machine. An ack watcher thread waits on the Publisher's own
+    ``wait_persisted`` and stamps each advance of ``persisted_seq``.
+    """
+    from replication.client import Publisher
+
+    pub = Publisher(STEADY_CLIENT, bootstrap=bootstrap, topic=topic, instance=instance, store_path=store)
+    acks: list[tuple[int, float]] = []
+    done = threading.Event()
+    total = int(rate * seconds)
+
+    def watch() -> None:
+        target = 1
+        while target <= total:
+            try:
+                pub.wait_persisted(target, timeout=0.5)
+            except TimeoutError:
+                if done.is_set():
+                    return
+                continue
+            persisted = pub.persisted_seq
+            acks.append((persisted, time.time()))
+            target = persisted + 1
+
+    watcher = threading.Thread(target=watch, name="ack-watch", daemon=True)
+    watcher.start()
+    sent: list[tuple[int, float]] = []
+    started = time.perf_counter()
+    for i in range(total):
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = time.time()
+        sent.append((pub.publish("/orders", order_body(i + 1)), t))
+    try:
+        pub.flush(timeout=120)
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+        pub.close()
+        Path(out).write_text(json.dumps({"sent": sent, "acks": acks}))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import multiprocessing
 import os
 import sys
 import threading
@@ -47,10 +48,10 @@ from common import (  # noqa: E402
     feeds,
     format_table,
     instance_config,
-    order_body,
     percentile,
     poll_for,
     prepublish,
+    steady_publisher,
     tree_cpu_seconds,
     wait_until,
 )
@@ -257,67 +258,48 @@ def _write_records(target: str, records: list) -> None:
 # -- latency -------------------------------------------------------------------------
 
 
-class AckClock:
-    """When each advance of a Publisher's persisted sequence arrives (a bench hook on its condition)."""
-
-    def __init__(self, publisher) -> None:
-        self.publisher = publisher
-        self.events: list[tuple[int, float]] = []  # (persisted seq, perf_counter)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ack-clock", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        pub = self.publisher
-        last = 0
-        with pub._cond:
-            while True:
-                if pub._persisted > last:
-                    last = pub._persisted
-                    self.events.append((last, time.perf_counter()))
-                if self._stop.is_set():
-                    return
-                pub._cond.wait(0.05)
-
-    def arrival(self, seq: int) -> float | None:
-        """Time of the first ack covering ``seq``."""
-        i = bisect.bisect_left(self.events, (seq, float("-inf")))
-        return self.events[i][1] if i < len(self.events) else None
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
 def latency(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> dict:
-    """Publish at ``--latency-rate`` msg/s for ``--latency-seconds`` with a Publisher; publish -> persisted-ack ms.
+    """Publish at ``--latency-rate`` msg/s for ``--latency-seconds``; publish -> persisted-ack ms.
 
-    Also returns the mean time per micro-batch of each step (Spark's own
-    ``durationMs`` and the driver steps timed by ``timer``).
+    The Publisher runs in its own process, as a user's would (in this one it
+    would share the driver's interpreter lock with the instance). Also returns
+    the mean time per micro-batch of each step (Spark's own ``durationMs`` and
+    the driver steps timed by ``timer``).
     """
     from replication.broker import ensure_topics
-    from replication.client import Publisher
     from replication.instance import Instance
 
     cfg = instance_config(workdir, f"bench-lat-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
-    ensure_topics(bootstrap, [f"{cfg.name}.publish"])
+    topic = f"{cfg.name}.publish"
+    ensure_topics(bootstrap, [topic])
+    out = workdir / "steady-publisher.json"
     inst = Instance(cfg, spark).start()
     try:
-        pub = Publisher("lat-pub", bootstrap=bootstrap, topic=f"{cfg.name}.publish", instance=cfg.name,
-                        store_path=workdir / "lat-pub.store")
-        clock = AckClock(pub)
         timer.reset()
-        sent = _paced_publish(pub, args.latency_rate, args.latency_seconds)
-        pub.flush(timeout=120)
-        clock.stop()
-        pub.close()
+        proc = multiprocessing.get_context("spawn").Process(
+            target=steady_publisher,
+            args=(bootstrap, topic, cfg.name, args.latency_rate, args.latency_seconds,
+                  str(workdir / "lat-pub.store"), str(out)),
+        )
+        proc.start()
+        proc.join(timeout=args.latency_seconds + 300)
+        if proc.exitcode != 0:
+            proc.kill()
+            raise SystemExit(f"the steady publisher failed (exit code {proc.exitcode})")
         per_batch = _per_batch_ms(inst.query.recentProgress, timer)
     finally:
         inst.stop()
-    lat = [(clock.arrival(seq) - t) * 1000 for seq, t in sent.items()]
-    achieved = len(sent) / (max(sent.values()) - min(sent.values()))
+    published = json.loads(out.read_text())
+    acks = [tuple(a) for a in published["acks"]]  # (persisted seq, wall time), in order
+    lat = []
+    for seq, t in published["sent"]:
+        i = bisect.bisect_left(acks, (seq, float("-inf")))
+        if i == len(acks):
+            raise SystemExit(f"latency run: message {seq} was never acknowledged as persisted")
+        lat.append((acks[i][1] - t) * 1000)
+    times = [t for _, t in published["sent"]]
     return {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "max": max(lat),
-            "count": len(lat), "rate": achieved, "per_batch": per_batch}
+            "count": len(lat), "rate": len(times) / (max(times) - min(times)), "per_batch": per_batch}
 
 
 def _per_batch_ms(progress: list[dict], timer: PhaseTimer) -> dict[str, float]:
@@ -331,23 +313,11 @@ def _per_batch_ms(progress: list[dict], timer: PhaseTimer) -> dict[str, float]:
         out[f"spark {step}"] = sum(p["durationMs"].get(step, 0) for p in batches) / len(batches)
     calls = max(1, timer.calls["foreachBatch"])
     s = timer.seconds
-    out["  toArrow (read + collect)"] = 1000 * (s["foreachBatch"] - s["after toArrow"]) / calls
+    out["  foreachBatch function (Python)"] = 1000 * s["foreachBatch"] / calls
+    out["    toArrow (read + collect)"] = 1000 * (s["foreachBatch"] - s["after toArrow"]) / calls
     for label in ("classify", "Delta append", "state snapshot", "acks"):
-        out[f"  {label}"] = 1000 * s[label] / calls
+        out[f"    {label}"] = 1000 * s[label] / calls
     return out
-
-
-def _paced_publish(pub, rate: float, seconds: float) -> dict[int, float]:
-    """Publish on a fixed schedule; returns seq -> time just before ``publish`` was called."""
-    sent: dict[int, float] = {}
-    started = time.perf_counter()
-    for i in range(int(rate * seconds)):
-        delay = started + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        t = time.perf_counter()
-        sent[pub.publish("/orders", order_body(i + 1))] = t
-    return sent
 
 
 # -- txlog size ----------------------------------------------------------------------

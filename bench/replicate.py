@@ -39,7 +39,6 @@ import json
 import multiprocessing
 import os
 import sys
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -61,18 +60,18 @@ from common import (  # noqa: E402
     run_benchmark,
     wait_until,
     write_instance_config,
+    STEADY_CLIENT,
     PySpy,
     feeds,
     format_table,
-    order_body,
     percentile,
     prepublish,
+    steady_publisher,
 )
 
 PHASES = ("throughput", "latency")
 #: Seconds the started pair is watched with nothing published, before the latency run.
 IDLE_SECONDS = 8.0
-LATENCY_CLIENT = "steady-pub"
 
 #: Destination topics of a one-way link: B does not replicate back, so the
 #: checks that expect a symmetric pair are excluded (as in the tests' one-way links).
@@ -479,53 +478,6 @@ class Milestones:
         return np.where(i < len(times), times[np.minimum(i, len(times) - 1)], np.nan)
 
 
-def steady_publisher(bootstrap: str, topic: str, instance: str, rate: float, seconds: float, store: str,
-                     out: str) -> None:
-    """(Own process.) Publish with a Publisher at ``rate`` msg/s; write publish and persisted-ack times to ``out``.
-
-    Times are wall-clock (``time.time()``), comparable with the instances' on
-    this machine. An ack watcher thread waits on the Publisher's own
-    ``wait_persisted`` and stamps each advance of ``persisted_seq``.
-    """
-    from replication.client import Publisher
-
-    pub = Publisher(LATENCY_CLIENT, bootstrap=bootstrap, topic=topic, instance=instance, store_path=store)
-    acks: list[tuple[int, float]] = []
-    done = threading.Event()
-    total = int(rate * seconds)
-
-    def watch() -> None:
-        target = 1
-        while target <= total:
-            try:
-                pub.wait_persisted(target, timeout=0.5)
-            except TimeoutError:
-                if done.is_set():
-                    return
-                continue
-            persisted = pub.persisted_seq
-            acks.append((persisted, time.time()))
-            target = persisted + 1
-
-    watcher = threading.Thread(target=watch, name="ack-watch", daemon=True)
-    watcher.start()
-    sent: list[tuple[int, float]] = []
-    started = time.perf_counter()
-    for i in range(total):
-        delay = started + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        t = time.time()
-        sent.append((pub.publish("/orders", order_body(i + 1)), t))
-    try:
-        pub.flush(timeout=120)
-    finally:
-        done.set()
-        watcher.join(timeout=5)
-        pub.close()
-        Path(out).write_text(json.dumps({"sent": sent, "acks": acks}))
-
-
 #: The path of one message, in order: (step, what reaches it).
 LATENCY_STEPS = (
     ("A txlog commit", "A ingest committed the message"),
@@ -619,7 +571,7 @@ def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, "np.ndar
 
     def local_seqs(inst) -> np.ndarray:
         rows = DeltaTable(str(inst.layout.txlog)).to_pyarrow_table(columns=["seq", "publisher", "publisher_seq"])
-        mine = rows.filter(pc.equal(rows["publisher"], LATENCY_CLIENT))
+        mine = rows.filter(pc.equal(rows["publisher"], STEADY_CLIENT))
         by_pub = dict(zip(mine["publisher_seq"].to_pylist(), mine["seq"].to_pylist(), strict=True))
         return np.array([by_pub.get(int(s), -1) for s in pub_seq], dtype=np.int64)
 
