@@ -367,3 +367,35 @@ def steady_publisher(bootstrap: str, topic: str, instance: str, rate: float, sec
         watcher.join(timeout=5)
         pub.close()
         Path(out).write_text(json.dumps({"sent": sent, "acks": acks}))
+
+
+def data_batches(progress: list[dict]) -> list[dict]:
+    """The progress entries of micro-batches that moved a source's offsets.
+
+    Not ``numInputRows``: Spark counts only rows its own job read, and the
+    engine reads small micro-batches itself (replication/planned_batch.py).
+    """
+    return [p for p in progress if any(s.get("startOffset") != s.get("endOffset") for s in p.get("sources") or ())]
+
+
+def offsets_moved(progress: dict) -> int:
+    """How far a micro-batch moved its sources: Kafka offsets, txlog seqs or inbox versions, summed."""
+    total = 0
+    for source in progress.get("sources") or ():
+        start, end = _offset(source.get("startOffset")), _offset(source.get("endOffset"))
+        for key, value in (end or {}).items():
+            before = (start or {}).get(key)
+            if isinstance(value, dict):  # Kafka: {topic: {partition: offset}}
+                total += sum(int(o) - int((before or {}).get(p, 0)) for p, o in value.items())
+            elif isinstance(value, int) and isinstance(before, int):
+                total += value - before
+    return total
+
+
+def _offset(value):
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None

@@ -45,9 +45,11 @@ from common import (  # noqa: E402
     run_benchmark,
     PhaseTimer,
     PySpy,
+    data_batches,
     feeds,
     format_table,
     instance_config,
+    offsets_moved,
     percentile,
     poll_for,
     prepublish,
@@ -86,9 +88,12 @@ def ingest_timer_targets() -> dict[str, tuple[object, str]]:
     from replication import ingest
     from replication.delta_tables import IdempotentAppender
     from replication.durability import Durability
+    from pyspark.sql.utils import ForeachBatchFunction
+
     from replication.txlog import PublisherState
 
     return {
+        "Spark's callback": (ForeachBatchFunction, "call"),
         "foreachBatch": (ingest.IngestWriter, "__call__"),
         "after toArrow": (ingest.IngestWriter, "write_arrow"),
         "classify": (ingest, "classify"),
@@ -139,8 +144,8 @@ def _batch_seconds(query, rows: int) -> float | None:
     """Sum of ``triggerExecution`` of the batches that brought ``rows`` rows (None: progress not kept)."""
 
     def batches() -> list[dict] | None:
-        with_rows = [p for p in query.recentProgress if p.get("numInputRows")]
-        return with_rows if sum(p["numInputRows"] for p in with_rows) >= rows else None
+        with_rows = data_batches(query.recentProgress)
+        return with_rows if sum(offsets_moved(p) for p in with_rows) >= rows else None
 
     found = poll_for(batches, timeout=10, interval=0.05)
     return sum(p["durationMs"]["triggerExecution"] for p in found) / 1000 if found else None
@@ -191,7 +196,7 @@ def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
         if not done.is_set():
             raise SystemExit(f"baseline (a) failed: {query.exception()}")
         batch_seconds = _batch_seconds(query, rows)  # also lets the last batch end before stop()
-        batches = len([p for p in query.recentProgress if p.get("numInputRows")])
+        batches = len(data_batches(query.recentProgress))
     finally:
         query.stop()
     parts["Spark (plan, offsets, checkpoint)"] = seconds - sum(parts.values())
@@ -304,17 +309,18 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> di
 
 def _per_batch_ms(progress: list[dict], timer: PhaseTimer) -> dict[str, float]:
     """Mean milliseconds per micro-batch with rows: Spark's ``durationMs`` steps, then the driver's."""
-    batches = [p for p in progress if p.get("numInputRows")]
+    batches = data_batches(progress)
     if not batches:
         return {}
-    out = {"batches": len(batches), "rows per batch": sum(p["numInputRows"] for p in batches) / len(batches)}
+    out = {"batches": len(batches), "rows per batch": sum(offsets_moved(p) for p in batches) / len(batches)}
     for step in ("triggerExecution", "latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit",
                  "commitOffsets"):
         out[f"spark {step}"] = sum(p["durationMs"].get(step, 0) for p in batches) / len(batches)
     calls = max(1, timer.calls["foreachBatch"])
     s = timer.seconds
+    out["  Spark's Python callback"] = 1000 * s["Spark's callback"] / calls
     out["  foreachBatch function (Python)"] = 1000 * s["foreachBatch"] / calls
-    out["    toArrow (read + collect)"] = 1000 * (s["foreachBatch"] - s["after toArrow"]) / calls
+    out["    read (here, or Spark job + collect)"] = 1000 * (s["foreachBatch"] - s["after toArrow"]) / calls
     for label in ("classify", "Delta append", "state snapshot", "acks"):
         out[f"    {label}"] = 1000 * s[label] / calls
     return out

@@ -62,8 +62,10 @@ from common import (  # noqa: E402
     write_instance_config,
     STEADY_CLIENT,
     PySpy,
+    data_batches,
     feeds,
     format_table,
+    offsets_moved,
     percentile,
     prepublish,
     steady_publisher,
@@ -379,7 +381,7 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
             if b is not None:
                 queries.update({"A->B replicator": a.managers[0].query, "B ingest": b.query})
             queries = {k: q for k, q in queries.items() if q is not None}
-            wait_for_progress(queries.values(), rows)
+            wait_for_progress(queries.values())
         finally:
             stop_instances(a, b)  # lets the current batches finish, so counters and timers are final
     for inst in (a, b):
@@ -397,17 +399,16 @@ def restarted(count: int) -> str:
     return f" [{count} ingest query restart(s): figures suspect]" if count else ""
 
 
-def wait_for_progress(queries, rows: int, timeout: float = 10.0) -> None:
-    """Let each query report the batches that brought ``rows`` rows (stopping sooner loses their progress)."""
+def wait_for_progress(queries, timeout: float = 10.0) -> None:
+    """Let each query finish its current batch, so its progress is reported (stopping sooner loses it)."""
     deadline = time.monotonic() + timeout
     for query in queries:
-        while (sum(p["numInputRows"] for p in batches_with_rows(query)) < rows
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
+        while query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def batches_with_rows(query) -> list[dict]:
-    return [p for p in query.recentProgress if p.get("numInputRows")]
+    return data_batches(query.recentProgress)
 
 
 def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> dict[str, Run]:
@@ -684,18 +685,18 @@ def pct(values, q: float) -> float:
 
 
 def stage_table(title: str, stages: dict[str, tuple[float, int]], wall: float) -> str:
-    """Each group's total then its steps; ``toArrow`` is the group total minus the steps after it."""
+    """Each group's total then its steps; "read" is the group total minus the steps after it."""
     derived = dict(stages)
     for group in {k.split(" / ")[0] for k in stages}:
         if group.endswith(" ingest") and group in stages and f"{group} / (after toArrow)" in stages:
             total, calls = stages[group]
-            derived[f"{group} / toArrow (Spark: read sources in workers, collect)"] = (
+            derived[f"{group} / read (small batch: here; else Spark job + collect)"] = (
                 total - stages[f"{group} / (after toArrow)"][0], calls)
             del derived[f"{group} / (after toArrow)"]
         if group.endswith(" replicator") and group in stages:
             total, calls = stages[group]
             after = sum(v[0] for k, v in stages.items() if k.startswith(f"{group} / "))
-            derived[f"{group} / toArrow + routing (Spark: read txlog in workers, collect)"] = (total - after, calls)
+            derived[f"{group} / read + route (small batch: here; else Spark job)"] = (total - after, calls)
     groups = sorted({k.split(" / ")[0] for k in derived}, key=lambda g: (GROUPS.index(g) if g in GROUPS else 99, g))
     rows = []
     for group in groups:
@@ -714,7 +715,7 @@ def stage_row(name: str, figures: tuple[float, int] | None, wall: float) -> list
 
 
 def spark_table(title: str, queries: dict[str, list[dict]]) -> str:
-    """Per query: batches with rows, rows per batch, and Spark's ``durationMs`` steps (mean ms per batch)."""
+    """Per query: batches with data, offsets moved per batch (rows; inbox: versions), Spark's steps (mean ms)."""
     rows = []
     for name, batches in queries.items():
         if not batches:
@@ -722,7 +723,8 @@ def spark_table(title: str, queries: dict[str, list[dict]]) -> str:
             continue
         n = len(batches)
         mean = [sum(p["durationMs"].get(s, 0) for p in batches) / n for s in SPARK_STEPS]
-        rows.append([name, n, f"{sum(p['numInputRows'] for p in batches) / n:,.0f}"] + [f"{m:,.0f}" for m in mean])
+        moved = sum(offsets_moved(p) for p in batches) / n
+        rows.append([name, n, f"{moved:,.0f}"] + [f"{m:,.0f}" for m in mean])
     return format_table([title, "batches", "rows/batch"] + [f"{s} ms" for s in SPARK_STEPS], rows)
 
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from replication.replicator import ReplicatorWriter
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_STALE_S = 5.0
@@ -123,6 +125,8 @@ class DestinationManager:
         self.on_ack = on_ack
         self.trigger_interval = trigger_interval
         self.query: StreamingQuery | None = None
+        self.writer: ReplicatorWriter | None = None
+        """The running query's foreachBatch writer (counters)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{cfg.name}->{dest.name}", daemon=True)
 
@@ -204,7 +208,7 @@ class DestinationManager:
             self.link.reset(start_seq=start, epoch=state.epoch + 1, address=address, downstream=down_cfg.name,
                             txlog_id=down_id)
             state = self.link.snapshot()
-        self.query = replicator.start_query(
+        self.query, self.writer = replicator.start_query(
             self.spark, self.cfg, self.dest,
             txlog=self.layout.txlog, inbox=down.inbox, checkpoint=self._checkpoint(state.incarnation),
             start_seq=state.sent_seq, incarnation=state.incarnation, link=self.link,

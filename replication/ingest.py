@@ -377,6 +377,8 @@ class IngestWriter:
 
     Order of effects for batch ``b`` (each step safe to crash after):
 
+    0. take the batch's rows: read here for a small batch (``read_here``, no
+       Spark job), else collected from Spark's DataFrame; the same rows either way;
     1. classify the rows against the in-memory publisher state;
     2. append rejects to ``rejected/`` (app transaction ``ingest``, version ``b``);
     3. append accepted rows to ``txlog/`` (app transaction ``ingest``, version ``b``),
@@ -399,6 +401,7 @@ class IngestWriter:
         save_state: Callable[[PublisherState], None],
         on_commit: Callable[[int, Classified], None],
         expand: Callable[[pa.Table], pa.Table] | None = None,
+        read_here: Callable[[int], pa.Table | None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -408,8 +411,12 @@ class IngestWriter:
         self.on_commit = on_commit
         self.expand = expand
         """Turns the batch's inbox version rows into the rows those versions hold (see sources.InboxRows)."""
+        self.read_here = read_here
+        """Reads a small batch without a Spark job (see sources.ReadHere); None: collect the DataFrame."""
         self.recorded = TopicRecorder(cfg)
-        self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0}
+        self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
+                      "input_rows_per_second": 0.0}
+        self._last_batch_at: float | None = None
 
     def catch_up(self) -> None:
         """Fold in txlog commits this writer did not see (a batch that failed after its commit)."""
@@ -425,7 +432,8 @@ class IngestWriter:
             self.on_commit(self.state.max_seq, missed)
 
     def __call__(self, df, batch_id: int) -> None:
-        self.write_arrow(df.toArrow(), batch_id)
+        batch = self.read_here(batch_id) if self.read_here is not None else None
+        self.write_arrow(df.toArrow() if batch is None else batch, batch_id)
 
     def write_arrow(self, batch: pa.Table, batch_id: int) -> None:
         started = time.perf_counter()
@@ -435,6 +443,10 @@ class IngestWriter:
             return
         if self.expand is not None:
             batch = self.expand(batch)
+        # Spark's own inputRowsPerSecond counts only rows its jobs read; batches read here are not among them.
+        if self._last_batch_at is not None and started > self._last_batch_at:
+            self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
+        self._last_batch_at = started
         result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded)
         if result.rejected_rows.num_rows:
             self.rejected.append(result.rejected_rows, batch_id)

@@ -23,7 +23,7 @@ from replication.destinations import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
 from replication.ingest import IngestWriter
 from replication.links import Link
-from replication.sources import InboxRows
+from replication.sources import InboxRows, ReadHere
 from replication.storage import StorageLayout, write_json_atomic
 from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
 
@@ -101,6 +101,7 @@ class Instance:
             save_state=lambda s: s.save(self.layout.publishers_json),
             on_commit=self.durability.on_commit,
             expand=InboxRows(self.cfg, str(self.layout.inbox)) if self.cfg.replication_transport else None,
+            read_here=ReadHere(self.cfg, self.layout),
         )
         self._start_ingest()
         self.managers = [
@@ -158,7 +159,6 @@ class Instance:
         """What the heartbeat file says: liveness, positions, counters."""
         writer = self.writer
         state = writer.state if writer else None
-        progress = self.query.lastProgress if self.query else None
         return {
             "instance": self.name,
             "group": self.cfg.group,
@@ -171,7 +171,7 @@ class Instance:
             "durable_seq": self.durability.durable_seq if self.durability else 0,
             "counters": dict(writer.stats) if writer else {},
             "links": {name: self._link_status(link) for name, link in self.links.items()},
-            "input_rows_per_second": (progress or {}).get("inputRowsPerSecond"),
+            "input_rows_per_second": writer.stats["input_rows_per_second"] if writer else None,
             "error": self._query_error(),
             "restarts": self.restarts,
         }
@@ -208,6 +208,8 @@ class Instance:
                 self.query.stop()
             except Exception:
                 log.exception("%s: stopping the ingest query failed", self.name)
+        if self.writer is not None and self.writer.read_here is not None:
+            self.writer.read_here.close()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         write_json_atomic(self.layout.heartbeat_json, self.status())

@@ -40,9 +40,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -480,21 +480,11 @@ class _OffsetProbe:
 # -- executor: reading one partition -------------------------------------------
 
 
-def read_partition(
-    options: KafkaSourceOptions, part: KafkaInputPartition, *, fast: bool = True
-) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``part`` (offsets ``[start, end)``) as Arrow batches of :data:`SCHEMA`.
+def _range_consumer(options: KafkaSourceOptions) -> KafkaConsumer:
+    """A consumer (no group) for reading offset ranges."""
+    from kafka import KafkaConsumer
 
-    Stops when the consumer's position reaches ``end``, not on the offset of a
-    record: transaction markers and compacted-away records occupy offsets but are
-    never returned. ``fast`` decodes fetched bytes straight into columns when the
-    installed kafka-python allows it (see :func:`_decode_into`).
-    """
-    from kafka import KafkaConsumer, TopicPartition
-
-    schema = _spark_arrow_schema()
-    columns = RecordColumns(part.topic, part.partition, part.end, schema, [key for key, _ in PUBLISH_HEADERS])
-    consumer = KafkaConsumer(
+    return KafkaConsumer(
         bootstrap_servers=options.bootstrap_servers.split(","),
         group_id=None,
         enable_auto_commit=False,
@@ -508,6 +498,23 @@ def read_partition(
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         max_poll_records=MAX_POLL_RECORDS,
     )
+
+
+def read_partition(
+    options: KafkaSourceOptions, part: KafkaInputPartition, *, fast: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``part`` (offsets ``[start, end)``) as Arrow batches of :data:`SCHEMA`.
+
+    Stops when the consumer's position reaches ``end``, not on the offset of a
+    record: transaction markers and compacted-away records occupy offsets but are
+    never returned. ``fast`` decodes fetched bytes straight into columns when the
+    installed kafka-python allows it (see :func:`_decode_into`).
+    """
+    from kafka import TopicPartition
+
+    schema = _spark_arrow_schema()
+    columns = RecordColumns(part.topic, part.partition, part.end, schema, [key for key, _ in PUBLISH_HEADERS])
+    consumer = _range_consumer(options)
     # On the fast path poll() returns one mark per record *batch*; a few batches
     # per poll bound the rows held in Python lists between two Arrow flushes.
     max_records = MAX_POLL_BATCHES if fast and _decode_into(consumer, columns) else None
@@ -536,6 +543,101 @@ def read_partition(
         consumer.close()
 
 
+class RangeReader:
+    """Reads the ranges of a micro-batch, all partitions at once, with one consumer kept between reads.
+
+    For micro-batches read in the driver (``sources.ReadHere``): a consumer per
+    partition per batch costs a connection and several metadata round trips,
+    and in a driver process busy with other Python threads each round trip
+    also waits for the interpreter lock. Each read starts from a clean slate:
+    records kafka-python fetched for an earlier read are dropped and every
+    partition is sought to its start, so the rows are exactly those of
+    :func:`read_partition`. When the installed kafka-python does not expose
+    what that needs, each read uses a fresh consumer instead.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        self._consumer: KafkaConsumer | None = None
+        self._targets: dict = {}
+
+    def read(self, parts: Sequence[KafkaInputPartition]) -> list[pa.RecordBatch]:
+        """The records of ``parts`` (offsets ``[start, end)`` each), one Arrow batch per partition with rows."""
+        from kafka import TopicPartition
+
+        ranges: dict = {}
+        for part in parts:  # sub-ranges of one partition (minPartitions) are contiguous: merge them
+            tp = TopicPartition(part.topic, part.partition)
+            start, end = ranges.get(tp, (part.start, part.end))
+            ranges[tp] = (min(start, part.start), max(end, part.end))
+        if not ranges:
+            return []
+        schema = _spark_arrow_schema()
+        headers = [key for key, _ in PUBLISH_HEADERS]
+        self._targets = {tp: RecordColumns(tp.topic, tp.partition, end, schema, headers)
+                         for tp, (_start, end) in ranges.items()}
+        try:
+            consumer = self._ready()
+            fast = _decode_into(consumer, lambda tp: self._targets[tp])
+            consumer.assign(list(ranges))
+            for tp, (start, _end) in ranges.items():
+                consumer.seek(tp, start)
+            stalled_since = time.monotonic()
+            while True:
+                behind = [tp for tp, (_s, end) in ranges.items() if consumer.position(tp) < end]
+                if not behind:
+                    break
+                records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if fast else None)
+                if not records:
+                    if time.monotonic() - stalled_since > STALL_TIMEOUT_S:
+                        tp = behind[0]
+                        raise KafkaSourceError(
+                            f"{tp.topic}[{tp.partition}]: no records for {STALL_TIMEOUT_S:.0f}s at offset "
+                            f"{consumer.position(tp)}, expected data up to offset {ranges[tp][1]}; is the broker up?"
+                        )
+                    continue
+                stalled_since = time.monotonic()
+                if not fast:
+                    for tp, batch in records.items():
+                        self._targets[tp].add_records(batch)
+        except BaseException:
+            self.close()
+            raise
+        out = [columns.flush() for columns in self._targets.values() if len(columns)]
+        self._targets = {}
+        if not _discard_fetched(self._consumer):
+            self.close()
+        return out
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()
+
+    def _ready(self) -> KafkaConsumer:
+        if self._consumer is None:
+            self._consumer = _range_consumer(self.options)
+        return self._consumer
+
+
+def _discard_fetched(consumer: KafkaConsumer | None) -> bool:
+    """Drop what ``consumer`` fetched but did not hand out (kafka-python internals); False if it cannot."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    names = ("_next_partition_records", "_completed_fetches", "_paused_partition_records", "_paused_completed_fetches")
+    if fetcher is None or not all(hasattr(fetcher, name) for name in names):
+        return False
+    current = fetcher._next_partition_records
+    if current is not None:
+        current.drain()
+    fetcher._next_partition_records = None
+    fetcher._completed_fetches.clear()
+    for parked in fetcher._paused_partition_records.values():
+        parked.drain()
+    fetcher._paused_partition_records.clear()
+    fetcher._paused_completed_fetches.clear()
+    return True
+
+
 @functools.cache
 def _spark_arrow_schema() -> pa.Schema:
     # Spark rejects a batch whose schema differs in any detail (field names,
@@ -545,7 +647,7 @@ def _spark_arrow_schema() -> pa.Schema:
     return to_arrow_schema(SCHEMA, timezone="UTC")
 
 
-def _decode_into(consumer: KafkaConsumer, columns: RecordColumns) -> bool:
+def _decode_into(consumer: KafkaConsumer, columns: RecordColumns | Callable[[Any], RecordColumns]) -> bool:
     """Make ``consumer`` decode fetched record batches straight into ``columns``.
 
     kafka-python keeps doing everything else (connections, fetch sessions, leader
@@ -573,7 +675,8 @@ def _decode_into(consumer: KafkaConsumer, columns: RecordColumns) -> bool:
                 raise KafkaSourceError(
                     "kafka-python's fetched records have no raw buffer; use read_partition(fast=False)"
                 )
-            for mark in columns.add_batches(buffer, self.fetch_offset, check_crcs=self.check_crcs):
+            target = columns if isinstance(columns, RecordColumns) else columns(tp)
+            for mark in target.add_batches(buffer, self.fetch_offset, check_crcs=self.check_crcs):
                 if mark.leader_epoch >= 0:
                     self.leader_epoch = mark.leader_epoch
                 self.next_fetch_offset = max(self.next_fetch_offset, mark.offset + 1)

@@ -2,11 +2,15 @@
 
 Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 
-1. mark each row routed or not with the routing rules (one native Spark column,
-   :func:`replication.routing.spark_condition`). Spark sees only the columns
-   the rules read (``data`` only with a content filter) and hands back
-   (seq, routed) pairs; the routed rows themselves are read from the txlog's
-   Parquet files here, so message bodies never travel through the JVM;
+1. mark each row routed or not with the routing rules. A small batch (the live
+   stream) is read here from the txlog's Parquet files, its seq range taken
+   from the query's offset log (:mod:`replication.planned_batch`), and routed
+   with :func:`replication.routing.route_mask`: no Spark job. A larger one (a
+   backlog) is routed by Spark with one native column
+   (:func:`replication.routing.spark_condition`) over only the columns the
+   rules read (``data`` only with a content filter), which hands back (seq,
+   routed) pairs; the routed rows are then read from the txlog's files here.
+   Either way message bodies never travel through the JVM;
 2. append the routed rows to the destination's ``inbox/`` with app transaction
    ``<this>-><destination>#<incarnation>``, version ``b`` (a replay finds it and skips);
 3. tell the link which seqs were written and that (s, t] is decided: rows
@@ -29,6 +33,8 @@ from replication.config import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
 from replication.delta_tables import IdempotentAppender
 from replication.inbox_source import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.links import runs_of
+from replication import planned_batch
+from replication.planned_batch import PlannedBatch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,7 +56,7 @@ class ReplicatorWriter:
     """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: Path, inbox: Path, incarnation: str,
-                 link: "Link") -> None:
+                 link: "Link", checkpoint: Path | None = None) -> None:
         from deltalake import WriterProperties
 
         from replication.txlog_source import TxlogFiles
@@ -68,19 +74,56 @@ class ReplicatorWriter:
         )
         self.condition = routing.spark_condition(cfg, dest)
         self.txlog = TxlogFiles(str(txlog))
+        self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
+        """Where small batches' seq ranges are found, to read them here (see replication.planned_batch)."""
         self.rows_sent = 0
+        self.batches_read_here = 0
 
     def __call__(self, df, batch_id: int) -> None:
+        span = self._planned_span(batch_id)
+        if span is not None:
+            self._write_read_here(*span, batch_id)
+            return
         decided = df.select("seq", self.condition.alias("_routed")).toArrow()
         if decided.num_rows == 0:
             return
         seqs = decided["seq"].to_numpy()
         first, through = int(seqs.min()), int(seqs.max())
         routed_seqs = np.sort(seqs[decided["_routed"].to_numpy(zero_copy_only=False)])
+        routed = None
         if routed_seqs.size:
             # seq is contiguous: the batch is exactly (first - 1, through], read in seq order.
-            rows = self.txlog.read(first - 1, through)
-            routed = rows.take(pa.array(routed_seqs - first))
+            routed = self.txlog.read(first - 1, through).take(pa.array(routed_seqs - first))
+        self._send(routed, routed_seqs, through, batch_id)
+
+    def _planned_span(self, batch_id: int) -> tuple[int, int] | None:
+        """(after, through) seqs of a batch small enough to read here, from the offset log; else None."""
+        if self.planned is None:
+            return None
+        ranges = self.planned.ranges(batch_id)
+        if ranges is None or len(ranges) != 1:
+            return None
+        start, end = ranges[0]
+        try:
+            after, through = int(start["seq"]), int(end["seq"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return (after, through) if 0 <= through - after <= planned_batch.DIRECT_MAX_ROWS else None
+
+    def _write_read_here(self, after: int, through: int, batch_id: int) -> None:
+        """The batch (after, through] read from the txlog files and routed here, without a Spark job."""
+        rows = self.txlog.read(after, through)
+        if rows.num_rows == 0:
+            return
+        mask = routing.route_mask(self.cfg, self.dest, rows)
+        self.batches_read_here += 1
+        routed_seqs = rows["seq"].to_numpy()[mask]
+        self._send(rows.filter(pa.array(mask)) if routed_seqs.size else None, routed_seqs,
+                   int(rows["seq"][-1].as_py()), batch_id)
+
+    def _send(self, routed: pa.Table | None, routed_seqs: np.ndarray, through: int, batch_id: int) -> None:
+        """Append the routed rows to the inbox (one idempotent commit), then tell the link."""
+        if routed is not None and routed.num_rows:
             self.inbox.append(self._inbox_rows(routed), batch_id, {"link": self.cfg.name, "through": through})
             self.rows_sent += routed.num_rows
         failpoints.hit("replicator.after_inbox_commit")
@@ -107,8 +150,8 @@ def start_query(
     incarnation: str,
     link: "Link",
     trigger_interval: str = "0 seconds",
-) -> "StreamingQuery":
-    """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``)."""
+) -> "tuple[StreamingQuery, ReplicatorWriter]":
+    """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``); it and its writer."""
     from replication import txlog_source
 
     txlog_source.register(spark)
@@ -118,13 +161,17 @@ def start_query(
         .option("columns", ",".join(routing.spark_condition_columns(cfg, dest)))
         .option("startSeq", str(start_seq))
         .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS))
+        # Batches up to DIRECT_MAX_ROWS are read by the writer: the planner need not read them too.
+        .option("prefetchRows", "0")
         .load()
     )
-    writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link)
-    return (
+    writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link,
+                              checkpoint=checkpoint)
+    query = (
         stream.writeStream.queryName(f"{cfg.name}->{dest.name}#{incarnation}")
         .foreachBatch(writer)
         .option("checkpointLocation", str(checkpoint))
         .trigger(processingTime=trigger_interval)
         .start()
     )
+    return query, writer

@@ -37,6 +37,7 @@ from replication import expressions
 from replication.errors import ConfigError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
     from pyspark.sql import Column
 
@@ -315,6 +316,39 @@ def decide(cfg: "InstanceConfig", dest: "Destination", msg: Message, *, target: 
         if not _py(rule.condition, msg):
             return Decision(False, rule.name, _why(rule.name, cfg, dest, msg, target))
     return Decision(True, None, f"sent to {target} (destination {dest.name}, {dest.sync_type})")
+
+
+def route_mask(cfg: "InstanceConfig", dest: "Destination", rows: "pa.Table", *,
+               target: str | None = None) -> "np.ndarray":
+    """:func:`decide` for every row of a txlog table: True where the row goes to ``dest``.
+
+    The replicator's evaluation of a micro-batch it reads itself (small
+    batches; Spark evaluates :func:`spark_condition` on large ones). ``rows``
+    needs the columns of :func:`spark_condition_columns`. Rows that differ only
+    in their body share one answer unless a content filter reads the body.
+    """
+    import numpy as np
+
+    conds = [r.condition for r in rules(cfg, dest, target=target) if r.name != "topic"]
+    names = [f for f in ("topic", "message_type", "received_from", "received_from_group", "path", "origin")
+             if f in rows.column_names]
+    reads_body = any(_has_filter(c) for c in conds)
+    columns = [rows[name].to_pylist() for name in names]
+    bodies = rows["data"].to_pylist() if reads_body else None
+    out = np.empty(rows.num_rows, dtype=bool)
+    seen: dict[tuple, bool] = {}
+    for i, values in enumerate(zip(*columns, strict=True)):
+        key = tuple(tuple(v) if isinstance(v, list) else v for v in values)
+        if bodies is None and key in seen:
+            out[i] = seen[key]
+            continue
+        fields = dict(zip(names, key, strict=True))
+        fields["path"] = fields.get("path") or ()
+        msg = Message(**fields, data=bodies[i] if bodies is not None else None)
+        out[i] = all(_py(c, msg) for c in conds)
+        if bodies is None:
+            seen[key] = bool(out[i])
+    return out
 
 
 def _why(rule: str, cfg: "InstanceConfig", dest: "Destination", msg: Message, target: str) -> str:

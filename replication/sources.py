@@ -10,51 +10,92 @@ import pyarrow.compute as pc
 from replication import routing
 from replication.config import DEFAULT_BATCH_ROWS, InstanceConfig
 from replication.ingest import CANDIDATE_SCHEMA
+from replication import planned_batch
+from replication.planned_batch import PlannedBatch
 from replication.storage import StorageLayout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from replication.config import KafkaTransport
+
 
 def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
     """Kafka publishes of every ``kafka`` transport, as candidate rows (DESIGN §7 wire format)."""
-    from pyspark.sql import functions as F
-
     from replication import kafka_source
 
     kafka_source.register(spark)
     frames = []
     for transport in cfg.kafka_transports:
-        reader = (
-            spark.readStream.format(kafka_source.FORMAT)
-            .option("bootstrap.servers", ",".join(transport.bootstrap_servers))
-            .option("topics", ",".join(transport.topics))
-            .option("maxOffsetsPerTrigger", str(transport.max_offsets_per_trigger))
-        )
-        raw = reader.load()
-        frames.append(
-            raw.select(
-                F.lit("kafka").alias("source"),
-                F.col("kafka_topic"),
-                F.col("kafka_partition").cast("int").alias("kafka_partition"),
-                F.col("kafka_offset"),
-                F.col("h_client").alias("publisher"),
-                F.col("h_seq").alias("publisher_seq"),
-                F.coalesce(F.col("h_topic"), F.col("kafka_topic")).alias("topic"),
-                F.coalesce(F.col("h_type"), F.lit(transport.message_type)).alias("message_type"),
-                F.coalesce(F.col("h_command"), F.lit("publish")).alias("command"),
-                F.lit(None).cast("string").alias("sow_key"),
-                F.col("value").alias("data"),
-                F.lit(None).cast("string").alias("origin"),
-                F.lit(None).cast("string").alias("received_from"),
-                F.lit(None).cast("string").alias("received_from_group"),
-                F.lit(None).cast("array<string>").alias("path"),
-                F.col("kafka_timestamp").alias("publish_time"),
-                F.lit(None).cast("long").alias("upstream_seq"),
-                F.lit(None).cast("long").alias("inbox_version"),
-            )
-        )
+        reader = spark.readStream.format(kafka_source.FORMAT)
+        for key, value in kafka_options(transport).items():
+            reader = reader.option(key, value)
+        frames.append(reader.load().select(*_spark_columns(kafka_candidate_columns(transport))))
     return _union(frames)
+
+
+def kafka_options(transport: "KafkaTransport") -> dict[str, str]:
+    """The ingest query's options of the ``replication-kafka`` source of one transport."""
+    return {
+        "bootstrap.servers": ",".join(transport.bootstrap_servers),
+        "topics": ",".join(transport.topics),
+        "maxOffsetsPerTrigger": str(transport.max_offsets_per_trigger),
+        # Batches up to DIRECT_MAX_ROWS are read by the writer (ReadHere): the planner need not read them too.
+        "prefetchRows": "0",
+    }
+
+
+def kafka_candidate_columns(transport: "KafkaTransport") -> dict[str, tuple]:
+    """How each candidate column comes from a Kafka source row: the one mapping for Spark and for Arrow.
+
+    ``("col", name)``: that column; ``("first", name, default)``: that column,
+    or ``default`` where it is null; ``("lit", value)``: a constant (None: null).
+    """
+    return {
+        "source": ("lit", "kafka"),
+        "kafka_topic": ("col", "kafka_topic"),
+        "kafka_partition": ("col", "kafka_partition"),
+        "kafka_offset": ("col", "kafka_offset"),
+        "publisher": ("col", "h_client"),
+        "publisher_seq": ("col", "h_seq"),
+        "topic": ("first", "h_topic", ("col", "kafka_topic")),
+        "message_type": ("first", "h_type", ("lit", transport.message_type)),
+        "command": ("first", "h_command", ("lit", "publish")),
+        "data": ("col", "value"),
+        "publish_time": ("col", "kafka_timestamp"),
+        **{name: ("lit", None) for name in ("sow_key", "origin", "received_from", "received_from_group", "path",
+                                             "upstream_seq", "inbox_version")},
+    }
+
+
+def _spark_columns(spec: dict[str, tuple]) -> list:
+    from pyspark.sql import functions as F
+
+    def column(how: tuple):
+        if how[0] == "col":
+            return F.col(how[1])
+        if how[0] == "first":
+            return F.coalesce(F.col(how[1]), column(how[2]))
+        return F.lit(how[1])
+
+    return [column(spec[name]).cast(_spark_type(name)).alias(name) for name in CANDIDATE_SCHEMA.names]
+
+
+def kafka_candidates(rows: pa.Table, transport: "KafkaTransport") -> pa.Table:
+    """Kafka source rows (``kafka_source.SCHEMA``) as candidate rows, without Spark."""
+    spec = kafka_candidate_columns(transport)
+    n = rows.num_rows
+
+    def column(how: tuple, field: pa.Field):
+        if how[0] == "col":
+            return rows[how[1]].cast(field.type)
+        if how[0] == "first":
+            return pc.coalesce(rows[how[1]].cast(field.type), column(how[2], field))
+        if how[1] is None:
+            return pa.nulls(n, field.type)
+        return pa.repeat(pa.scalar(how[1], field.type), n)
+
+    return pa.table({f.name: column(spec[f.name], f) for f in CANDIDATE_SCHEMA}, schema=CANDIDATE_SCHEMA)
 
 
 def inbox_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame":
@@ -131,6 +172,66 @@ class InboxRows:
             {name: columns[name] if name in columns else rows[name] for name in CANDIDATE_SCHEMA.names},
             schema=CANDIDATE_SCHEMA,
         )
+
+
+class ReadHere:
+    """The ingest writer's own read of a small micro-batch, as candidate rows; None: collect Spark's.
+
+    The batch's ranges come from the ingest query's offset log
+    (:mod:`replication.planned_batch`), one per source in the order
+    :func:`ingest_stream` unions them: each Kafka transport, then the inbox.
+    Kafka ranges are read with the source's decoding (one consumer kept per
+    transport, ``kafka_source.RangeReader``) and mapped with :func:`kafka_candidates`; inbox versions with :class:`InboxRows`. The
+    rows and their order are those Spark would have collected.
+    """
+
+    def __init__(self, cfg: InstanceConfig, layout: StorageLayout) -> None:
+        from replication.kafka_source import KafkaSourceOptions, RangeReader
+
+        self.planned = PlannedBatch(layout.checkpoint("ingest"))
+        self.kafka = [(t, KafkaSourceOptions.parse(kafka_options(t))) for t in cfg.kafka_transports]
+        self.readers = [RangeReader(options) for _t, options in self.kafka]
+        self.inbox = InboxRows(cfg, str(layout.inbox)) if cfg.replication_transport is not None else None
+        self.batches = 0
+        """Micro-batches read here rather than by a Spark job."""
+
+    def __call__(self, batch_id: int) -> pa.Table | None:
+        from replication.inbox_source import read_versions
+        from replication.kafka_source import KafkaStreamReader
+
+        ranges = self.planned.ranges(batch_id)
+        if ranges is None or len(ranges) != len(self.kafka) + (self.inbox is not None):
+            return None
+        plans, offsets = [], 0
+        for (transport, options), reader, (start, end) in zip(self.kafka, self.readers, ranges):
+            try:
+                parts = KafkaStreamReader(options).partitions(start, end)
+            except (AttributeError, TypeError, ValueError):  # not a Kafka offset: not the layout we know
+                return None
+            offsets += sum(p.end - p.start for p in parts)
+            plans.append((transport, reader, parts))
+        if offsets > planned_batch.DIRECT_MAX_ROWS:
+            return None
+        versions = None
+        if self.inbox is not None:
+            start, end = ranges[-1]
+            try:
+                versions = (int(start["version"]) + 1, int(end["version"]))
+            except (KeyError, TypeError, ValueError):
+                return None
+        tables = []
+        for transport, reader, parts in plans:
+            batches = reader.read(parts)
+            if batches:
+                tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
+        if versions is not None and versions[1] >= versions[0]:
+            tables.append(self.inbox.candidates(read_versions(self.inbox.inbox, *versions)))
+        self.batches += 1
+        return pa.concat_tables(tables) if tables else CANDIDATE_SCHEMA.empty_table()
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
 
 
 def _spark_type(name: str) -> str:

@@ -36,7 +36,7 @@ def publisher(broker, inst: Instance, client: str, tmp_path) -> Publisher:
                      store_path=tmp_path / f"{client}.store")
 
 
-def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_instance, broker, tmp_path):
+def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_instance, broker, tmp_path, read_path):
     inst = start_instance()
     clients = [f"pub-{i}" for i in range(4)]
     pubs = [publisher(broker, inst, c, tmp_path) for c in clients]
@@ -82,6 +82,8 @@ def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_in
     assert_exactly_once(rows, {c: per_client for c in clients})
     assert b'{"copy": true}' not in set(rows["data"].to_pylist()), "an out-of-band copy replaced the original"
     assert inst.status()["counters"]["duplicates"] >= sent_copies
+    read_here = inst.writer.read_here.batches
+    assert read_here > 0 if read_path == "read-here" else read_here == 0, read_here
 
 
 def test_bad_messages_go_to_rejected_with_reason_and_the_instance_keeps_running(start_instance, broker, tmp_path):

@@ -271,3 +271,33 @@ def _wait_for(condition, query, timeout: float = 120.0) -> None:
         assert query.exception() is None, query.exception()
         assert time.monotonic() < deadline, "the stream did not deliver in time"
         time.sleep(0.1)
+
+
+def test_a_kept_range_reader_reads_each_range_as_read_partition_does(broker):
+    """One consumer across reads: forward, overlapping, backwards and split ranges, several partitions at once."""
+    from replication.kafka_source import RangeReader
+
+    topic = _topic("ranges")
+    ensure_topics(broker.bootstrap, [topic], partitions=2)
+    _publish(broker.bootstrap, topic, 60, partitions=2)
+    _publish(broker.bootstrap, topic, 40, partitions=2, first_seq=61)
+    options = KafkaSourceOptions.parse(_options(broker, topic))
+    reader = RangeReader(options)
+    plans = [
+        [(0, 0, 10), (1, 0, 5)],
+        [(0, 10, 30), (1, 5, 50)],  # picks up where the last read stopped
+        [(0, 30, 50)],  # one partition only
+        [(0, 3, 12), (1, 40, 45)],  # back to earlier offsets
+        [(1, 45, 47), (1, 47, 50)],  # one partition split in two ranges (minPartitions)
+        [(0, 0, 50), (1, 0, 50)],  # everything
+    ]
+    try:
+        for plan in plans:
+            parts = [KafkaInputPartition(topic, p, start, end) for p, start, end in plan]
+            got = [row for batch in reader.read(parts) for row in batch.to_pylist()]
+            expected = [row for part in parts for batch in read_partition(options, part) for row in batch.to_pylist()]
+            key = lambda r: (r["kafka_partition"], r["kafka_offset"])  # noqa: E731
+            assert sorted(got, key=key) == sorted(expected, key=key), plan
+            assert len(got) == sum(end - start for _p, start, end in plan), plan
+    finally:
+        reader.close()

@@ -12,7 +12,7 @@ from replication import config, routing
 
 
 
-def test_two_way_pair_ends_with_the_same_messages_once_each(fabric):
+def test_two_way_pair_ends_with_the_same_messages_once_each(fabric, read_path):
     a, b = fabric.storage("a"), fabric.storage("b")
     fabric.configure("a", group="pair", replication=replication_xml(destination_xml(fabric.name("b"), [b])))
     fabric.configure("b", group="pair", replication=replication_xml(destination_xml(fabric.name("a"), [a])))
@@ -31,6 +31,17 @@ def test_two_way_pair_ends_with_the_same_messages_once_each(fabric):
     assert {tuple(r["path"]) for r in received} == {(fabric.name("a"), fabric.name("b"))}
     assert {r["origin"] for r in received} == {fabric.name("a")}
     assert inbox_codecs(fabric.storage("b")) == {"ZSTD"}, "inbox writes default to zstd"
+    assert_read_path(read_path, *fabric.running.values())
+
+
+def assert_read_path(read_path: str, *instances) -> None:
+    """Small batches were read by the writers themselves, or (spark-job) every batch by Spark."""
+    counts = [inst.writer.read_here.batches for inst in instances]
+    counts += [m.writer.batches_read_here for inst in instances for m in inst.managers if m.writer is not None]
+    if read_path == "read-here":
+        assert all(n > 0 for n in counts), counts
+    else:
+        assert not any(counts), counts
 
 
 @pytest.mark.parametrize("passthrough", [None, ".*"], ids=["no-passthrough", "passthrough"])
@@ -77,7 +88,7 @@ def test_cycle_with_passthrough_does_not_loop(fabric):
         assert DeltaTable(str(inbox)).to_pyarrow_table(columns=["publisher"]).num_rows <= 600
 
 
-def test_topic_type_and_content_filters_route_exactly_the_expected_rows(fabric):
+def test_topic_type_and_content_filters_route_exactly_the_expected_rows(fabric, read_path):
     b = fabric.storage("b")
     topics = (
         '<Topic><Name>/orders</Name><MessageType>json</MessageType><Filter>/qty &gt; 100 AND /side = \'buy\'</Filter>'
@@ -118,6 +129,7 @@ def test_topic_type_and_content_filters_route_exactly_the_expected_rows(fabric):
     # Filtered rows are acknowledged too: the link's acknowledged position reaches the end of A's log.
     link = fabric.running["a"].links[dest.name]
     wait_until(lambda: link.acked_seq == fabric.running["a"].durability.committed_seq, what="filtered rows acked")
+    assert_read_path(read_path, *fabric.running.values())
 
 
 @pytest.mark.parametrize("sync_type", ["sync", "async"])

@@ -1,0 +1,75 @@
+"""Micro-batch ranges from a query's offset log (replication/planned_batch.py), against real Spark queries."""
+
+from __future__ import annotations
+
+import pytest
+
+from replication.planned_batch import PlannedBatch
+from replication.txlog_source import FORMAT, register
+from test_txlog_source import TxlogWriter
+
+META = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
+
+
+def write_entry(checkpoint, batch_id: int, *lines: str, version: str = "v1") -> None:
+    offsets = checkpoint / "offsets"
+    offsets.mkdir(parents=True, exist_ok=True)
+    (offsets / str(batch_id)).write_text("\n".join([version, META, *lines]))
+
+
+def test_a_batch_runs_from_the_previous_entry_to_its_own(tmp_path):
+    write_entry(tmp_path, 4, '{"t": {"0": 10, "1": 3}}', '{"version": 2}')
+    write_entry(tmp_path, 5, '{"t": {"0": 12, "1": 3}}', '{"version": 5}')
+    assert PlannedBatch(tmp_path).ranges(5) == [
+        ({"t": {"0": 10, "1": 3}}, {"t": {"0": 12, "1": 3}}),
+        ({"version": 2}, {"version": 5}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "entries, batch",
+    [
+        ({0: ['{"seq": 3}']}, 0),  # the first batch starts at the sources' initial offsets
+        ({5: ['{"seq": 3}']}, 5),  # previous entry missing
+        ({4: ['{"seq": 1}']}, 5),  # own entry not written
+        ({4: ['{"seq": 1}'], 5: ['{"seq": 3}', '{"version": 1}']}, 5),  # sources differ
+        ({4: ['{"seq": 1}'], 5: ["-"]}, 5),  # a source without an offset
+        ({4: ['{"seq": 1}'], 5: ["[1, 2]"]}, 5),  # not an offset object
+    ],
+    ids=["first-batch", "no-previous", "no-entry", "source-count", "dash", "not-an-object"],
+)
+def test_unknown_ranges_are_none(tmp_path, entries, batch):
+    for batch_id, lines in entries.items():
+        write_entry(tmp_path, batch_id, *lines)
+    assert PlannedBatch(tmp_path).ranges(batch) is None
+
+
+def test_another_log_format_is_not_guessed(tmp_path):
+    write_entry(tmp_path, 1, '{"seq": 1}', version="v2")
+    write_entry(tmp_path, 2, '{"seq": 5}', version="v2")
+    assert PlannedBatch(tmp_path).ranges(2) is None
+
+
+def test_ranges_are_exactly_the_rows_spark_gives_each_batch(spark, tmp_path):
+    """A real query's offset log names, for every batch after the first, the seqs its DataFrame holds."""
+    txlog = TxlogWriter(tmp_path / "txlog")
+    for count in (7, 13, 1, 20, 9):
+        txlog.append(count)
+    checkpoint = tmp_path / "checkpoint"
+    planned = PlannedBatch(checkpoint)
+    seen: list[tuple[int, list[int], list | None]] = []
+    register(spark)
+    query = (
+        spark.readStream.format(FORMAT).option("path", str(txlog.path)).option("maxRowsPerTrigger", "8").load()
+        .writeStream.trigger(availableNow=True)
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(lambda df, batch_id: seen.append(
+            (batch_id, df.toArrow()["seq"].to_pylist(), planned.ranges(batch_id))))
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert [s for _, seqs, _ in seen for s in seqs] == list(range(1, 51))
+    assert len(seen) > 3 and seen[0][2] is None
+    for batch_id, seqs, ranges in seen[1:]:
+        assert ranges == [({"seq": seqs[0] - 1}, {"seq": seqs[-1]})], batch_id
