@@ -181,8 +181,9 @@ class ReadHere:
     (:mod:`replication.planned_batch`), one per source in the order
     :func:`ingest_stream` unions them: each Kafka transport, then the inbox.
     Kafka ranges are read with the source's decoding (one consumer kept per
-    transport, ``kafka_source.RangeReader``) and mapped with :func:`kafka_candidates`; inbox versions with :class:`InboxRows`. The
-    rows and their order are those Spark would have collected.
+    transport, ``kafka_source.RangeReader``) and mapped with
+    :func:`kafka_candidates`, inbox versions with :class:`InboxRows`. The rows
+    and their order are those Spark would have collected.
     """
 
     def __init__(self, cfg: InstanceConfig, layout: StorageLayout) -> None:

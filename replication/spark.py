@@ -72,8 +72,8 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
         # path can only be set here, before this process starts the JVM.
         from replication import local_fs
 
-        conf = local_fs.spark_conf(master or given.get("spark.master", ""), given.get("spark.driver.extraClassPath", None))
-        for key, value in conf.items():
+        extra = given.get("spark.driver.extraClassPath", None)
+        for key, value in local_fs.spark_conf(master or given.get("spark.master", ""), extra).items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))
