@@ -515,26 +515,10 @@ def read_partition(
     schema = _spark_arrow_schema()
     columns = RecordColumns(part.topic, part.partition, part.end, schema, [key for key, _ in PUBLISH_HEADERS])
     consumer = _range_consumer(options)
-    # On the fast path poll() returns one mark per record *batch*; a few batches
-    # per poll bound the rows held in Python lists between two Arrow flushes.
-    max_records = MAX_POLL_BATCHES if fast and _decode_into(consumer, columns) else None
+    fast = fast and _decode_into(consumer, columns)
     tp = TopicPartition(part.topic, part.partition)
     try:
-        consumer.assign([tp])
-        consumer.seek(tp, part.start)
-        stalled_since = time.monotonic()
-        while consumer.position(tp) < part.end:
-            records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=max_records).get(tp)
-            if not records:
-                if time.monotonic() - stalled_since > STALL_TIMEOUT_S:
-                    raise KafkaSourceError(
-                        f"{part.topic}[{part.partition}]: no records for {STALL_TIMEOUT_S:.0f}s at offset "
-                        f"{consumer.position(tp)}, expected data up to offset {part.end}; is the broker up?"
-                    )
-                continue
-            stalled_since = time.monotonic()
-            if max_records is None:
-                columns.add_records(records)
+        for _ in _poll_ranges(consumer, {tp: (part.start, part.end)}, {tp: columns}, fast):
             if len(columns) >= ARROW_BATCH_ROWS:
                 yield columns.flush()
         if len(columns):
@@ -579,27 +563,8 @@ class RangeReader:
         try:
             consumer = self._ready()
             fast = _decode_into(consumer, lambda tp: self._targets[tp])
-            consumer.assign(list(ranges))
-            for tp, (start, _end) in ranges.items():
-                consumer.seek(tp, start)
-            stalled_since = time.monotonic()
-            while True:
-                behind = [tp for tp, (_s, end) in ranges.items() if consumer.position(tp) < end]
-                if not behind:
-                    break
-                records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if fast else None)
-                if not records:
-                    if time.monotonic() - stalled_since > STALL_TIMEOUT_S:
-                        tp = behind[0]
-                        raise KafkaSourceError(
-                            f"{tp.topic}[{tp.partition}]: no records for {STALL_TIMEOUT_S:.0f}s at offset "
-                            f"{consumer.position(tp)}, expected data up to offset {ranges[tp][1]}; is the broker up?"
-                        )
-                    continue
-                stalled_since = time.monotonic()
-                if not fast:
-                    for tp, batch in records.items():
-                        self._targets[tp].add_records(batch)
+            for _ in _poll_ranges(consumer, ranges, self._targets, fast):
+                pass
         except BaseException:
             self.close()
             raise
@@ -618,6 +583,41 @@ class RangeReader:
         if self._consumer is None:
             self._consumer = _range_consumer(self.options)
         return self._consumer
+
+
+def _poll_ranges(consumer: KafkaConsumer, ranges: dict, targets: dict, fast: bool) -> Iterator[None]:
+    """Seek each partition to its start and poll until every position reaches its end; yield after each poll.
+
+    ``ranges``: TopicPartition -> (start, end); ``targets``: TopicPartition ->
+    the :class:`RecordColumns` its records go to (``fast``: the consumer decodes
+    into them itself, see :func:`_decode_into`). Stops on positions, not record
+    offsets: transaction markers and compacted-away records occupy offsets but
+    are never returned.
+    """
+    consumer.assign(list(ranges))
+    for tp, (start, _end) in ranges.items():
+        consumer.seek(tp, start)
+    stalled_since = time.monotonic()
+    while True:
+        behind = [tp for tp, (_start, end) in ranges.items() if consumer.position(tp) < end]
+        if not behind:
+            return
+        # On the fast path poll() returns one mark per record *batch*; a few batches
+        # per poll bound the rows held in Python lists between two Arrow flushes.
+        records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if fast else None)
+        if not records:
+            if time.monotonic() - stalled_since > STALL_TIMEOUT_S:
+                tp = behind[0]
+                raise KafkaSourceError(
+                    f"{tp.topic}[{tp.partition}]: no records for {STALL_TIMEOUT_S:.0f}s at offset "
+                    f"{consumer.position(tp)}, expected data up to offset {ranges[tp][1]}; is the broker up?"
+                )
+            continue
+        stalled_since = time.monotonic()
+        if not fast:
+            for tp, batch in records.items():
+                targets[tp].add_records(batch)
+        yield
 
 
 def _discard_fetched(consumer: KafkaConsumer | None) -> bool:
