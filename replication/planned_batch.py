@@ -33,6 +33,8 @@ class PlannedBatch:
 
     def __init__(self, checkpoint: str | Path) -> None:
         self.offsets = Path(checkpoint) / "offsets"
+        self._last: tuple[int, list[dict] | None] | None = None
+        """The last entry read: a batch's end is the next batch's start."""
 
     def ranges(self, batch_id: int) -> list[tuple[dict, dict]] | None:
         """(start, end) offsets of each source of batch ``batch_id``, in the query's source order.
@@ -43,13 +45,22 @@ class PlannedBatch:
         """
         if batch_id < 1:
             return None
-        end = self._entry(batch_id)
-        start = self._entry(batch_id - 1) if end is not None else None
+        start = self._entry(batch_id - 1)  # usually the entry read last, as the previous batch's end
+        end = self._entry(batch_id) if start is not None else None
         if start is None or end is None or len(start) != len(end):
             return None
         return list(zip(start, end, strict=True))
 
     def _entry(self, batch_id: int) -> list[dict] | None:
+        # Spark never rewrites an entry (a re-run batch reuses its own), so one read each is enough.
+        if self._last is not None and self._last[0] == batch_id:
+            return self._last[1]
+        entry = self._read(batch_id)
+        if entry is not None:
+            self._last = (batch_id, entry)
+        return entry
+
+    def _read(self, batch_id: int) -> list[dict] | None:
         try:
             lines = (self.offsets / str(batch_id)).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError):

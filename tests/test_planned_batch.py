@@ -73,3 +73,16 @@ def test_ranges_are_exactly_the_rows_spark_gives_each_batch(spark, tmp_path):
     assert len(seen) > 3 and seen[0][2] is None
     for batch_id, seqs, ranges in seen[1:]:
         assert ranges == [({"seq": seqs[0] - 1}, {"seq": seqs[-1]})], batch_id
+
+
+def test_each_entry_is_read_once_as_one_batch_follows_another(tmp_path, monkeypatch):
+    for batch_id, seq in enumerate((0, 4, 9, 12)):
+        write_entry(tmp_path, batch_id, '{"seq": %d}' % seq)
+    planned = PlannedBatch(tmp_path)
+    reads: list[int] = []
+    read = planned._read
+    monkeypatch.setattr(planned, "_read", lambda batch_id: reads.append(batch_id) or read(batch_id))
+    assert [planned.ranges(b) for b in (1, 2, 3)] == [
+        [({"seq": 0}, {"seq": 4})], [({"seq": 4}, {"seq": 9})], [({"seq": 9}, {"seq": 12})]
+    ]
+    assert reads == [0, 1, 2, 3]
