@@ -1,10 +1,8 @@
 """When a publisher's message counts as persisted, and telling the publisher (DESIGN §5, §7).
 
-A committed batch is *pending* until the durable watermark (a local ``seq``)
-passes its last row. With no sync destinations the watermark is simply the
-last committed ``seq``; replication adds sync destinations' acknowledgements
-through ``sync_watermark``. Persisted acks go to the Kafka topic
-``<instance>.acks``: key = client name, value = JSON
+A committed row is durable once no sync destination still waits to
+acknowledge it; with no sync destinations, at once. Persisted acks go to the
+Kafka topic ``<instance>.acks``: key = client name, value = JSON
 ``{"client", "seq", "instance"}`` where ``seq`` is the highest persisted
 publisher sequence. A logon is answered on the same topic with
 ``"logon": true`` and the publisher's ``correlation_id``.
@@ -16,12 +14,16 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from replication.links import runs_by_value
 from replication.storage import read_json, write_json_atomic
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from replication.ingest import Classified, Logon
     from replication.storage import StorageLayout
 
@@ -72,31 +74,41 @@ class AckSender:
 
 
 @dataclass
-class _Pending:
-    """One committed ingest batch whose acks are not all released yet."""
+class _Batch:
+    """A committed ingest batch some of whose rows may still wait for a sync destination."""
 
     first_seq: int
     last_seq: int
-    publishers: dict[str, int]
-    links: dict[str, int]
     committed_at: float
-    durable: bool = False
+
+
+@dataclass
+class _Position:
+    """A publisher's or an upstream's position, acknowledged once the local rows it covers are durable."""
+
+    value: int
+    runs: list[tuple[int, int]]
+    """Local seqs [first, last] of the rows that carry this position and are not yet known durable."""
 
 
 class Durability:
-    """Tracks committed-but-not-yet-durable batches; releases persisted acks and upstream acks.
+    """Tracks committed-but-not-yet-durable rows; releases persisted acks and upstream acks.
 
-    A batch is durable when no sync destination (not downgraded) still holds
-    one of its rows (see :meth:`replication.links.Link.holds`). Releasing it
-    (a) sends publishers their persisted acks and (b) writes
-    ``_control/acks/<upstream>.json`` for each upstream whose rows it held:
-    sync chains are transitive because a downstream acknowledges only what is
-    durable at its own sync destinations.
+    A row is durable when no sync destination (not downgraded) still holds it
+    (see :meth:`replication.links.Link.holds`). Acknowledgements follow rows,
+    not batches: a publisher's position is released when the rows that
+    publisher's messages got are durable, an upstream's when the rows received
+    from it are. Releasing (a) sends publishers their persisted acks and (b)
+    writes ``_control/acks/<upstream>.json``: sync chains are transitive because
+    a downstream acknowledges only what is durable at its own sync destinations.
 
-    Batches become durable out of order (a row received from a sync partner
-    is not sent back to it, so nothing holds it), but each publisher's and
-    each upstream's position is released in order: a position waits for every
-    earlier batch that holds a position of the same key.
+    Rows, not batches, is what keeps a two-way sync pair from waiting on
+    itself: a row received from the partner is never sent back (loop rule), so
+    the ack to the partner never waits for the partner, even when the same
+    batch holds our own rows that the partner has yet to acknowledge. Each
+    publisher's and each upstream's positions are released in order.
+
+    ``durable_seq`` is the prefix watermark: every local row through it is durable.
 
     Thread-safe: the ingest batch thread calls :meth:`on_commit`; destination
     threads call :meth:`release` when acknowledgements move.
@@ -111,7 +123,12 @@ class Durability:
         publishers: dict[str, int],
         links: dict[str, int],
         holds: Callable[[int, int], bool] | None = None,
+        rows_since: Callable[[int, int], "pa.Table"] | None = None,
     ) -> None:
+        """``publishers``/``links``: the txlog's positions at start. ``rows_since(after, through)``
+        reads the txlog's ``seq``, ``publisher`` and ``received_from`` of rows ``after < seq <=
+        through``: after a restart, the rows not yet known durable are matched to their keys
+        again (without it, every key waits for the whole range)."""
         self._sender = sender
         self._layout = layout
         self._lock = threading.Lock()
@@ -121,10 +138,40 @@ class Durability:
         self.upstream_acks: dict[str, int] = {k: int(v) for k, v in saved.get("upstreams", {}).items()}
         self.durable_seq = int(saved.get("durable_seq", 0))
         self.committed_seq = committed_seq
-        self._pending: list[_Pending] = []
-        # After a restart, what was committed but not known durable is one conservative batch.
+        self._batches: list[_Batch] = []
+        self._publishers: dict[str, deque[_Position]] = {}
+        self._upstreams: dict[str, deque[_Position]] = {}
         if committed_seq > self.durable_seq or publishers != self.persisted or links != self.upstream_acks:
-            self._pending.append(_Pending(self.durable_seq + 1, committed_seq, dict(publishers), dict(links), time.time()))
+            self._recover(publishers, links, rows_since)
+
+    def _recover(self, publishers: dict[str, int], links: dict[str, int],
+                 rows_since: Callable[[int, int], "pa.Table"] | None) -> None:
+        """After a restart: what was committed but not known durable waits again."""
+        after, through = self.durable_seq, self.committed_seq
+        self._batches.append(_Batch(after + 1, through, time.time()))
+        whole = [(after + 1, through)] if through > after else []
+        by_publisher: dict[str, list[tuple[int, int]]] = {}
+        by_upstream: dict[str, list[tuple[int, int]]] = {}
+        exact = False
+        if rows_since is not None and whole:
+            try:
+                rows = rows_since(after, through)
+            except Exception as exc:  # e.g. files vacuumed: waiting for the whole range is still right
+                log.warning("rows %d-%d of the txlog could not be read (%s); their acks wait for all of them",
+                            after + 1, through, exc)
+            else:
+                seqs = rows["seq"].to_numpy()
+                by_publisher = runs_by_value(rows["publisher"], seqs)
+                by_upstream = runs_by_value(rows["received_from"], seqs)
+                exact = True
+        for client, seq in publishers.items():
+            if seq > self.persisted.get(client, 0):
+                runs = by_publisher.get(client, []) if exact else whole
+                self._publishers[client] = deque([_Position(seq, list(runs))])
+        for upstream, seq in links.items():
+            if seq > self.upstream_acks.get(upstream, 0):
+                runs = by_upstream.get(upstream, []) if exact else whole
+                self._upstreams[upstream] = deque([_Position(seq, list(runs))])
 
     def announce(self) -> None:
         """Re-send every publisher's persisted position (at start: acks lost in a crash resume)."""
@@ -134,54 +181,37 @@ class Durability:
 
     def on_commit(self, last_seq: int, result: "Classified") -> None:
         with self._lock:
-            first_seq = self.committed_seq + 1
-            if result.publishers or result.links or last_seq > self.committed_seq:
-                self._pending.append(
-                    _Pending(first_seq, last_seq, dict(result.publishers), dict(result.links), time.time())
-                )
+            # A key whose rows the result does not list (a catch-up after a failed batch)
+            # waits for the whole batch: never too early.
+            whole = [(self.committed_seq + 1, last_seq)] if last_seq > self.committed_seq else []
+            if whole:
+                self._batches.append(_Batch(*whole[0], time.time()))
+            for client, seq in result.publishers.items():
+                runs = result.publisher_rows.get(client, whole)
+                self._publishers.setdefault(client, deque()).append(_Position(seq, list(runs)))
+            for upstream, seq in result.links.items():
+                runs = result.link_rows.get(upstream, whole)
+                self._upstreams.setdefault(upstream, deque()).append(_Position(seq, list(runs)))
             self.committed_seq = max(self.committed_seq, last_seq)
         self.release(result.logons)
 
     def oldest_waiting_age(self, held_by: Callable[[int, int], bool], now: float | None = None) -> float:
-        """Seconds since the oldest pending batch that ``held_by`` still holds (0 when none)."""
+        """Seconds since the oldest committed batch that ``held_by`` still holds a row of (0 when none)."""
         with self._lock:
-            batches = [(p.first_seq, p.last_seq, p.committed_at) for p in self._pending if not p.durable]
+            batches = [(b.first_seq, b.last_seq, b.committed_at) for b in self._batches]
         for first, last, committed_at in batches:
-            if last >= first and held_by(first, last):
+            if held_by(first, last):
                 return (now or time.time()) - committed_at
         return 0.0
 
     def release(self, logons: list["Logon"] | None = None) -> dict[str, int]:
         """Release what became durable: persisted acks to publishers, acks to upstreams."""
-        released: dict[str, int] = {}
-        upstreams: dict[str, int] = {}
         with self._lock:
-            blocked_publishers: set[str] = set()
-            blocked_links: set[str] = set()
-            keep: list[_Pending] = []
-            for batch in self._pending:
-                if not batch.durable:
-                    batch.durable = batch.last_seq < batch.first_seq or not self._holds(batch.first_seq, batch.last_seq)
-                if not batch.durable:
-                    blocked_publishers.update(batch.publishers)
-                    blocked_links.update(batch.links)
-                    keep.append(batch)
-                    continue
-                for client in [c for c in batch.publishers if c not in blocked_publishers]:
-                    seq = batch.publishers.pop(client)
-                    if seq > self.persisted.get(client, 0):
-                        self.persisted[client] = released[client] = seq
-                for upstream in [u for u in batch.links if u not in blocked_links]:
-                    seq = batch.links.pop(upstream)
-                    if seq > self.upstream_acks.get(upstream, 0):
-                        self.upstream_acks[upstream] = upstreams[upstream] = seq
-                if batch.publishers or batch.links:
-                    blocked_publishers.update(batch.publishers)
-                    blocked_links.update(batch.links)
-                    keep.append(batch)
-            self._pending = keep
-            waiting = [b.first_seq for b in keep if not b.durable]
-            self.durable_seq = (min(waiting) - 1) if waiting else self.committed_seq
+            # Durable stays durable: a resync or an upgrade later does not take back acks given.
+            self._batches = [b for b in self._batches if self._holds(b.first_seq, b.last_seq)]
+            self.durable_seq = (self._batches[0].first_seq - 1) if self._batches else self.committed_seq
+            released = self._release_in_order(self._publishers, self.persisted)
+            upstreams = self._release_in_order(self._upstreams, self.upstream_acks)
             persisted = dict(self.persisted)
             if released or upstreams:
                 write_json_atomic(self._layout.durable_json, {
@@ -192,6 +222,23 @@ class Durability:
         if self._sender and (released or logons):
             self._sender.send(released, logons or [], persisted)
         return released
+
+    def _release_in_order(self, waiting: dict[str, deque[_Position]], acked: dict[str, int]) -> dict[str, int]:
+        """Pop each key's positions whose rows are all durable, in order; raise ``acked``; what moved."""
+        moved: dict[str, int] = {}
+        for key in list(waiting):
+            queue = waiting[key]
+            while queue:
+                head = queue[0]
+                head.runs = [run for run in head.runs if self._holds(*run)]
+                if head.runs:
+                    break
+                queue.popleft()
+                if head.value > acked.get(key, 0):
+                    acked[key] = moved[key] = head.value
+            if not queue:
+                del waiting[key]
+        return moved
 
     def close(self) -> None:
         if self._sender:

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from replication import effective_config
 from replication.config import InstanceConfig
 from replication.actions import DowngradeController
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
+#: The txlog columns that say whose ack a row holds back (see ``Durability``).
+TXLOG_KEYS = pa.schema([TXLOG_SCHEMA.field(name) for name in ("seq", "publisher", "received_from")])
 
 
 class Instance:
@@ -91,6 +95,7 @@ class Instance:
             publishers=state.publishers,
             links=state.links,
             holds=self._held_by_sync_destination,
+            rows_since=self._txlog_keys,
         )
         self.durability.announce()
         self.writer = IngestWriter(
@@ -150,6 +155,12 @@ class Instance:
         log.error("%s: ingest query stopped (%s); restarting it (restart %d)", self.name, error, self.restarts)
         self.writer.catch_up()
         self._start_ingest()
+
+    def _txlog_keys(self, after: int, through: int):
+        """``seq``, ``publisher`` and ``received_from`` of the txlog rows ``after < seq <= through``."""
+        from replication.txlog_source import read_range
+
+        return read_range(str(self.layout.txlog), after, through, schema=TXLOG_KEYS)
 
     def _held_by_sync_destination(self, first: int, last: int) -> bool:
         """Does a sync destination (not downgraded) still hold a row of [first, last]?"""

@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from replication.storage import read_json, write_json_atomic
 
 
@@ -109,7 +111,7 @@ class Link:
                 return True
             runs = self.state.unacked
             # the first run that ends at or after ``first``
-            i = bisect.bisect_left([r[1] for r in runs], first)
+            i = bisect.bisect_left(runs, first, key=lambda run: run[1])
             return i < len(runs) and runs[i][0] <= last
 
     def on_sent(self, runs: list[tuple[int, int]], through: int) -> None:
@@ -117,9 +119,14 @@ class Link:
         with self._lock:
             if through <= self.state.sent_seq:
                 return  # a replayed batch
+            unacked = self.state.unacked
             for first, last in runs:
                 if last > self.state.sent_seq:
-                    self.state.unacked.append([max(first, self.state.sent_seq + 1), last])
+                    first = max(first, self.state.sent_seq + 1)
+                    if unacked and unacked[-1][1] == first - 1:
+                        unacked[-1][1] = last  # one run for a stream of routed rows, however many batches
+                    else:
+                        unacked.append([first, last])
             self.state.sent_seq = through
             self._trim_locked()
             self._changed_locked()
@@ -174,8 +181,6 @@ class Link:
 
 def runs_of(seqs) -> list[tuple[int, int]]:
     """Consecutive runs [first, last] of an ascending sequence of ints."""
-    import numpy as np
-
     values = np.asarray(seqs, dtype=np.int64)
     if values.size == 0:
         return []
@@ -183,3 +188,24 @@ def runs_of(seqs) -> list[tuple[int, int]]:
     starts = np.concatenate(([0], breaks + 1))
     ends = np.concatenate((breaks, [values.size - 1]))
     return [(int(values[s]), int(values[e])) for s, e in zip(starts, ends, strict=True)]
+
+
+def runs_by_code(codes: np.ndarray, seqs: np.ndarray) -> dict[int, list[tuple[int, int]]]:
+    """Runs of ``seqs`` (ascending) per key code, codes < 0 left out: which rows belong to each key."""
+    if codes.size == 0:
+        return {}
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    bounds = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
+    return {int(sorted_codes[segment[0]]): runs_of(seqs[order[segment]])
+            for segment in np.split(np.arange(codes.size), bounds) if sorted_codes[segment[0]] >= 0}
+
+
+def runs_by_value(values, seqs: np.ndarray) -> dict[str, list[tuple[int, int]]]:
+    """Runs of ``seqs`` (ascending) per distinct value of the Arrow string column ``values`` (nulls left out)."""
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(values).combine_chunks()
+    labels = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return {labels[code]: runs for code, runs in runs_by_code(codes, seqs).items()}

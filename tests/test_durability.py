@@ -77,3 +77,85 @@ def test_restart_keeps_what_was_durable_and_waits_for_the_rest(tmp_path):
                       holds=lambda f, l: True)
     held.announce()
     assert held.persisted == {"p": 5}, "after a restart, persisted positions come back; new ones still wait"
+
+
+def test_a_sync_pair_acknowledges_the_partner_while_its_own_rows_in_the_same_batch_still_wait(tmp_path):
+    """Per row, not per batch: one batch holding our row (sent to the partner) and the partner's row
+    (never sent back) acknowledges the partner at once. Per batch, each side's ack would wait on the other's."""
+    layout = StorageLayout(tmp_path)
+    to_partner = Link(layout.link_file("partner"), "partner", "sync")
+    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
+                     holds=lambda f, l: to_partner.holds(f, l))
+    batch = committed({"mine": 1, "theirs": 1}, {"partner": 40})
+    batch.publisher_rows = {"mine": [(1, 1)], "theirs": [(2, 2)]}
+    batch.link_rows = {"partner": [(2, 2)]}
+    dur.on_commit(2, batch)
+    to_partner.on_sent([(1, 1)], through=2)
+    dur.release()
+    assert read_json(layout.ack_file("partner"))["seq"] == 40, "the partner's row is not held by the partner"
+    assert dur.persisted == {"theirs": 1} and dur.durable_seq == 0
+    to_partner.on_ack(1)
+    dur.release()
+    assert dur.persisted == {"theirs": 1, "mine": 1} and dur.durable_seq == 2
+
+
+def test_a_publisher_position_waits_for_every_row_of_it_and_positions_stay_in_order(tmp_path):
+    layout = StorageLayout(tmp_path)
+    link = Link(layout.link_file("b"), "b", "sync")
+    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
+                     holds=lambda f, l: link.holds(f, l))
+    first = committed({"p": 2, "q": 1})
+    first.publisher_rows = {"p": [(1, 1), (3, 3)], "q": [(2, 2)]}
+    second = committed({"p": 3})
+    second.publisher_rows = {"p": [(4, 4)]}
+    dur.on_commit(3, first)
+    dur.on_commit(4, second)
+    link.on_sent([(3, 4)], through=4)  # 1 and 2 filtered out
+    dur.release()
+    assert dur.persisted == {"q": 1}, "p's seq 2 is row 3, still unacknowledged; p's seq 3 waits behind it"
+    link.on_ack(3)
+    dur.release()
+    assert dur.persisted == {"q": 1, "p": 2}
+    link.on_ack(4)
+    dur.release()
+    assert dur.persisted == {"q": 1, "p": 3}
+
+
+def test_after_a_restart_rows_are_matched_to_their_keys_again(tmp_path):
+    """Both halves of a sync pair restarting with rows not yet durable must not wait on each other."""
+    import pyarrow as pa
+
+    layout = StorageLayout(tmp_path)
+    to_partner = Link(layout.link_file("partner"), "partner", "sync")
+    to_partner.on_sent([(1, 1), (3, 3)], through=4)  # rows 2 and 4 came from the partner
+
+    def rows_since(after, through):
+        assert (after, through) == (0, 4)
+        return pa.table({"seq": [1, 2, 3, 4], "publisher": ["mine", "theirs", "mine", "theirs"],
+                         "received_from": [None, "partner", None, "partner"]})
+
+    dur = Durability(None, layout=layout, committed_seq=4, publishers={"mine": 2, "theirs": 2},
+                     links={"partner": 9}, holds=lambda f, l: to_partner.holds(f, l), rows_since=rows_since)
+    dur.announce()
+    assert dur.persisted == {"theirs": 2}
+    assert read_json(layout.ack_file("partner"))["seq"] == 9
+    to_partner.on_ack(3)
+    dur.release()
+    assert dur.persisted == {"theirs": 2, "mine": 2} and dur.durable_seq == 4
+
+
+def test_after_a_restart_without_the_rows_every_key_waits_for_the_whole_range(tmp_path):
+    layout = StorageLayout(tmp_path)
+    to_partner = Link(layout.link_file("partner"), "partner", "sync")
+    to_partner.on_sent([(1, 1)], through=2)
+
+    def unreadable(after, through):
+        raise FileNotFoundError("vacuumed")
+
+    dur = Durability(None, layout=layout, committed_seq=2, publishers={"mine": 1, "theirs": 1},
+                     links={"partner": 5}, holds=lambda f, l: to_partner.holds(f, l), rows_since=unreadable)
+    dur.announce()
+    assert dur.persisted == {} and read_json(layout.ack_file("partner")) is None
+    to_partner.on_ack(1)
+    dur.release()
+    assert dur.persisted == {"mine": 1, "theirs": 1} and read_json(layout.ack_file("partner"))["seq"] == 5

@@ -120,3 +120,21 @@ def test_received_rows_keep_their_path_and_report_the_upstream_position():
     assert [r["path"] for r in rows] == [["amps-1"], ["up", "amps-1"]]
     assert [r["origin"] for r in rows] == ["amps-1", "up"]
     assert result.links == {"up": 17} and result.duplicates == 1
+
+
+def test_each_publisher_and_upstream_knows_the_local_rows_its_ack_waits_on():
+    result = run(publishes(
+        {"publisher": "a", "publisher_seq": "1"},
+        {"source": "inbox:up", "publisher": "b", "publisher_seq": "1", "path": ["up"], "received_from": "up",
+         "origin": "up", "upstream_seq": 7},
+        {"publisher": "a", "publisher_seq": "1"},  # a duplicate takes no seq
+        {"publisher": "a", "publisher_seq": "2"},
+        {"source": "inbox:up", "publisher": "a", "publisher_seq": "3", "path": ["up"], "received_from": "up",
+         "origin": "up", "upstream_seq": 8},
+        {"source": "inbox:up", "publisher": "b", "publisher_seq": "1", "path": ["up"], "received_from": "up",
+         "origin": "up", "upstream_seq": 9},  # a duplicate: acknowledged to "up", no row to wait on
+    ), PublisherState(max_seq=100))
+    assert result.txlog_rows["seq"].to_pylist() == [101, 102, 103, 104]
+    assert result.publisher_rows == {"a": [(101, 101), (103, 104)], "b": [(102, 102)]}
+    assert result.link_rows == {"up": [(102, 102), (104, 104)]}
+    assert result.links == {"up": 9}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -19,8 +21,14 @@ def test_two_way_pair_ends_with_the_same_messages_once_each(fabric, read_path):
     fabric.start("a")
     fabric.start("b")
     pa_, pb_ = fabric.publisher("pub-a", "a"), fabric.publisher("pub-b", "b")
-    publish_orders(pa_, 1500)
-    publish_orders(pb_, 1500)
+    # Both sides at once, at a steady pace: each side's batches then hold its own rows (waiting for the
+    # partner's ack) next to the partner's rows (acknowledged to the partner). No downgrade action is
+    # configured, so acks that waited on each other would never come and flush would time out.
+    threads = [threading.Thread(target=publish_paced, args=(pub, 1500, 1000.0)) for pub in (pa_, pb_)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     pa_.flush(timeout=240)  # sync: persisted only once the other side has it
     pb_.flush(timeout=240)
     for side in ("a", "b"):
@@ -32,6 +40,16 @@ def test_two_way_pair_ends_with_the_same_messages_once_each(fabric, read_path):
     assert {r["origin"] for r in received} == {fabric.name("a")}
     assert inbox_codecs(fabric.storage("b")) == {"ZSTD"}, "inbox writes default to zstd"
     assert_read_path(read_path, *fabric.running.values())
+
+
+def publish_paced(pub, n: int, rate: float) -> None:
+    """Publish ``n`` orders at about ``rate`` per second."""
+    started = time.monotonic()
+    for i in range(n):
+        pub.publish("/orders", json.dumps({"i": i, "qty": i % 300}).encode())
+        ahead = started + (i + 1) / rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
 
 
 def assert_read_path(read_path: str, *instances) -> None:
