@@ -121,7 +121,8 @@ class Publisher:
         )
         self._cond = threading.Condition()
         self._persisted = 0
-        self._logon_replies: dict[str, int] = {}
+        self._logon_replies: dict[str, tuple[int, int]] = {}
+        """correlation id -> (persisted, stored) sequence the instance answered."""
         self._closed = threading.Event()
         self.resent: list[int] = []
         """Sequence numbers re-sent by logons, in order (for operators and tests)."""
@@ -168,8 +169,15 @@ class Publisher:
                     )
                 self._cond.wait(min(left, 0.5))
 
-    def logon(self, timeout: float = 60.0) -> int:
-        """Ask the instance for the last sequence it persisted for this name; resend what is missing."""
+    def logon(self, timeout: float = 60.0, *, resend_stored: bool = True) -> int:
+        """Ask the instance for the last sequence it persisted for this name; resend what is missing.
+
+        Everything above the persisted sequence is resent (the instance drops
+        what it has), as after a reconnect. ``resend_stored=False`` resends only
+        what the instance never received: messages it stored but has not yet
+        persisted (waiting for a sync destination) stay in the store until
+        their ack comes. Returns the persisted sequence.
+        """
         correlation = uuid.uuid4().hex
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -188,12 +196,13 @@ class Publisher:
                         f"{acks_topic(self.instance)} within {timeout}s; is the instance running and reading {self.topic}?"
                     )
                 self._cond.wait(min(left, 5.0))
-            persisted = self._logon_replies.pop(correlation)
+            persisted, stored = self._logon_replies.pop(correlation)
             self._persisted = max(self._persisted, persisted)
         self.store.discard_through(persisted)
         for seq, topic, message_type, command, data in self.store.unacknowledged():
-            self._send(seq, topic, message_type, command, data)
-            self.resent.append(seq)
+            if resend_stored or seq > stored:
+                self._send(seq, topic, message_type, command, data)
+                self.resent.append(seq)
         self._producer.flush(timeout=30)
         log.info("publisher %s: logged on to %s, persisted through %d", self.name, self.instance, persisted)
         return persisted
@@ -261,7 +270,8 @@ class Publisher:
                     ack = json.loads(record.value)
                     if ack.get("logon"):
                         with self._cond:
-                            self._logon_replies[ack.get("correlation_id", "")] = int(ack["seq"])
+                            seq = int(ack["seq"])
+                            self._logon_replies[ack.get("correlation_id", "")] = (seq, int(ack.get("stored", seq)))
                             self._cond.notify_all()
                     latest = max(latest or 0, int(ack["seq"]))
             if latest is not None:
@@ -273,7 +283,12 @@ class Publisher:
                     self.store.discard_through(latest)
 
     def _watch(self) -> None:
-        """Log on again and resend when acks stop coming (instance restarted, connection lost)."""
+        """Log on again and resend when acks stop coming (instance restarted, connection lost).
+
+        Only what the instance never received is resent: acks that stall
+        because a sync destination is away must not make the publisher send
+        its whole store again every few seconds.
+        """
         last_progress = (self.persisted_seq, time.monotonic())
         while not self._closed.wait(1.0):
             persisted = self.persisted_seq
@@ -286,7 +301,7 @@ class Publisher:
             if time.monotonic() - last_progress[1] < self.resend_after or self._closed.is_set():
                 continue
             try:
-                self.logon(timeout=self.resend_after)
+                self.logon(timeout=self.resend_after, resend_stored=False)
             except ReplicationError as exc:
                 log.warning("%s", exc)
             except Exception:  # the producer closed under us: close() is in progress

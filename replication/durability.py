@@ -5,7 +5,9 @@ acknowledge it; with no sync destinations, at once. Persisted acks go to the
 Kafka topic ``<instance>.acks``: key = client name, value = JSON
 ``{"client", "seq", "instance"}`` where ``seq`` is the highest persisted
 publisher sequence. A logon is answered on the same topic with
-``"logon": true`` and the publisher's ``correlation_id``.
+``"logon": true``, the publisher's ``correlation_id`` and ``stored``, the
+highest sequence of the client in the txlog (persisted or still waiting for
+sync destinations): a publisher need not resend what is stored.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ class AckSender:
             value_serializer=lambda v: json.dumps(v, separators=(",", ":")).encode(),
         )
 
-    def send(self, acks: dict[str, int], logons: list["Logon"], persisted: dict[str, int]) -> None:
+    def send(self, acks: dict[str, int], logons: list["Logon"], persisted: dict[str, int],
+             stored: dict[str, int] | None = None) -> None:
+        """Persisted acks, then logon replies: the client's persisted and stored (received) positions."""
         for client, seq in acks.items():
             self._producer.send(self.topic, key=client, value={"client": client, "seq": seq, "instance": self.instance})
         for logon in logons:
@@ -61,6 +65,7 @@ class AckSender:
                 value={
                     "client": logon.client,
                     "seq": persisted.get(logon.client, 0),
+                    "stored": max((stored or {}).get(logon.client, 0), persisted.get(logon.client, 0)),
                     "instance": self.instance,
                     "logon": True,
                     "correlation_id": logon.correlation_id,
@@ -138,6 +143,8 @@ class Durability:
         self.upstream_acks: dict[str, int] = {k: int(v) for k, v in saved.get("upstreams", {}).items()}
         self.durable_seq = int(saved.get("durable_seq", 0))
         self.committed_seq = committed_seq
+        self.stored = dict(publishers)
+        """client -> highest sequence in the txlog, persisted or not (told to publishers at logon)."""
         self._batches: list[_Batch] = []
         self._publishers: dict[str, deque[_Position]] = {}
         self._upstreams: dict[str, deque[_Position]] = {}
@@ -187,6 +194,7 @@ class Durability:
             if whole:
                 self._batches.append(_Batch(*whole[0], time.time()))
             for client, seq in result.publishers.items():
+                self.stored[client] = max(self.stored.get(client, 0), seq)
                 runs = result.publisher_rows.get(client, whole)
                 self._publishers.setdefault(client, deque()).append(_Position(seq, list(runs)))
             for upstream, seq in result.links.items():
@@ -213,6 +221,7 @@ class Durability:
             released = self._release_in_order(self._publishers, self.persisted)
             upstreams = self._release_in_order(self._upstreams, self.upstream_acks)
             persisted = dict(self.persisted)
+            stored = {logon.client: self.stored.get(logon.client, 0) for logon in logons or []}
             if released or upstreams:
                 write_json_atomic(self._layout.durable_json, {
                     "durable_seq": self.durable_seq, "publishers": persisted, "upstreams": dict(self.upstream_acks),
@@ -220,7 +229,7 @@ class Durability:
         for upstream, seq in upstreams.items():
             write_json_atomic(self._layout.ack_file(upstream), {"seq": seq, "time": time.time()})
         if self._sender and (released or logons):
-            self._sender.send(released, logons or [], persisted)
+            self._sender.send(released, logons or [], persisted, stored)
         return released
 
     def _release_in_order(self, waiting: dict[str, deque[_Position]], acked: dict[str, int]) -> dict[str, int]:

@@ -159,12 +159,15 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
     fabric.start("b")
     fabric.stop("b")  # B exists (validation can read it) but is down
     fabric.start("a")
-    pub = fabric.publisher("waiter", "a")
+    pub = fabric.publisher("waiter", "a", resend_after=1.0)
     publish_orders(pub, 100)
     if sync_type == "sync":
         with pytest.raises(TimeoutError):
             pub.flush(timeout=8)
         assert fabric.count("a") == 100, "the messages are in A's txlog; only the ack is withheld"
+        # Meanwhile the publisher's watchdog logged on again (acks stalled for over a second) and
+        # learnt that A has stored everything: nothing was sent twice.
+        assert pub.resent == [] and fabric.running["a"].status()["counters"]["duplicates"] == 0
     else:
         pub.flush(timeout=120)
     fabric.start("b")  # B returns: A resyncs it, and acks flow
