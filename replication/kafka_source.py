@@ -545,8 +545,12 @@ class RangeReader:
         self._consumer: KafkaConsumer | None = None
         self._targets: dict = {}
 
-    def read(self, parts: Sequence[KafkaInputPartition]) -> list[pa.RecordBatch]:
-        """The records of ``parts`` (offsets ``[start, end)`` each), one Arrow batch per partition with rows."""
+    def read(self, parts: Sequence[KafkaInputPartition], *,
+             stall_timeout: float = STALL_TIMEOUT_S) -> list[pa.RecordBatch]:
+        """The records of ``parts`` (offsets ``[start, end)`` each), one Arrow batch per partition with rows.
+
+        Raises :class:`KafkaSourceError` when no records come for ``stall_timeout`` seconds.
+        """
         from kafka import TopicPartition
 
         ranges: dict = {}
@@ -563,7 +567,7 @@ class RangeReader:
         try:
             consumer = self._ready()
             fast = _decode_into(consumer, lambda tp: self._targets[tp])
-            for _ in _poll_ranges(consumer, ranges, self._targets, fast):
+            for _ in _poll_ranges(consumer, ranges, self._targets, fast, stall_timeout):
                 pass
         except BaseException:
             self.close()
@@ -585,7 +589,8 @@ class RangeReader:
         return self._consumer
 
 
-def _poll_ranges(consumer: KafkaConsumer, ranges: dict, targets: dict, fast: bool) -> Iterator[None]:
+def _poll_ranges(consumer: KafkaConsumer, ranges: dict, targets: dict, fast: bool,
+                 stall_timeout: float = STALL_TIMEOUT_S) -> Iterator[None]:
     """Seek each partition to its start and poll until every position reaches its end; yield after each poll.
 
     ``ranges``: TopicPartition -> (start, end); ``targets``: TopicPartition ->
@@ -606,10 +611,10 @@ def _poll_ranges(consumer: KafkaConsumer, ranges: dict, targets: dict, fast: boo
         # per poll bound the rows held in Python lists between two Arrow flushes.
         records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if fast else None)
         if not records:
-            if time.monotonic() - stalled_since > STALL_TIMEOUT_S:
+            if time.monotonic() - stalled_since > stall_timeout:
                 tp = behind[0]
                 raise KafkaSourceError(
-                    f"{tp.topic}[{tp.partition}]: no records for {STALL_TIMEOUT_S:.0f}s at offset "
+                    f"{tp.topic}[{tp.partition}]: no records for {stall_timeout:.0f}s at offset "
                     f"{consumer.position(tp)}, expected data up to offset {ranges[tp][1]}; is the broker up?"
                 )
             continue

@@ -81,8 +81,11 @@ class ReplicatorWriter:
 
     def __call__(self, df, batch_id: int) -> None:
         span = self._planned_span(batch_id)
-        if span is not None:
-            self._write_read_here(*span, batch_id)
+        if span is not None and span[0] == span[1]:
+            return  # an empty batch
+        routed_here = self._route_here(*span) if span is not None else None
+        if routed_here is not None:
+            self._send(*routed_here, batch_id)
             return
         decided = df.select("seq", self.condition.alias("_routed")).toArrow()
         if decided.num_rows == 0:
@@ -110,16 +113,19 @@ class ReplicatorWriter:
             return None
         return (after, through) if 0 <= through - after <= planned_batch.DIRECT_MAX_ROWS else None
 
-    def _write_read_here(self, after: int, through: int, batch_id: int) -> None:
-        """The batch (after, through] read from the txlog files and routed here, without a Spark job."""
-        rows = self.txlog.read(after, through)
-        if rows.num_rows == 0:
-            return
-        mask = routing.route_mask(self.cfg, self.dest, rows)
+    def _route_here(self, after: int, through: int) -> tuple[pa.Table | None, np.ndarray, int] | None:
+        """The batch (after, through] read from the txlog files and routed here, without a Spark job:
+        (routed rows, their seqs, through); None when it could not be read here (Spark routes it)."""
+        try:
+            rows = self.txlog.read(after, through)
+            mask = routing.route_mask(self.cfg, self.dest, rows)
+        except Exception:
+            log.warning("%s->%s: seqs %d-%d could not be read here; Spark reads them instead",
+                        self.cfg.name, self.dest.name, after + 1, through, exc_info=True)
+            return None
         self.batches_read_here += 1
         routed_seqs = rows["seq"].to_numpy()[mask]
-        self._send(rows.filter(pa.array(mask)) if routed_seqs.size else None, routed_seqs,
-                   int(rows["seq"][-1].as_py()), batch_id)
+        return (rows.filter(pa.array(mask)) if routed_seqs.size else None), routed_seqs, through
 
     def _send(self, routed: pa.Table | None, routed_seqs: np.ndarray, through: int, batch_id: int) -> None:
         """Append the routed rows to the inbox (one idempotent commit), then tell the link."""

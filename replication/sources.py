@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from replication.config import KafkaTransport
+
+log = logging.getLogger(__name__)
 
 
 def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
@@ -174,6 +177,10 @@ class InboxRows:
         )
 
 
+#: A read here that gets no records for this long gives the batch to Spark's tasks.
+READ_HERE_STALL_S = 15.0
+
+
 class ReadHere:
     """The ingest writer's own read of a small micro-batch, as candidate rows; None: collect Spark's.
 
@@ -221,12 +228,18 @@ class ReadHere:
             except (KeyError, TypeError, ValueError):
                 return None
         tables = []
-        for transport, reader, parts in plans:
-            batches = reader.read(parts)
-            if batches:
-                tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
-        if versions is not None and versions[1] >= versions[0]:
-            tables.append(self.inbox.candidates(read_versions(self.inbox.inbox, *versions)))
+        try:
+            for transport, reader, parts in plans:
+                batches = reader.read(parts, stall_timeout=READ_HERE_STALL_S)
+                if batches:
+                    tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
+            if versions is not None and versions[1] >= versions[0]:
+                tables.append(self.inbox.candidates(read_versions(self.inbox.inbox, *versions)))
+        except Exception:
+            # Spark's tasks read the same ranges with their own consumers and retries.
+            log.warning("ingest batch %d: reading it here failed; Spark reads it instead", batch_id, exc_info=True)
+            self.close()
+            return None
         self.batches += 1
         return pa.concat_tables(tables) if tables else CANDIDATE_SCHEMA.empty_table()
 

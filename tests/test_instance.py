@@ -141,3 +141,27 @@ def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, br
         failpoints.arm("")
     assert inst.restarts >= 1
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"survivor": 600})
+
+
+def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch, caplog):
+    from replication import kafka_source
+
+    real_read = kafka_source.RangeReader.read
+    failures = []
+
+    def failing_once(self, parts, **kwargs):
+        if not failures:
+            failures.append(parts)
+            raise kafka_source.KafkaSourceError("no records for 15s (injected)")
+        return real_read(self, parts, **kwargs)
+
+    monkeypatch.setattr(kafka_source.RangeReader, "read", failing_once)
+    inst = start_instance()
+    with publisher(broker, inst, "fallback", tmp_path) as pub:
+        for i in range(300):
+            pub.publish("/orders", b'{"i": %d}' % i)
+        pub.flush(timeout=120)
+    assert failures, "the injected failure was reached"
+    assert any("reading it here failed; Spark reads it instead" in r.getMessage() for r in caplog.records)
+    assert_exactly_once(txlog_rows(tmp_path, inst.name), {"fallback": 300})
+    assert inst.restarts == 0, "the query did not fail"

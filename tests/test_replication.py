@@ -174,3 +174,30 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
     pub.flush(timeout=240)
     wait_until(lambda: fabric.count("b") == 100, what="B to be resynced")
     assert_exactly_once(fabric.rows("b"), {"waiter": 100})
+
+
+def test_a_replicator_batch_that_cannot_be_read_here_is_routed_by_spark(fabric, monkeypatch, caplog):
+    from replication import txlog_source
+
+    real_read = txlog_source.TxlogFiles.read
+    failures = []
+
+    def failing_once(self, start, end, **kwargs):
+        if not failures and end > start:
+            failures.append((start, end))
+            raise OSError("a txlog file could not be opened (injected)")
+        return real_read(self, start, end, **kwargs)
+
+    monkeypatch.setattr(txlog_source.TxlogFiles, "read", failing_once)
+    b = fabric.storage("b")
+    fabric.configure("b")
+    fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [b], topics=ONE_WAY)))
+    fabric.start("b")
+    fabric.start("a")
+    pub = fabric.publisher("via-spark", "a")
+    publish_orders(pub, 300)
+    pub.flush(timeout=120)
+    wait_until(lambda: fabric.count("b") == 300, what="B to receive every message")
+    assert failures, "the injected failure was reached"
+    assert any("could not be read here; Spark reads them instead" in r.getMessage() for r in caplog.records)
+    assert_exactly_once(fabric.rows("b"), {"via-spark": 300})
