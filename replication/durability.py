@@ -20,7 +20,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from replication.links import runs_by_value
+import numpy as np
+
+from replication.links import Runs, runs_by_value
 from replication.storage import read_json, write_json_atomic
 
 if TYPE_CHECKING:
@@ -92,8 +94,15 @@ class _Position:
     """A publisher's or an upstream's position, acknowledged once the local rows it covers are durable."""
 
     value: int
-    runs: list[tuple[int, int]]
-    """Local seqs [first, last] of the rows that carry this position and are not yet known durable."""
+    runs: Runs
+    """The local seqs of the rows that carry this position."""
+
+
+def _span(first: int, last: int) -> Runs:
+    """Rows ``first..last`` as one run (none when ``last < first``)."""
+    if last < first:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.array([first], np.int64), np.array([last], np.int64)
 
 
 class Durability:
@@ -127,17 +136,18 @@ class Durability:
         committed_seq: int,
         publishers: dict[str, int],
         links: dict[str, int],
-        holds: Callable[[int, int], bool] | None = None,
+        holds: Callable[[Runs], bool] | None = None,
         rows_since: Callable[[int, int], "pa.Table"] | None = None,
     ) -> None:
-        """``publishers``/``links``: the txlog's positions at start. ``rows_since(after, through)``
+        """``publishers``/``links``: the txlog's positions at start. ``holds(runs)``: does a sync
+        destination still hold a row of ``runs``? ``rows_since(after, through)``
         reads the txlog's ``seq``, ``publisher`` and ``received_from`` of rows ``after < seq <=
         through``: after a restart, the rows not yet known durable are matched to their keys
         again (without it, every key waits for the whole range)."""
         self._sender = sender
         self._layout = layout
         self._lock = threading.Lock()
-        self._holds = holds or (lambda first, last: False)
+        self._holds = holds or (lambda runs: False)
         saved = read_json(layout.durable_json) or {}
         self.persisted: dict[str, int] = {k: int(v) for k, v in saved.get("publishers", {}).items()}
         self.upstream_acks: dict[str, int] = {k: int(v) for k, v in saved.get("upstreams", {}).items()}
@@ -156,11 +166,11 @@ class Durability:
         """After a restart: what was committed but not known durable waits again."""
         after, through = self.durable_seq, self.committed_seq
         self._batches.append(_Batch(after + 1, through, time.time()))
-        whole = [(after + 1, through)] if through > after else []
-        by_publisher: dict[str, list[tuple[int, int]]] = {}
-        by_upstream: dict[str, list[tuple[int, int]]] = {}
+        whole = _span(after + 1, through)
+        by_publisher: dict[str, Runs] = {}
+        by_upstream: dict[str, Runs] = {}
         exact = False
-        if rows_since is not None and whole:
+        if rows_since is not None and through > after:
             try:
                 rows = rows_since(after, through)
             except Exception as exc:  # e.g. files vacuumed: waiting for the whole range is still right
@@ -173,12 +183,12 @@ class Durability:
                 exact = True
         for client, seq in publishers.items():
             if seq > self.persisted.get(client, 0):
-                runs = by_publisher.get(client, []) if exact else whole
-                self._publishers[client] = deque([_Position(seq, list(runs))])
+                runs = by_publisher.get(client, _span(1, 0)) if exact else whole
+                self._publishers[client] = deque([_Position(seq, runs)])
         for upstream, seq in links.items():
             if seq > self.upstream_acks.get(upstream, 0):
-                runs = by_upstream.get(upstream, []) if exact else whole
-                self._upstreams[upstream] = deque([_Position(seq, list(runs))])
+                runs = by_upstream.get(upstream, _span(1, 0)) if exact else whole
+                self._upstreams[upstream] = deque([_Position(seq, runs)])
 
     def announce(self) -> None:
         """Re-send every publisher's persisted position (at start: acks lost in a crash resume)."""
@@ -190,16 +200,16 @@ class Durability:
         with self._lock:
             # A key whose rows the result does not list (a catch-up after a failed batch)
             # waits for the whole batch: never too early.
-            whole = [(self.committed_seq + 1, last_seq)] if last_seq > self.committed_seq else []
-            if whole:
-                self._batches.append(_Batch(*whole[0], time.time()))
+            whole = _span(self.committed_seq + 1, last_seq)
+            if last_seq > self.committed_seq:
+                self._batches.append(_Batch(self.committed_seq + 1, last_seq, time.time()))
             for client, seq in result.publishers.items():
                 self.stored[client] = max(self.stored.get(client, 0), seq)
                 runs = result.publisher_rows.get(client, whole)
-                self._publishers.setdefault(client, deque()).append(_Position(seq, list(runs)))
+                self._publishers.setdefault(client, deque()).append(_Position(seq, runs))
             for upstream, seq in result.links.items():
                 runs = result.link_rows.get(upstream, whole)
-                self._upstreams.setdefault(upstream, deque()).append(_Position(seq, list(runs)))
+                self._upstreams.setdefault(upstream, deque()).append(_Position(seq, runs))
             self.committed_seq = max(self.committed_seq, last_seq)
         self.release(result.logons)
 
@@ -216,7 +226,7 @@ class Durability:
         """Release what became durable: persisted acks to publishers, acks to upstreams."""
         with self._lock:
             # Durable stays durable: a resync or an upgrade later does not take back acks given.
-            self._batches = [b for b in self._batches if self._holds(b.first_seq, b.last_seq)]
+            self._batches = [b for b in self._batches if self._holds(_span(b.first_seq, b.last_seq))]
             self.durable_seq = (self._batches[0].first_seq - 1) if self._batches else self.committed_seq
             released = self._release_in_order(self._publishers, self.persisted)
             upstreams = self._release_in_order(self._upstreams, self.upstream_acks)
@@ -237,12 +247,8 @@ class Durability:
         moved: dict[str, int] = {}
         for key in list(waiting):
             queue = waiting[key]
-            while queue:
-                head = queue[0]
-                head.runs = [run for run in head.runs if self._holds(*run)]
-                if head.runs:
-                    break
-                queue.popleft()
+            while queue and not self._holds(queue[0].runs):
+                head = queue.popleft()
                 if head.value > acked.get(key, 0):
                     acked[key] = moved[key] = head.value
             if not queue:

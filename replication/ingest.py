@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from replication import failpoints
 from replication.config import MESSAGE_TYPES, InstanceConfig
 from replication.delta_tables import commit_metadata_since
-from replication.links import runs_by_code, runs_by_value
+from replication.links import Runs, runs_by_code, runs_by_value
 from replication.messages import LOGON, MAX_MESSAGE_BYTES, STORED_COMMANDS, body_error, publisher_id
 from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, PublisherState
 
@@ -77,9 +77,9 @@ class Classified:
     """client -> highest publisher_seq accepted in this batch."""
     links: dict[str, int] = field(default_factory=dict)
     """upstream -> highest upstream seq seen in this batch (accepted or duplicate)."""
-    publisher_rows: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    """client -> runs [first, last] of the local seqs its accepted rows got: what its persisted ack waits on."""
-    link_rows: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    publisher_rows: dict[str, Runs] = field(default_factory=dict)
+    """client -> runs of the local seqs its accepted rows got: what its persisted ack waits on."""
+    link_rows: dict[str, Runs] = field(default_factory=dict)
     """upstream -> runs of the local seqs of the rows accepted from it: what the ack to it waits on."""
 
     @classmethod
@@ -166,12 +166,12 @@ def classify(
         top = np.full(len(names), -1, dtype=np.int64)
         np.maximum.at(top, codes[kept_idx], seqs[kept_idx])
         publishers = {names[c]: int(top[c]) for c in np.nonzero(top >= 0)[0]}
-    local = np.arange(state.max_seq + 1, state.max_seq + 1 + kept_idx.size, dtype=np.int64)
+    local = txlog_rows["seq"].to_numpy()
     publisher_rows = {names[c]: runs for c, runs in runs_by_code(codes[kept_idx], local).items()}
     link_rows = {}
     if links:
-        link_rows = {source[len("inbox:"):]: runs
-                     for source, runs in runs_by_value(_rows_at(batch.select(["source"]), kept_idx)["source"], local).items()
+        sources = _rows_at(batch.select(["source"]), kept_idx)["source"]
+        link_rows = {source[len("inbox:"):]: runs for source, runs in runs_by_value(sources, local).items()
                      if source.startswith("inbox:")}
     return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links, publisher_rows, link_rows)
 

@@ -24,7 +24,7 @@ from replication.delta_tables import IdempotentAppender
 from replication.destinations import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
 from replication.ingest import IngestWriter
-from replication.links import Link
+from replication.links import Link, Runs
 from replication.sources import InboxRows, ReadHere
 from replication.storage import StorageLayout, write_json_atomic
 from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
@@ -162,9 +162,9 @@ class Instance:
 
         return read_range(str(self.layout.txlog), after, through, schema=TXLOG_KEYS)
 
-    def _held_by_sync_destination(self, first: int, last: int) -> bool:
-        """Does a sync destination (not downgraded) still hold a row of [first, last]?"""
-        return any(link.holds(first, last) for link in self.links.values() if link.sync and not link.downgraded)
+    def _held_by_sync_destination(self, runs: Runs) -> bool:
+        """Does a sync destination (not downgraded) still hold a row of ``runs``?"""
+        return any(link.holds_any(runs) for link in self.links.values() if link.sync and not link.downgraded)
 
     def status(self) -> dict:
         """What the heartbeat file says: liveness, positions, counters."""

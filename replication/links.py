@@ -85,6 +85,7 @@ class Link:
         self.state.sync_type = sync_type
         self._lock = threading.Lock()
         self.version = 0
+        self._unacked_arrays: tuple[int, np.ndarray, np.ndarray] = (-1, np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
     def sync(self) -> bool:
@@ -113,6 +114,27 @@ class Link:
             # the first run that ends at or after ``first``
             i = bisect.bisect_left(runs, first, key=lambda run: run[1])
             return i < len(runs) and runs[i][0] <= last
+
+    def holds_any(self, runs: Runs) -> bool:
+        """Does any local row of ``runs`` still wait for this link? (:meth:`holds` for many runs at once.)"""
+        firsts, lasts = runs
+        if lasts.size == 0:
+            return False
+        top = int(lasts.max())
+        with self._lock:
+            if self.state.sent_seq < top:
+                return True
+            unacked = self.state.unacked
+            if not unacked or top < unacked[0][0]:
+                return False  # all at or below the acknowledged position
+            if self._unacked_arrays[0] != self.version:
+                self._unacked_arrays = (self.version, np.array([r[0] for r in unacked], dtype=np.int64),
+                                        np.array([r[1] for r in unacked], dtype=np.int64))
+            _, run_firsts, run_lasts = self._unacked_arrays
+        # for each of our runs, the first unacknowledged run that ends at or after its first row
+        i = np.searchsorted(run_lasts, firsts, side="left")
+        inside = i < run_lasts.size
+        return bool(np.any(run_firsts[i[inside]] <= lasts[inside]))
 
     def on_sent(self, runs: list[tuple[int, int]], through: int) -> None:
         """A replicator batch committed ``runs`` to the destination and covered seqs through ``through``."""
@@ -179,33 +201,44 @@ class Link:
         write_json_atomic(self.path, self.state.to_json())
 
 
-def runs_of(seqs) -> list[tuple[int, int]]:
-    """Consecutive runs [first, last] of an ascending sequence of ints."""
+#: Runs of local seqs as two arrays: ``(firsts, lasts)``, ascending, each run ``[first, last]``.
+Runs = tuple[np.ndarray, np.ndarray]
+
+
+def run_bounds(seqs) -> Runs:
+    """Consecutive runs of an ascending sequence of ints, as ``(firsts, lasts)`` arrays."""
     values = np.asarray(seqs, dtype=np.int64)
     if values.size == 0:
-        return []
+        return values, values
     breaks = np.flatnonzero(np.diff(values) != 1)
-    starts = np.concatenate(([0], breaks + 1))
-    ends = np.concatenate((breaks, [values.size - 1]))
-    return [(int(values[s]), int(values[e])) for s, e in zip(starts, ends, strict=True)]
+    return values[np.concatenate(([0], breaks + 1))], values[np.concatenate((breaks, [values.size - 1]))]
 
 
-def runs_by_code(codes: np.ndarray, seqs: np.ndarray) -> dict[int, list[tuple[int, int]]]:
+def runs_of(seqs) -> list[tuple[int, int]]:
+    """Consecutive runs [first, last] of an ascending sequence of ints."""
+    firsts, lasts = run_bounds(seqs)
+    return list(zip(firsts.tolist(), lasts.tolist()))
+
+
+def runs_by_code(codes: np.ndarray, seqs: np.ndarray) -> dict[int, Runs]:
     """Runs of ``seqs`` (ascending) per key code, codes < 0 left out: which rows belong to each key."""
     if codes.size == 0:
         return {}
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
     bounds = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
-    return {int(sorted_codes[segment[0]]): runs_of(seqs[order[segment]])
+    return {int(sorted_codes[segment[0]]): run_bounds(seqs[order[segment]])
             for segment in np.split(np.arange(codes.size), bounds) if sorted_codes[segment[0]] >= 0}
 
 
-def runs_by_value(values, seqs: np.ndarray) -> dict[str, list[tuple[int, int]]]:
+def runs_by_value(values, seqs: np.ndarray) -> dict[str, Runs]:
     """Runs of ``seqs`` (ascending) per distinct value of the Arrow string column ``values`` (nulls left out)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    encoded = pc.dictionary_encode(values).combine_chunks()
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    encoded = pc.dictionary_encode(values)
     labels = encoded.dictionary.to_pylist()
     codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     return {labels[code]: runs for code, runs in runs_by_code(codes, seqs).items()}

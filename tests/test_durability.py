@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from replication.durability import Durability
 from replication.ingest import Classified
-from replication.links import Link, runs_of
+from replication.links import Link, run_bounds, runs_of
 from replication.storage import StorageLayout, read_json
 
 
@@ -38,7 +38,7 @@ def test_persisted_acks_wait_for_sync_destination_and_keep_publisher_order(tmp_p
     layout = StorageLayout(tmp_path)
     link = Link(layout.link_file("b"), "b", "sync")
     dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=lambda first, last: link.holds(first, last))
+                     holds=link.holds_any)
     dur.on_commit(2, committed({"p": 2}))          # seqs 1-2, sent to b
     dur.on_commit(3, committed({"q": 1}, {"up": 7}))  # seq 3, received from "up", not sent to b
     dur.on_commit(4, committed({"p": 3}))          # seq 4, sent to b
@@ -59,7 +59,7 @@ def test_two_way_sync_pair_does_not_wait_on_itself(tmp_path):
     layout = StorageLayout(tmp_path)
     to_partner = Link(layout.link_file("partner"), "partner", "sync")
     dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=lambda f, l: to_partner.holds(f, l))
+                     holds=to_partner.holds_any)
     dur.on_commit(1, committed({"mine": 1}))
     dur.on_commit(2, committed({"theirs": 1}, {"partner": 1}))
     to_partner.on_sent([(1, 1)], through=2)  # seq 2 came from the partner: filtered by the loop rule
@@ -74,7 +74,7 @@ def test_restart_keeps_what_was_durable_and_waits_for_the_rest(tmp_path):
     dur.on_commit(5, committed({"p": 5}))
     assert dur.persisted == {"p": 5}
     held = Durability(None, layout=layout, committed_seq=9, publishers={"p": 9}, links={},
-                      holds=lambda f, l: True)
+                      holds=lambda runs: True)
     held.announce()
     assert held.persisted == {"p": 5}, "after a restart, persisted positions come back; new ones still wait"
 
@@ -85,10 +85,10 @@ def test_a_sync_pair_acknowledges_the_partner_while_its_own_rows_in_the_same_bat
     layout = StorageLayout(tmp_path)
     to_partner = Link(layout.link_file("partner"), "partner", "sync")
     dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=lambda f, l: to_partner.holds(f, l))
+                     holds=to_partner.holds_any)
     batch = committed({"mine": 1, "theirs": 1}, {"partner": 40})
-    batch.publisher_rows = {"mine": [(1, 1)], "theirs": [(2, 2)]}
-    batch.link_rows = {"partner": [(2, 2)]}
+    batch.publisher_rows = {"mine": run_bounds([1]), "theirs": run_bounds([2])}
+    batch.link_rows = {"partner": run_bounds([2])}
     dur.on_commit(2, batch)
     to_partner.on_sent([(1, 1)], through=2)
     dur.release()
@@ -103,11 +103,11 @@ def test_a_publisher_position_waits_for_every_row_of_it_and_positions_stay_in_or
     layout = StorageLayout(tmp_path)
     link = Link(layout.link_file("b"), "b", "sync")
     dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=lambda f, l: link.holds(f, l))
+                     holds=link.holds_any)
     first = committed({"p": 2, "q": 1})
-    first.publisher_rows = {"p": [(1, 1), (3, 3)], "q": [(2, 2)]}
+    first.publisher_rows = {"p": run_bounds([1, 3]), "q": run_bounds([2])}
     second = committed({"p": 3})
-    second.publisher_rows = {"p": [(4, 4)]}
+    second.publisher_rows = {"p": run_bounds([4])}
     dur.on_commit(3, first)
     dur.on_commit(4, second)
     link.on_sent([(3, 4)], through=4)  # 1 and 2 filtered out
@@ -135,7 +135,7 @@ def test_after_a_restart_rows_are_matched_to_their_keys_again(tmp_path):
                          "received_from": [None, "partner", None, "partner"]})
 
     dur = Durability(None, layout=layout, committed_seq=4, publishers={"mine": 2, "theirs": 2},
-                     links={"partner": 9}, holds=lambda f, l: to_partner.holds(f, l), rows_since=rows_since)
+                     links={"partner": 9}, holds=to_partner.holds_any, rows_since=rows_since)
     dur.announce()
     assert dur.persisted == {"theirs": 2}
     assert read_json(layout.ack_file("partner"))["seq"] == 9
@@ -153,9 +153,27 @@ def test_after_a_restart_without_the_rows_every_key_waits_for_the_whole_range(tm
         raise FileNotFoundError("vacuumed")
 
     dur = Durability(None, layout=layout, committed_seq=2, publishers={"mine": 1, "theirs": 1},
-                     links={"partner": 5}, holds=lambda f, l: to_partner.holds(f, l), rows_since=unreadable)
+                     links={"partner": 5}, holds=to_partner.holds_any, rows_since=unreadable)
     dur.announce()
     assert dur.persisted == {} and read_json(layout.ack_file("partner")) is None
     to_partner.on_ack(1)
     dur.release()
     assert dur.persisted == {"mine": 1, "theirs": 1} and read_json(layout.ack_file("partner"))["seq"] == 5
+
+
+def test_a_link_answers_for_many_runs_at_once_as_it_does_for_each(tmp_path):
+    import itertools
+
+    import numpy as np
+
+    from replication.links import run_bounds
+
+    link = Link(tmp_path / "l.json", "b", "sync")
+    link.on_sent([(2, 4), (7, 7), (9, 12)], through=12)
+    rows = list(range(1, 15))  # 13 and 14 are not decided yet
+    for ack in (0, 3, 7, 10):
+        link.on_ack(ack)
+        for size in (1, 2, 3):
+            for chosen in itertools.combinations(rows, size):
+                expected = any(link.holds(s, s) for s in chosen)
+                assert link.holds_any(run_bounds(np.array(chosen))) == expected, (ack, chosen)

@@ -135,6 +135,9 @@ def test_each_publisher_and_upstream_knows_the_local_rows_its_ack_waits_on():
          "origin": "up", "upstream_seq": 9},  # a duplicate: acknowledged to "up", no row to wait on
     ), PublisherState(max_seq=100))
     assert result.txlog_rows["seq"].to_pylist() == [101, 102, 103, 104]
-    assert result.publisher_rows == {"a": [(101, 101), (103, 104)], "b": [(102, 102)]}
-    assert result.link_rows == {"up": [(102, 102), (104, 104)]}
+    def runs(by_key):
+        return {key: list(zip(firsts.tolist(), lasts.tolist())) for key, (firsts, lasts) in by_key.items()}
+
+    assert runs(result.publisher_rows) == {"a": [(101, 101), (103, 104)], "b": [(102, 102)]}
+    assert runs(result.link_rows) == {"up": [(102, 102), (104, 104)]}
     assert result.links == {"up": 9}
