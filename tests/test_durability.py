@@ -8,11 +8,22 @@ from replication.links import Link, run_bounds, runs_of
 from replication.storage import StorageLayout, read_json
 
 
-def committed(publishers=None, links=None) -> Classified:
+def committed(publishers=None, links=None, *, rows=None, link_rows=None) -> Classified:
+    """A committed batch's result; ``rows``/``link_rows``: the local seqs of each key (default: the whole batch)."""
     result = Classified.empty([])
     result.publishers = publishers or {}
     result.links = links or {}
+    result.publisher_rows = {key: run_bounds(seqs) for key, seqs in (rows or {}).items()}
+    result.link_rows = {key: run_bounds(seqs) for key, seqs in (link_rows or {}).items()}
     return result
+
+
+def tracked(tmp_path, destination: str, **kwargs) -> tuple[StorageLayout, Link, Durability]:
+    """A Durability whose rows wait for one sync destination."""
+    layout = StorageLayout(tmp_path)
+    link = Link(layout.link_file(destination), destination, "sync")
+    kwargs = {"committed_seq": 0, "publishers": {}, "links": {}, **kwargs}
+    return layout, link, Durability(None, layout=layout, holds=link.holds_any, **kwargs)
 
 
 def test_runs_of_groups_consecutive_seqs():
@@ -35,10 +46,7 @@ def test_a_link_holds_only_rows_it_sent_and_not_yet_acknowledged(tmp_path):
 
 
 def test_persisted_acks_wait_for_sync_destination_and_keep_publisher_order(tmp_path):
-    layout = StorageLayout(tmp_path)
-    link = Link(layout.link_file("b"), "b", "sync")
-    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=link.holds_any)
+    layout, link, dur = tracked(tmp_path, "b")
     dur.on_commit(2, committed({"p": 2}))          # seqs 1-2, sent to b
     dur.on_commit(3, committed({"q": 1}, {"up": 7}))  # seq 3, received from "up", not sent to b
     dur.on_commit(4, committed({"p": 3}))          # seq 4, sent to b
@@ -56,10 +64,7 @@ def test_persisted_acks_wait_for_sync_destination_and_keep_publisher_order(tmp_p
 
 def test_two_way_sync_pair_does_not_wait_on_itself(tmp_path):
     """A row received from the partner is not sent back, so only the partner's ack of our own rows matters."""
-    layout = StorageLayout(tmp_path)
-    to_partner = Link(layout.link_file("partner"), "partner", "sync")
-    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=to_partner.holds_any)
+    layout, to_partner, dur = tracked(tmp_path, "partner")
     dur.on_commit(1, committed({"mine": 1}))
     dur.on_commit(2, committed({"theirs": 1}, {"partner": 1}))
     to_partner.on_sent([(1, 1)], through=2)  # seq 2 came from the partner: filtered by the loop rule
@@ -82,14 +87,9 @@ def test_restart_keeps_what_was_durable_and_waits_for_the_rest(tmp_path):
 def test_a_sync_pair_acknowledges_the_partner_while_its_own_rows_in_the_same_batch_still_wait(tmp_path):
     """Per row, not per batch: one batch holding our row (sent to the partner) and the partner's row
     (never sent back) acknowledges the partner at once. Per batch, each side's ack would wait on the other's."""
-    layout = StorageLayout(tmp_path)
-    to_partner = Link(layout.link_file("partner"), "partner", "sync")
-    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=to_partner.holds_any)
-    batch = committed({"mine": 1, "theirs": 1}, {"partner": 40})
-    batch.publisher_rows = {"mine": run_bounds([1]), "theirs": run_bounds([2])}
-    batch.link_rows = {"partner": run_bounds([2])}
-    dur.on_commit(2, batch)
+    layout, to_partner, dur = tracked(tmp_path, "partner")
+    dur.on_commit(2, committed({"mine": 1, "theirs": 1}, {"partner": 40},
+                               rows={"mine": [1], "theirs": [2]}, link_rows={"partner": [2]}))
     to_partner.on_sent([(1, 1)], through=2)
     dur.release()
     assert read_json(layout.ack_file("partner"))["seq"] == 40, "the partner's row is not held by the partner"
@@ -100,16 +100,9 @@ def test_a_sync_pair_acknowledges_the_partner_while_its_own_rows_in_the_same_bat
 
 
 def test_a_publisher_position_waits_for_every_row_of_it_and_positions_stay_in_order(tmp_path):
-    layout = StorageLayout(tmp_path)
-    link = Link(layout.link_file("b"), "b", "sync")
-    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={},
-                     holds=link.holds_any)
-    first = committed({"p": 2, "q": 1})
-    first.publisher_rows = {"p": run_bounds([1, 3]), "q": run_bounds([2])}
-    second = committed({"p": 3})
-    second.publisher_rows = {"p": run_bounds([4])}
-    dur.on_commit(3, first)
-    dur.on_commit(4, second)
+    layout, link, dur = tracked(tmp_path, "b")
+    dur.on_commit(3, committed({"p": 2, "q": 1}, rows={"p": [1, 3], "q": [2]}))
+    dur.on_commit(4, committed({"p": 3}, rows={"p": [4]}))
     link.on_sent([(3, 4)], through=4)  # 1 and 2 filtered out
     dur.release()
     assert dur.persisted == {"q": 1}, "p's seq 2 is row 3, still unacknowledged; p's seq 3 waits behind it"
@@ -125,17 +118,14 @@ def test_after_a_restart_rows_are_matched_to_their_keys_again(tmp_path):
     """Both halves of a sync pair restarting with rows not yet durable must not wait on each other."""
     import pyarrow as pa
 
-    layout = StorageLayout(tmp_path)
-    to_partner = Link(layout.link_file("partner"), "partner", "sync")
-    to_partner.on_sent([(1, 1), (3, 3)], through=4)  # rows 2 and 4 came from the partner
-
     def rows_since(after, through):
         assert (after, through) == (0, 4)
         return pa.table({"seq": [1, 2, 3, 4], "publisher": ["mine", "theirs", "mine", "theirs"],
                          "received_from": [None, "partner", None, "partner"]})
 
-    dur = Durability(None, layout=layout, committed_seq=4, publishers={"mine": 2, "theirs": 2},
-                     links={"partner": 9}, holds=to_partner.holds_any, rows_since=rows_since)
+    layout, to_partner, dur = tracked(tmp_path, "partner", committed_seq=4, publishers={"mine": 2, "theirs": 2},
+                                      links={"partner": 9}, rows_since=rows_since)
+    to_partner.on_sent([(1, 1), (3, 3)], through=4)  # rows 2 and 4 came from the partner
     dur.announce()
     assert dur.persisted == {"theirs": 2}
     assert read_json(layout.ack_file("partner"))["seq"] == 9
@@ -145,15 +135,12 @@ def test_after_a_restart_rows_are_matched_to_their_keys_again(tmp_path):
 
 
 def test_after_a_restart_without_the_rows_every_key_waits_for_the_whole_range(tmp_path):
-    layout = StorageLayout(tmp_path)
-    to_partner = Link(layout.link_file("partner"), "partner", "sync")
-    to_partner.on_sent([(1, 1)], through=2)
-
     def unreadable(after, through):
         raise FileNotFoundError("vacuumed")
 
-    dur = Durability(None, layout=layout, committed_seq=2, publishers={"mine": 1, "theirs": 1},
-                     links={"partner": 5}, holds=to_partner.holds_any, rows_since=unreadable)
+    layout, to_partner, dur = tracked(tmp_path, "partner", committed_seq=2, publishers={"mine": 1, "theirs": 1},
+                                      links={"partner": 5}, rows_since=unreadable)
+    to_partner.on_sent([(1, 1)], through=2)
     dur.announce()
     assert dur.persisted == {} and read_json(layout.ack_file("partner")) is None
     to_partner.on_ack(1)
@@ -165,8 +152,6 @@ def test_a_link_answers_for_many_runs_at_once_as_it_does_for_each(tmp_path):
     import itertools
 
     import numpy as np
-
-    from replication.links import run_bounds
 
     link = Link(tmp_path / "l.json", "b", "sync")
     link.on_sent([(2, 4), (7, 7), (9, 12)], through=12)
