@@ -219,6 +219,8 @@ class TxlogFiles:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
+        if self._follow_commits():
+            return
         if self._table is None:
             try:
                 self._table = DeltaTable(self.path)
@@ -230,6 +232,35 @@ class TxlogFiles:
         if version != self._version:
             self._load_files()
             self._version = version
+
+    def _follow_commits(self) -> bool:
+        """Bring the index up to date from the new commit files alone (see :mod:`replication.delta_log`).
+
+        False when that is not possible (no snapshot yet, storage that is not
+        local, a commit other than a plain append): the caller refreshes the
+        snapshot instead, which also brings the delta-rs table up to date.
+        """
+        import numpy as np
+        import pyarrow as pa
+
+        from replication.delta_log import appends_after, local_log_dir
+
+        if self._table is None or self._version is None or self._lo is None or self._hi is None:
+            return False
+        log_dir = local_log_dir(self._root)
+        appended = appends_after(log_dir, self._version) if log_dir is not None else None
+        if appended is None:
+            return False
+        if appended.paths:
+            lo, hi = np.array(appended.lo, dtype=np.int64), np.array(appended.hi, dtype=np.int64)
+            if self._lo.size and lo.min() < self._lo[-1]:
+                return False  # not after every known file: let the snapshot order them
+            self._paths = pa.concat_arrays([self._paths, pa.array(appended.paths, self._paths.type)])
+            self._lo, self._hi = np.concatenate([self._lo, lo]), np.concatenate([self._hi, hi])
+            self.committed_seq = max(self.committed_seq, int(hi.max()))
+        self.committed_seq = max(self.committed_seq, appended.last_seq)
+        self._version = appended.version
+        return True
 
     def _load_files(self) -> None:
         import numpy as np

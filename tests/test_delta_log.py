@@ -1,0 +1,63 @@
+"""Following a txlog's new commits from its commit files, against real Delta tables written by delta-rs."""
+
+from __future__ import annotations
+
+from deltalake import DeltaTable
+
+from replication.delta_log import appends_after, local_log_dir
+from replication.txlog_source import TxlogFiles, read_files
+from test_txlog_source import TxlogWriter
+
+
+def test_plain_appends_are_read_from_the_commit_files(tmp_path):
+    writer = TxlogWriter(tmp_path / "txlog")
+    writer.append(10)
+    since = DeltaTable(str(tmp_path / "txlog")).version()
+    writer.append(5)
+    writer.append(0)  # duplicates only: a commit without a file
+    writer.append(7)
+    appended = appends_after(local_log_dir(str(tmp_path / "txlog")), since)
+    assert appended is not None
+    assert appended.version == since + 3
+    assert (appended.lo, appended.hi, appended.last_seq) == ([11, 16], [15, 22], 22)
+    files = [str(tmp_path / "txlog" / p) for p in appended.paths]
+    assert read_files(files, 10, 22)["seq"].to_pylist() == list(range(11, 23))
+    nothing_new = appends_after(local_log_dir(str(tmp_path / "txlog")), appended.version)
+    assert nothing_new is not None and (nothing_new.version, nothing_new.paths) == (appended.version, [])
+
+
+def test_anything_but_an_append_or_other_storage_asks_for_a_snapshot(tmp_path):
+    writer = TxlogWriter(tmp_path / "txlog")
+    for _ in range(3):
+        writer.append(10)
+    table = DeltaTable(str(tmp_path / "txlog"))
+    since = table.version()
+    table.optimize.compact()  # removes three files, adds one
+    assert appends_after(local_log_dir(str(tmp_path / "txlog")), since) is None
+    assert local_log_dir("s3://bucket/amps-1/txlog") is None
+    assert local_log_dir(f"file://{tmp_path}/txlog") == tmp_path / "txlog" / "_delta_log"
+
+
+def test_a_view_that_follows_commits_plans_and_reads_as_a_fresh_snapshot(tmp_path, monkeypatch):
+    snapshots = []
+    load_files = TxlogFiles._load_files
+    monkeypatch.setattr(TxlogFiles, "_load_files", lambda self: snapshots.append(self) or load_files(self))
+    writer = TxlogWriter(tmp_path / "txlog")
+    view = TxlogFiles(str(tmp_path / "txlog"))
+    for round_ in range(6):
+        for _ in range(round_ + 1):
+            writer.append(4)
+        if round_ == 3:
+            DeltaTable(str(tmp_path / "txlog")).optimize.compact()
+            writer.appender.table.update_incremental()
+        view.refresh()
+        fresh = TxlogFiles(str(tmp_path / "txlog"))
+        fresh.refresh()
+        assert (view.version, view.committed_seq, view.file_count) == (fresh.version, fresh.committed_seq,
+                                                                        fresh.file_count)
+        end = writer.max_seq
+        assert [(p.start, p.end, p.files) for p in view.plan(0, end, rows_per_partition=9)] == \
+               [(p.start, p.end, p.files) for p in fresh.plan(0, end, rows_per_partition=9)]
+        assert view.read(0, end)["seq"].to_pylist() == list(range(1, end + 1))
+    # The view listed the table's files twice: at its first refresh and after the compaction.
+    assert sum(1 for s in snapshots if s is view) == 2
