@@ -31,6 +31,8 @@ class Appends:
     version: int
     paths: list[str] = field(default_factory=list)
     """``add.path`` of each data file added, as the log has it (relative to the table, or a URI)."""
+    versions: list[int] = field(default_factory=list)
+    """The version that added each file."""
     lo: list[int] = field(default_factory=list)
     hi: list[int] = field(default_factory=list)
     """Each added file's minimum and maximum of the statistics column."""
@@ -46,22 +48,38 @@ def local_log_dir(table_uri: str) -> Path | None:
     return Path(unquote(parsed.path) if parsed.scheme else table_uri) / "_delta_log"
 
 
-def appends_after(log_dir: Path, since: int, *, column: str = "seq") -> Appends | None:
-    """The files that versions after ``since`` appended, from their commit files; None: not plain appends."""
+def appends_after(log_dir: Path, since: int, *, column: str | None = "seq",
+                  through: int | None = None) -> Appends | None:
+    """The files that versions after ``since`` (through ``through``, default: the newest) appended,
+    from their commit files; None when they are not all plain appends.
+
+    ``column``: the statistics column whose minimum and maximum each file must
+    carry (None: statistics are not needed).
+    """
     out = Appends(since)
-    while True:
+    while through is None or out.version < through:
         try:
             text = (log_dir / f"{out.version + 1:020d}.json").read_text(encoding="utf-8")
         except FileNotFoundError:
-            return out  # delta-rs renames a complete commit file into place: none yet means none
+            # delta-rs renames a complete commit file into place: none yet means none
+            return out if through is None else None
         except (OSError, UnicodeDecodeError):
             return None
-        if out.version - since >= MAX_COMMITS or not _apply(text, column, out):
+        if out.version - since >= MAX_COMMITS or not _apply(text, column, out.version + 1, out):
             return None
         out.version += 1
+    return out
 
 
-def _apply(text: str, column: str, out: Appends) -> bool:
+def newest_version(log_dir: Path, known: int) -> int:
+    """The newest version, probing the commit files after ``known`` (a version known to exist)."""
+    version = known
+    while (log_dir / f"{version + 1:020d}.json").exists():
+        version += 1
+    return version
+
+
+def _apply(text: str, column: str | None, version: int, out: Appends) -> bool:
     """Fold one commit file into ``out``; False when it is anything but a plain append."""
     for line in text.splitlines():
         if not line.strip():
@@ -79,16 +97,17 @@ def _apply(text: str, column: str, out: Appends) -> bool:
                     return False
         elif "add" in action:
             add = action["add"]
-            try:
-                stats = json.loads(add.get("stats") or "{}")
-                lo, hi = int(stats["minValues"][column]), int(stats["maxValues"][column])
-            except (ValueError, TypeError, KeyError):
-                return False  # no statistics: the caller's snapshot knows how to place the file
             if not add.get("dataChange", True):
                 return False
+            if column is not None:
+                try:
+                    stats = json.loads(add.get("stats") or "{}")
+                    out.lo.append(int(stats["minValues"][column]))
+                    out.hi.append(int(stats["maxValues"][column]))
+                except (ValueError, TypeError, KeyError):
+                    return False  # no statistics: the caller's snapshot knows how to place the file
             out.paths.append(add["path"])
-            out.lo.append(lo)
-            out.hi.append(hi)
+            out.versions.append(version)
         elif not action.keys() <= {"txn"}:
             return False  # remove, metaData, protocol, cdc, domainMetadata...: not a plain append
     return True

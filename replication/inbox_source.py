@@ -38,7 +38,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -170,21 +172,34 @@ class InboxLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self._table: DeltaTable | None = None
+        self._version = -1
         self._rows: dict[int, int] = {}
 
     def latest_version(self) -> int:
-        """The table's latest version; -1 while it does not exist."""
+        """The table's latest version; -1 while it does not exist.
+
+        On local storage the commit files after the last known version are
+        probed (a few ``stat`` calls); elsewhere the delta-rs table is updated.
+        """
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
+
+        from replication.delta_log import local_log_dir, newest_version
 
         if self._table is None:
             try:
                 self._table = DeltaTable(self.path)
             except TableNotFoundError:
                 return -1
+            self._version = self._table.version()
+            return self._version
+        log_dir = local_log_dir(self._table.table_uri)
+        if log_dir is not None:
+            self._version = newest_version(log_dir, self._version)
         else:
             self._table.update_incremental()
-        return self._table.version()
+            self._version = self._table.version()
+        return self._version
 
     def rows_in(self, version: int) -> int:
         """Rows committed by ``version`` (an unreadable commit counts as large: a batch of its own)."""
@@ -259,6 +274,9 @@ def read_versions(path: str, first: int, last: int) -> pa.Table:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
+    rows = _read_appended(path, first, last)
+    if rows is not None:
+        return rows
     table = _TABLES.get(path)
     if table is None:
         table = _TABLES[path] = DeltaTable(path)
@@ -284,8 +302,43 @@ def read_versions(path: str, first: int, last: int) -> pa.Table:
     )
     # load_cdf gives string_view columns, which pyarrow cannot filter yet: cast first.
     rows = changes.select(INBOX_SCHEMA.names).append_column("inbox_version", version)
-    rows = rows.cast(STREAM_SCHEMA).filter(keep)
+    return _in_stream_order(rows.cast(STREAM_SCHEMA).filter(keep))
+
+
+def _in_stream_order(rows: pa.Table) -> pa.Table:
     return rows.sort_by([("inbox_version", "ascending"), ("link", "ascending"), ("upstream_seq", "ascending")])
+
+
+def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
+    """Versions ``first..last`` read from the files their commits added, when every one of them is a
+    plain append on local storage (what upstream replicators write); None: ask the change data feed.
+
+    The same rows as the change feed's inserts, without building a snapshot: the
+    live inbox's next few versions cost a few small reads.
+    """
+    import pyarrow.parquet as pq
+
+    from replication.delta_log import appends_after, local_log_dir
+
+    log_dir = local_log_dir(path)
+    if log_dir is None or last < first:
+        return None
+    appended = appends_after(log_dir, first - 1, column=None, through=last)
+    if appended is None:
+        return None
+    parts = []
+    for file, version in zip(appended.paths, appended.versions, strict=True):
+        if "://" in file:
+            return None
+        try:
+            part = pq.read_table(log_dir.parent / unquote(file), columns=INBOX_SCHEMA.names, partitioning=None)
+        except FileNotFoundError:
+            return None  # vacuumed: the change feed says what it can
+        parts.append(part.cast(INBOX_SCHEMA).append_column(
+            "inbox_version", pa.array(np.full(part.num_rows, version, dtype=np.int64))))
+    if not parts:
+        return STREAM_SCHEMA.empty_table()
+    return _in_stream_order(pa.concat_tables(parts).cast(STREAM_SCHEMA))
 
 
 def read_partition(part: InboxInputPartition) -> Iterator[pa.RecordBatch]:

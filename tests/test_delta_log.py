@@ -61,3 +61,23 @@ def test_a_view_that_follows_commits_plans_and_reads_as_a_fresh_snapshot(tmp_pat
         assert view.read(0, end)["seq"].to_pylist() == list(range(1, end + 1))
     # The view listed the table's files twice: at its first refresh and after the compaction.
     assert sum(1 for s in snapshots if s is view) == 2
+
+
+def test_inbox_versions_read_from_their_commit_files_are_the_change_feeds_inserts(tmp_path, monkeypatch):
+    from replication import inbox_source
+    from test_inbox_source import Upstream, push_concurrently
+
+    inbox = tmp_path / "inbox"
+    inbox_source.create_inbox(inbox)
+    push_concurrently(inbox, [Upstream(inbox, "a"), Upstream(inbox, "b"), Upstream(inbox, "c")], batches=4, size=7)
+    view = inbox_source.InboxLog(str(inbox))
+    assert view.latest_version() == DeltaTable(str(inbox)).version()
+    push_concurrently(inbox, [Upstream(inbox, "d"), Upstream(inbox, "e")], batches=2, size=3)
+    latest = DeltaTable(str(inbox)).version()
+    assert view.latest_version() == latest, "the commit files after the known version were found"
+    assert inbox_source._read_appended(str(inbox), 2, latest) is not None, "plain appends: read from their files"
+    from_files = inbox_source.read_versions(str(inbox), 2, latest)
+    monkeypatch.setattr(inbox_source, "_read_appended", lambda *args: None)  # the change data feed only
+    from_feed = inbox_source.read_versions(str(inbox), 2, latest)
+    assert from_files.num_rows == 11 * 7 + 4 * 3
+    assert from_files.to_pylist() == from_feed.to_pylist()
