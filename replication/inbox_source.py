@@ -6,11 +6,14 @@ offset is the Delta version: ``{"version": V}`` means "every row committed
 through version V". A new query starts at ``{"version": -1}`` (everything);
 while the table does not exist the offset stays there.
 
-A micro-batch ``(start, end]`` is read with Delta's change data feed
-(``DeltaTable.load_cdf``): it reads exactly the files the commits of those
+A micro-batch ``(start, end]`` reads exactly the files the commits of those
 versions added with ``dataChange=true``, so compaction is skipped and the cost
-follows the batch, not the table. Rows come out ordered by
-``(inbox_version, link, upstream_seq)``: per link, in the upstream's order.
+follows the batch, not the table: when every one of those commits is a plain
+append on local storage (what upstream replicators write), straight from the
+files their commit files name (:mod:`replication.delta_log`); otherwise with
+Delta's change data feed (``DeltaTable.load_cdf``), keeping its inserts. Rows
+come out ordered by ``(inbox_version, link, upstream_seq)``: per link, in the
+upstream's order.
 
 Example:
     >>> from replication import inbox_source                             # doctest: +SKIP
