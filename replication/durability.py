@@ -51,20 +51,17 @@ class AckSender:
             acks=1,
             linger_ms=0,
             retries=5,
-            key_serializer=str.encode,
-            value_serializer=lambda v: json.dumps(v, separators=(",", ":")).encode(),
         )
 
     def send(self, acks: dict[str, int], logons: list["Logon"], persisted: dict[str, int],
              stored: dict[str, int] | None = None) -> None:
         """Persisted acks, then logon replies: the client's persisted and stored (received) positions."""
         for client, seq in acks.items():
-            self._producer.send(self.topic, key=client, value={"client": client, "seq": seq, "instance": self.instance})
+            self._send(client, {"client": client, "seq": seq, "instance": self.instance})
         for logon in logons:
-            self._producer.send(
-                self.topic,
-                key=logon.client,
-                value={
+            self._send(
+                logon.client,
+                {
                     "client": logon.client,
                     "seq": persisted.get(logon.client, 0),
                     "stored": max((stored or {}).get(logon.client, 0), persisted.get(logon.client, 0)),
@@ -75,6 +72,9 @@ class AckSender:
             )
         if acks or logons:
             self._producer.flush(timeout=30)
+
+    def _send(self, client: str, value: dict) -> None:
+        self._producer.send(self.topic, key=client.encode(), value=json.dumps(value, separators=(",", ":")).encode())
 
     def close(self) -> None:
         self._producer.close(timeout=5)
