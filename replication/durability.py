@@ -105,11 +105,15 @@ def _span(first: int, last: int) -> Runs:
     return np.array([first], np.int64), np.array([last], np.int64)
 
 
+#: A key none of whose rows wait: released as soon as it is first in line.
+_NO_ROWS = _span(1, 0)
+
+
 class Durability:
     """Tracks committed-but-not-yet-durable rows; releases persisted acks and upstream acks.
 
     A row is durable when no sync destination (not downgraded) still holds it
-    (see :meth:`replication.links.Link.holds`). Acknowledgements follow rows,
+    (see :meth:`replication.links.Link.holds_any`). Acknowledgements follow rows,
     not batches: a publisher's position is released when the rows that
     publisher's messages got are durable, an upstream's when the rows received
     from it are. Releasing (a) sends publishers their persisted acks and (b)
@@ -183,11 +187,11 @@ class Durability:
                 exact = True
         for client, seq in publishers.items():
             if seq > self.persisted.get(client, 0):
-                runs = by_publisher.get(client, _span(1, 0)) if exact else whole
+                runs = by_publisher.get(client, _NO_ROWS) if exact else whole
                 self._publishers[client] = deque([_Position(seq, runs)])
         for upstream, seq in links.items():
             if seq > self.upstream_acks.get(upstream, 0):
-                runs = by_upstream.get(upstream, _span(1, 0)) if exact else whole
+                runs = by_upstream.get(upstream, _NO_ROWS) if exact else whole
                 self._upstreams[upstream] = deque([_Position(seq, runs)])
 
     def announce(self) -> None:
