@@ -62,6 +62,9 @@ class RecordColumns:
         self.schema = schema
         self._slot = {key: i for i, key in enumerate(publish_headers)}
         self._width = len(publish_headers)
+        self.taken_through = -1
+        """Highest offset added so far (kept across flushes): a record at or below it is never added again,
+        whatever position the consumer is moved back to."""
         self._reset()
 
     def _reset(self) -> None:
@@ -87,9 +90,13 @@ class RecordColumns:
         header_keys, header_values = self.header_keys.append, self.header_values.append
         publish = [column.append for column in self.publish]
         count = len(self.header_keys)
+        taken = self.taken_through
         for record in records:
             if record.offset >= end:
                 break
+            if record.offset <= taken:
+                continue
+            taken = record.offset
             offsets(record.offset)
             timestamps(record.timestamp)
             keys(record.key)
@@ -105,6 +112,7 @@ class RecordColumns:
             header_ends(count)
             for append, value in zip(publish, found):
                 append(value)
+        self.taken_through = taken
 
     # -- fast path: raw record batches ---------------------------------------
 
@@ -112,8 +120,9 @@ class RecordColumns:
                     check_crcs: bool = True) -> Iterator[BatchMark]:
         """Decode the record batches in ``buffer`` (a fetch response's records).
 
-        Records below ``fetch_offset`` (a fetch returns whole batches) and at or
-        beyond ``end`` are skipped. Yields one :class:`BatchMark` per complete
+        Records below ``fetch_offset`` (a fetch returns whole batches), at or
+        below :attr:`taken_through` (a consumer moved back) and at or beyond
+        ``end`` are skipped. Yields one :class:`BatchMark` per complete
         batch, after its rows are added; a truncated batch at the end of the
         buffer is left alone (the next fetch starts there). A batch that fails
         to decode adds no rows.
@@ -123,6 +132,7 @@ class RecordColumns:
         view = memoryview(buffer)
         size = len(view)
         pos = 0
+        fetch_offset = max(fetch_offset, self.taken_through + 1)
         while pos + _LOG_OVERHEAD + 5 <= size:
             base, length = _PREFIX.unpack_from(view, pos)
             start, stop = pos, pos + _LOG_OVERHEAD + length
@@ -157,6 +167,8 @@ class RecordColumns:
         rows, headers_before = len(self.offsets), len(self.header_keys)
         try:
             self._decode_v2(data, count, base, base_ts, fixed_ts, lowest)
+            if len(self.offsets) > rows:
+                self.taken_through = self.offsets[-1]
         except (IndexError, ValueError) as exc:  # the bytes end early or lie about lengths
             self._truncate(rows, headers_before)  # all of a batch or none of it
             from kafka.errors import CorruptRecordError

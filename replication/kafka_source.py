@@ -110,6 +110,12 @@ POLL_TIMEOUT_MS = 10
 FETCH_MAX_WAIT_MS = 5
 #: A read() that makes no progress this long fails the task (Spark retries it).
 STALL_TIMEOUT_S = 120.0
+#: A read that gets no records this long (while behind its end) gives up its
+#: consumer and reads on with a new one: a fetch the broker never answers, or a
+#: client wedged in some state, costs seconds instead of the whole stall timeout.
+RECONNECT_AFTER_S = 5.0
+#: Range consumers give up on an unanswered request (and its connection) after this.
+RANGE_REQUEST_TIMEOUT_MS = 10_000
 #: How often the driver refreshes topic metadata to notice new topics/partitions.
 METADATA_REFRESH_S = 1.0
 #: How long the driver waits for fetch responses carrying high watermarks.
@@ -497,6 +503,7 @@ def _range_consumer(options: KafkaSourceOptions) -> KafkaConsumer:
         fetch_max_bytes=FETCH_MAX_BYTES,
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         max_poll_records=MAX_POLL_RECORDS,
+        request_timeout_ms=RANGE_REQUEST_TIMEOUT_MS,
     )
 
 
@@ -514,17 +521,16 @@ def read_partition(
 
     schema = _spark_arrow_schema()
     columns = RecordColumns(part.topic, part.partition, part.end, schema, [key for key, _ in PUBLISH_HEADERS])
-    consumer = _range_consumer(options)
-    fast = fast and _decode_into(consumer, columns)
     tp = TopicPartition(part.topic, part.partition)
+    poll = _RangePoll(options, {tp: (part.start, part.end)}, {tp: columns}, fast=fast)
     try:
-        for _ in _poll_ranges(consumer, {tp: (part.start, part.end)}, {tp: columns}, fast):
+        for _ in poll.run(STALL_TIMEOUT_S):
             if len(columns) >= ARROW_BATCH_ROWS:
                 yield columns.flush()
         if len(columns):
             yield columns.flush()
     finally:
-        consumer.close()
+        poll.consumer.close()
 
 
 class RangeReader:
@@ -564,14 +570,15 @@ class RangeReader:
         headers = [key for key, _ in PUBLISH_HEADERS]
         self._targets = {tp: RecordColumns(tp.topic, tp.partition, end, schema, headers)
                          for tp, (_start, end) in ranges.items()}
+        poll = _RangePoll(self.options, ranges, self._targets, consumer=self._ready())
         try:
-            consumer = self._ready()
-            fast = _decode_into(consumer, lambda tp: self._targets[tp])
-            for _ in _poll_ranges(consumer, ranges, self._targets, fast, stall_timeout):
+            for _ in poll.run(stall_timeout):
                 pass
         except BaseException:
-            self.close()
+            poll.consumer.close()
+            self._consumer = None
             raise
+        self._consumer = poll.consumer  # a new one if the read had to reconnect
         out = [columns.flush() for columns in self._targets.values() if len(columns)]
         self._targets = {}
         if not _discard_fetched(self._consumer):
@@ -589,40 +596,111 @@ class RangeReader:
         return self._consumer
 
 
-def _poll_ranges(consumer: KafkaConsumer, ranges: dict, targets: dict, fast: bool,
-                 stall_timeout: float = STALL_TIMEOUT_S) -> Iterator[None]:
-    """Seek each partition to its start and poll until every position reaches its end; yield after each poll.
+class _RangePoll:
+    """Polls partitions from their starts until every position reaches its end.
 
     ``ranges``: TopicPartition -> (start, end); ``targets``: TopicPartition ->
-    the :class:`RecordColumns` its records go to (``fast``: the consumer decodes
-    into them itself, see :func:`_decode_into`). Stops on positions, not record
+    the :class:`RecordColumns` its records go to. Stops on positions, not record
     offsets: transaction markers and compacted-away records occupy offsets but
     are never returned.
+
+    A consumer that gets no records for :data:`RECONNECT_AFTER_S` while behind
+    is closed and a new one reads on from the positions reached (once per
+    stall; the rows taken so far stay). The log line says what the old one was
+    waiting for. ``consumer``: the one to start with (``RangeReader``'s), else
+    a new one.
     """
-    consumer.assign(list(ranges))
-    for tp, (start, _end) in ranges.items():
-        consumer.seek(tp, start)
-    stalled_since = time.monotonic()
-    while True:
-        behind = [tp for tp, (_start, end) in ranges.items() if consumer.position(tp) < end]
-        if not behind:
-            return
-        # On the fast path poll() returns one mark per record *batch*; a few batches
-        # per poll bound the rows held in Python lists between two Arrow flushes.
-        records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if fast else None)
-        if not records:
-            if time.monotonic() - stalled_since > stall_timeout:
-                tp = behind[0]
-                raise KafkaSourceError(
-                    f"{tp.topic}[{tp.partition}]: no records for {stall_timeout:.0f}s at offset "
-                    f"{consumer.position(tp)}, expected data up to offset {ranges[tp][1]}; is the broker up?"
-                )
-            continue
+
+    def __init__(self, options: KafkaSourceOptions, ranges: dict, targets: dict, *,
+                 consumer: KafkaConsumer | None = None, fast: bool = True) -> None:
+        self.options, self.ranges, self.targets = options, ranges, targets
+        self.consumer = consumer if consumer is not None else _range_consumer(options)
+        self.want_fast = fast
+        self.fast = self._hook(self.consumer)
+
+    def run(self, stall_timeout: float = STALL_TIMEOUT_S) -> Iterator[None]:
+        """Yield after each poll that brought records; :class:`KafkaSourceError` after ``stall_timeout`` without."""
+        reached = {tp: start for tp, (start, _end) in self.ranges.items()}
+        self._seek(reached)
         stalled_since = time.monotonic()
-        if not fast:
-            for tp, batch in records.items():
-                targets[tp].add_records(batch)
-        yield
+        reconnected = False
+        while True:
+            consumer = self.consumer
+            behind = []
+            for tp, (_start, end) in self.ranges.items():
+                # Bounded: a position being reset waits for a ListOffsets answer that may never come.
+                position = consumer.position(tp, timeout_ms=RANGE_REQUEST_TIMEOUT_MS)
+                if position is None:  # still unresolved: counts as no progress
+                    behind.append(tp)
+                    continue
+                if position < reached[tp]:
+                    # auto_offset_reset moved it back: re-reading from there would repeat rows.
+                    raise KafkaSourceError(
+                        f"{tp.topic}[{tp.partition}]: the broker says offset {reached[tp]} is out of range "
+                        f"(the consumer went back to {position}); were records lost or the topic recreated?"
+                    )
+                reached[tp] = position
+                if position < end:
+                    behind.append(tp)
+            if not behind:
+                return
+            # On the fast path poll() returns one mark per record *batch*; a few batches
+            # per poll bound the rows held in Python lists between two Arrow flushes.
+            records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if self.fast else None)
+            if not records:
+                stalled = time.monotonic() - stalled_since
+                if stalled > stall_timeout:
+                    tp = behind[0]
+                    raise KafkaSourceError(
+                        f"{tp.topic}[{tp.partition}]: no records for {stall_timeout:.0f}s at offset "
+                        f"{reached[tp]}, expected data up to offset {self.ranges[tp][1]}; is the broker up? "
+                        f"({_fetch_state(consumer, tp)})"
+                    )
+                if not reconnected and stalled > min(RECONNECT_AFTER_S, stall_timeout / 2):
+                    reconnected = True
+                    self._reconnect(behind[0], stalled, reached)
+                continue
+            stalled_since, reconnected = time.monotonic(), False
+            if not self.fast:
+                for tp, batch in records.items():
+                    self.targets[tp].add_records(batch)
+            yield
+
+    def _hook(self, consumer: KafkaConsumer) -> bool:
+        return self.want_fast and _decode_into(consumer, lambda tp: self.targets[tp])
+
+    def _seek(self, positions: dict) -> None:
+        self.consumer.assign(list(positions))
+        for tp, offset in positions.items():
+            self.consumer.seek(tp, offset)
+
+    def _reconnect(self, tp: Any, stalled: float, reached: dict) -> None:
+        """Close the stalled consumer; a new one goes on from ``reached`` (the positions whose rows were taken)."""
+        old = self.consumer
+        log.warning("%s[%d]: no records for %.0fs at offset %d (data up to %d); reading on with a new "
+                    "connection. The stalled consumer: %s", tp.topic, tp.partition, stalled, reached[tp],
+                    self.ranges[tp][1], _fetch_state(old, tp))
+        old.close()
+        self.consumer = _range_consumer(self.options)
+        self.fast = self._hook(self.consumer)
+        self._seek(reached)
+
+
+def _fetch_state(consumer: KafkaConsumer, tp: Any) -> str:
+    """What a consumer knows of ``tp``'s fetching, for a stall report (kafka-python internals, best effort)."""
+    facts = [f"high watermark {consumer.highwater(tp)}"]
+    fetcher = getattr(consumer, "_fetcher", None)
+    pending = getattr(fetcher, "_nodes_with_pending_fetch_requests", None)
+    if pending is not None:
+        facts.append(f"fetch requests in flight to nodes {sorted(pending)}")
+    completed = getattr(fetcher, "_completed_fetches", None)
+    if completed is not None:
+        facts.append(f"{len(completed)} fetched responses not yet taken")
+    state = getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)
+    for flag in ("paused", "awaiting_reset", "awaiting_validation"):
+        if getattr(state, flag, False):
+            facts.append(flag.replace("_", " "))
+    return ", ".join(facts)
 
 
 def _discard_fetched(consumer: KafkaConsumer | None) -> bool:

@@ -85,6 +85,28 @@ def test_rows_below_the_fetch_offset_and_from_the_end_on_are_left_out():
     assert [r["kafka_offset"] for r in rows] == [12, 13, 14, 15]
 
 
+@pytest.mark.parametrize("path", ["fast", "portable"])
+def test_records_already_taken_are_never_added_again_when_the_consumer_moves_back(path):
+    """A consumer reset to an earlier offset fetches records this range already holds: they are skipped."""
+    from kafka.record import MemoryRecords
+
+    columns = _columns()
+
+    def add(buffer, fetch_offset):
+        if path == "fast":
+            list(columns.add_batches(buffer, fetch_offset))
+        else:
+            records = MemoryRecords(buffer)
+            while (batch := records.next_batch()) is not None:
+                columns.add_records([r for r in batch if r.offset >= fetch_offset])
+
+    add(_batch(10) + _batch(14), 10)
+    first = columns.flush()  # a flush (Arrow batch handed on) does not forget what was taken
+    add(_batch(0) + _batch(10) + _batch(14) + _batch(18), 0)  # moved back to the log start
+    assert first["kafka_offset"].to_pylist() == list(range(10, 18))
+    assert columns.flush()["kafka_offset"].to_pylist() == [18, 19, 20, 21]
+
+
 def test_control_batches_add_no_rows_but_advance():
     marks, rows = _decode(_batch(0) + _batch(4, RECORDS[:1], attributes_or=0x20) + _batch(5))
     assert marks == [3, 4, 8]

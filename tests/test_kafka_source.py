@@ -301,3 +301,143 @@ def test_a_kept_range_reader_reads_each_range_as_read_partition_does(broker):
             assert len(got) == sum(end - start for _p, start, end in plan), plan
     finally:
         reader.close()
+
+
+def _publish_one_batch_each(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` publishes, each its own record batch (so a read takes many polls)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    for seq in range(1, count + 1):
+        producer.send(topic, key=b"pub1", value=b'{"seq":%d}' % seq, partition=0,
+                      headers=[("amps-client", b"pub1"), ("amps-seq", str(seq).encode())])
+        producer.flush()
+    producer.close()
+
+
+def _stalling_consumers(monkeypatch, *, answered_polls: list[int]):
+    """Consumers made for range reads whose polls go unanswered after ``answered_polls[i]`` polls (-1: never stall).
+
+    A broker that stops answering one connection's fetches (seen with tansu) looks
+    like this to the client: polls return nothing while the partition has data.
+    """
+    from replication import kafka_source
+
+    made = []
+    real = kafka_source._range_consumer
+
+    def consumer(options):
+        c = real(options)
+        budget = answered_polls[len(made)] if len(made) < len(answered_polls) else -1
+        made.append(c)
+        if budget >= 0:
+            real_poll, calls = c.poll, [0]
+
+            def poll(*args, **kwargs):
+                calls[0] += 1
+                return real_poll(*args, **kwargs) if calls[0] <= budget else {}
+
+            c.poll = poll
+        return c
+
+    monkeypatch.setattr(kafka_source, "_range_consumer", consumer)
+    monkeypatch.setattr(kafka_source, "RECONNECT_AFTER_S", 0.5)
+    return made
+
+
+def test_a_read_whose_consumer_stops_getting_records_reads_on_with_a_new_connection(broker, monkeypatch, caplog):
+    from replication.kafka_source import RangeReader
+
+    topic = _topic("stall")
+    ensure_topics(broker.bootstrap, [topic])
+    _publish_one_batch_each(broker.bootstrap, topic, 120)
+    options = KafkaSourceOptions.parse(_options(broker, topic))
+    part = KafkaInputPartition(topic, 0, 5, 120)
+    expected = [row for batch in read_partition(options, part) for row in batch.to_pylist()]
+    assert [r["kafka_offset"] for r in expected] == list(range(5, 120))
+
+    made = _stalling_consumers(monkeypatch, answered_polls=[2])  # a few batches, then silence
+    caplog.set_level("WARNING", logger="replication.kafka_source")
+    got = [row for batch in read_partition(options, part) for row in batch.to_pylist()]
+    assert got == expected  # the rows taken before the stall once, the rest from the new connection
+    assert len(made) == 2
+    warning = [r.getMessage() for r in caplog.records if "reading on with a new connection" in r.getMessage()]
+    assert len(warning) == 1 and f"{topic}[0]" in warning[0] and "high watermark 120" in warning[0], warning
+
+    made = _stalling_consumers(monkeypatch, answered_polls=[0])  # the kept consumer of a driver-side reader
+    reader = RangeReader(options)
+    try:
+        got = [row for batch in reader.read([part], stall_timeout=30) for row in batch.to_pylist()]
+        assert got == expected
+        again = [row for batch in reader.read([part], stall_timeout=30) for row in batch.to_pylist()]
+        assert again == expected  # the new connection is the one kept
+        assert len(made) == 2
+    finally:
+        reader.close()
+
+
+def test_a_read_that_gets_nothing_on_any_connection_fails_with_what_the_consumer_saw(broker, monkeypatch, caplog):
+    from replication.kafka_source import KafkaSourceError, RangeReader
+
+    topic = _topic("dead")
+    ensure_topics(broker.bootstrap, [topic])
+    _publish_one_batch_each(broker.bootstrap, topic, 10)
+    options = KafkaSourceOptions.parse(_options(broker, topic))
+    made = _stalling_consumers(monkeypatch, answered_polls=[0, 0, 0])
+    caplog.set_level("WARNING", logger="replication.kafka_source")
+    reader = RangeReader(options)
+    with pytest.raises(KafkaSourceError) as failure:
+        reader.read([KafkaInputPartition(topic, 0, 0, 10)], stall_timeout=2)
+    message = str(failure.value)
+    assert f"{topic}[0]: no records for 2s at offset 0, expected data up to offset 10" in message
+    assert "is the broker up?" in message and "fetch requests in flight" in message
+    assert len(made) == 2  # one new connection per stall, not one per poll
+    assert sum("reading on with a new connection" in r.getMessage() for r in caplog.records) == 1
+    reader.close()
+
+
+def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeating_rows(broker, monkeypatch):
+    """kafka-python answers an out-of-range fetch by moving to the log start (auto_offset_reset); rows from there
+    would repeat earlier batches. Simulated with the real client: its position is moved back mid-read."""
+    from kafka import TopicPartition
+
+    from replication.kafka_source import KafkaSourceError
+
+    topic = _topic("reset")
+    ensure_topics(broker.bootstrap, [topic])
+    _publish_one_batch_each(broker.bootstrap, topic, 60)
+    options = KafkaSourceOptions.parse(_options(broker, topic))
+    from replication import kafka_source
+
+    real = kafka_source._range_consumer
+
+    def resetting(opts):
+        c = real(opts)
+        real_poll, calls = c.poll, [0]
+
+        def poll(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 2:
+                c.seek(TopicPartition(topic, 0), 0)  # what a reset to "earliest" does
+            return real_poll(*args, **kwargs)
+
+        c.poll = poll
+        return c
+
+    monkeypatch.setattr(kafka_source, "_range_consumer", resetting)
+    with pytest.raises(KafkaSourceError, match=r"\[0\]: the broker says offset \d+ is out of range "
+                                               r"\(the consumer went back to \d+\)"):
+        list(read_partition(options, KafkaInputPartition(topic, 0, 20, 60)))
+
+
+def test_a_range_beyond_the_brokers_data_fails_saying_how_far_the_data_goes(broker):
+    from replication.kafka_source import KafkaSourceError, RangeReader
+
+    topic = _topic("short")
+    ensure_topics(broker.bootstrap, [topic])
+    _publish(broker.bootstrap, topic, 10)
+    reader = RangeReader(KafkaSourceOptions.parse(_options(broker, topic)))
+    try:
+        with pytest.raises(KafkaSourceError, match=r"no records for 2s at offset 10, expected data up to offset 30; "
+                                                   r"is the broker up\? \(high watermark 10,"):
+            reader.read([KafkaInputPartition(topic, 0, 5, 30)], stall_timeout=2)
+    finally:
+        reader.close()
