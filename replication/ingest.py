@@ -429,6 +429,13 @@ class IngestWriter:
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
                       "input_rows_per_second": 0.0}
         self._last_batch_at: float | None = None
+        self.step: tuple[int, str, float] | None = None
+        """(batch id, what the batch is doing, since when: monotonic), while in a batch; for slow-batch reports."""
+        self.idle_since = time.monotonic()
+        """When the last batch ended (or the writer was made): how long Spark has been planning the next."""
+
+    def _enter(self, batch_id: int, what: str) -> None:
+        self.step = (batch_id, what, time.monotonic())
 
     def catch_up(self) -> None:
         """Fold in txlog commits this writer did not see (a batch that failed after its commit)."""
@@ -444,8 +451,17 @@ class IngestWriter:
             self.on_commit(self.state.max_seq, missed)
 
     def __call__(self, df, batch_id: int) -> None:
-        batch = self.read_here(batch_id) if self.read_here is not None else None
-        self.write_arrow(df.toArrow() if batch is None else batch, batch_id)
+        try:
+            batch = None
+            if self.read_here is not None:
+                self._enter(batch_id, "reading its rows here")
+                batch = self.read_here(batch_id)
+            if batch is None:
+                self._enter(batch_id, "reading its rows with a Spark job")
+                batch = df.toArrow()
+            self.write_arrow(batch, batch_id)
+        finally:
+            self.step, self.idle_since = None, time.monotonic()
 
     def write_arrow(self, batch: pa.Table, batch_id: int) -> None:
         started = time.perf_counter()
@@ -459,8 +475,10 @@ class IngestWriter:
         if self._last_batch_at is not None and started > self._last_batch_at:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
         self._last_batch_at = started
+        self._enter(batch_id, "classifying its rows")
         result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded)
         if result.rejected_rows.num_rows:
+            self._enter(batch_id, "writing rejected rows")
             self.rejected.append(result.rejected_rows, batch_id)
         failpoints.hit("ingest.before_txlog_commit")
         last_seq = self.state.max_seq + result.txlog_rows.num_rows
@@ -471,11 +489,13 @@ class IngestWriter:
             "publishers": result.publishers,
             "links": result.links,
         }
+        self._enter(batch_id, "committing to the txlog")
         self.txlog.append(result.txlog_rows, batch_id, metadata)
         failpoints.hit("ingest.after_txlog_commit")
         self.state.apply(self.txlog.table.version(), metadata)
         self.save_state(self.state)
         failpoints.hit("ingest.before_ack")
+        self._enter(batch_id, "acknowledging")
         self.on_commit(last_seq, result)
         self.stats["batches"] += 1
         self.stats["accepted"] += result.txlog_rows.num_rows

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
+#: An ingest batch (or the planning of one) taking longer than this is reported, and again each time this passes.
+SLOW_BATCH_REPORT_S = 30.0
 #: The txlog columns that say whose ack a row holds back (see ``Durability``).
 TXLOG_KEYS = pa.schema([TXLOG_SCHEMA.field(name) for name in ("seq", "publisher", "received_from")])
 
@@ -65,6 +67,7 @@ class Instance:
         self.controller: DowngradeController | None = None
         self.restarts = 0
         self._next_restart = 0.0
+        self._next_slow_report = 0.0
 
     @property
     def name(self) -> str:
@@ -185,7 +188,39 @@ class Instance:
             "input_rows_per_second": writer.stats["input_rows_per_second"] if writer else None,
             "error": self._query_error(),
             "restarts": self.restarts,
+            "batch": self._batch_step(),
         }
+
+    def _batch_step(self) -> dict | None:
+        """The ingest batch in progress: its id, what it is doing and for how long."""
+        step = self.writer.step if self.writer else None
+        if step is None:
+            return None
+        batch_id, what, since = step
+        return {"id": batch_id, "step": what, "seconds": round(time.monotonic() - since, 1)}
+
+    def _report_slow_ingest(self) -> None:
+        """Say in the log what a slow ingest batch is doing: the first place an operator looks when acks stop."""
+        if self.writer is None or self.query is None or not self.query.isActive:
+            return
+        now = time.monotonic()
+        if now < self._next_slow_report:
+            return
+        step = self.writer.step
+        if step is not None:
+            batch_id, what, since = step
+            if now - since < SLOW_BATCH_REPORT_S:
+                return
+            log.warning("%s: ingest batch %d has been %s for %.0fs", self.name, batch_id, what, now - since)
+        else:
+            if now - self.writer.idle_since < SLOW_BATCH_REPORT_S:
+                return
+            status = self.query.status  # an idle query (no data) is not slow: only one planning a batch with data
+            if not (status.get("isTriggerActive") and status.get("isDataAvailable")):
+                return
+            log.warning("%s: no ingest batch has started for %.0fs; Spark says: %s", self.name,
+                        now - self.writer.idle_since, status.get("message"))
+        self._next_slow_report = now + SLOW_BATCH_REPORT_S
 
     def _link_status(self, link: Link) -> dict:
         out = link.snapshot().to_json()
@@ -205,6 +240,7 @@ class Instance:
             try:
                 write_json_atomic(self.layout.heartbeat_json, self.status())
                 self._restart_ingest_if_failed()
+                self._report_slow_ingest()
             except Exception:  # a failed heartbeat must not kill the instance
                 log.exception("%s: heartbeat or restart failed", self.name)
 

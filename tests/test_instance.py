@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 
 import pytest
@@ -165,3 +166,31 @@ def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broke
     assert any("reading it here failed; Spark reads it instead" in r.getMessage() for r in caplog.records)
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"fallback": 300})
     assert inst.restarts == 0, "the query did not fail"
+
+
+def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, tmp_path, monkeypatch, caplog):
+    from replication import instance as instance_module
+    from replication import kafka_source
+
+    real_read = kafka_source.RangeReader.read
+    armed, slowed = threading.Event(), threading.Event()
+
+    def slow_once(self, parts, **kwargs):
+        if armed.is_set() and not slowed.is_set():
+            slowed.set()
+            time.sleep(4)  # a broker that takes its time answering
+        return real_read(self, parts, **kwargs)
+
+    monkeypatch.setattr(instance_module, "SLOW_BATCH_REPORT_S", 1.5)
+    monkeypatch.setattr(kafka_source.RangeReader, "read", slow_once)
+    inst = start_instance()
+    with publisher(broker, inst, "slowpoke", tmp_path) as pub:
+        armed.set()
+        pub.publish("/orders", b'{"i": 1}')
+        step = wait_until(lambda: slowed.is_set() and inst.status()["batch"], timeout=60, what="a batch in progress")
+        pub.flush(timeout=60)
+    assert step["step"] == "reading its rows here", step
+    reports = [r.getMessage() for r in caplog.records if "has been reading its rows here for" in r.getMessage()]
+    assert reports and reports[0].startswith(f"{inst.name}: ingest batch {step['id']} "), reports
+    assert inst.status()["batch"] is None, "no batch in progress once the message is persisted"
+
