@@ -41,6 +41,7 @@ os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an id
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replication.config import DEFAULT_BATCH_ROWS  # noqa: E402
+from replication.fetch_wait import FetchWait  # noqa: E402
 from common import (  # noqa: E402
     run_benchmark,
     PhaseTimer,
@@ -215,6 +216,7 @@ def plain_baseline(bootstrap: str, topic: str, rows: int, partitions: int, batch
     consumer.assign(tps)
     for tp in tps:
         consumer.seek(tp, 0)
+    wait = FetchWait(consumer, 5)  # as the engine's reads: a broker slow to list a long log still answers
     target = str(workdir / "baseline-b")
     pending: list = []
     parts = {"poll + decode": 0.0, "write_deltalake": 0.0}
@@ -222,7 +224,9 @@ def plain_baseline(bootstrap: str, topic: str, rows: int, partitions: int, batch
     started, cpu = time.perf_counter(), tree_cpu_seconds()
     while seen < rows:
         t0 = time.perf_counter()
-        for records in consumer.poll(timeout_ms=10).values():
+        polled = consumer.poll(timeout_ms=10)
+        wait.after_poll(bool(polled), data_known=True)
+        for records in polled.values():
             pending.extend(records)
             seen += len(records)
         t1 = time.perf_counter()

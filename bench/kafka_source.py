@@ -26,6 +26,7 @@ import uuid
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from replication.broker import EmbeddedBroker, ensure_topics
+from replication.fetch_wait import FetchWait
 
 
 def publish(bootstrap: str, topic: str, count: int, partitions: int) -> float:
@@ -62,10 +63,13 @@ def plain_consumer(bootstrap: str, topic: str, count: int, partitions: int) -> f
     consumer.assign(tps)
     for tp in tps:
         consumer.seek(tp, 0)
+    wait = FetchWait(consumer, 5)  # as the engine's reads: a broker slow to list a long log still answers
     seen = 0
     started = time.perf_counter()
     while seen < count:
-        for records in consumer.poll(timeout_ms=10).values():
+        polled = consumer.poll(timeout_ms=10)
+        wait.after_poll(bool(polled), data_known=True)
+        for records in polled.values():
             seen += len(records)
     elapsed = time.perf_counter() - started
     consumer.close()

@@ -32,9 +32,13 @@ from types import TracebackType
 from replication import failpoints
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
+from replication.fetch_wait import FetchWait
 from replication.messages import HEADER_CLIENT, HEADER_COMMAND, HEADER_SEQ, HEADER_TOPIC, HEADER_TYPE, LOGON
 
 log = logging.getLogger(__name__)
+
+#: The ack consumer's fetch wait while the broker keeps up (short: acks are awaited at the log's end).
+ACK_FETCH_WAIT_MS = 5
 
 
 class PublishStore:
@@ -116,9 +120,10 @@ class Publisher:
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap.split(","),
             enable_auto_commit=False,
-            fetch_max_wait_ms=5,
+            fetch_max_wait_ms=ACK_FETCH_WAIT_MS,
             consumer_timeout_ms=10,
         )
+        self._fetch_wait = FetchWait(self._consumer, ACK_FETCH_WAIT_MS)
         self._cond = threading.Condition()
         self._persisted = 0
         self._logon_replies: dict[str, tuple[int, int]] = {}
@@ -262,6 +267,7 @@ class Publisher:
                 log.exception("publisher %s: ack poll failed", self.name)
                 time.sleep(0.5)
                 continue
+            self._fetch_wait.after_poll(bool(batches))
             latest = None
             for records in batches.values():
                 for record in records:

@@ -58,6 +58,7 @@ from pyspark.sql.types import (
 )
 
 from replication.errors import ConfigError, ReplicationError
+from replication.fetch_wait import FetchWait
 from replication.kafka_records import RecordColumns
 from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 
@@ -486,8 +487,8 @@ class _OffsetProbe:
 # -- executor: reading one partition -------------------------------------------
 
 
-def _range_consumer(options: KafkaSourceOptions) -> KafkaConsumer:
-    """A consumer (no group) for reading offset ranges."""
+def _range_consumer(options: KafkaSourceOptions, fetch_max_wait_ms: int | None = None) -> KafkaConsumer:
+    """A consumer (no group) for reading offset ranges; ``fetch_max_wait_ms`` defaults to :data:`FETCH_MAX_WAIT_MS`."""
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
@@ -499,7 +500,7 @@ def _range_consumer(options: KafkaSourceOptions) -> KafkaConsumer:
         auto_offset_reset="earliest",
         # The fast path replaces kafka-python's transaction filtering: read everything.
         isolation_level="read_uncommitted",
-        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+        fetch_max_wait_ms=fetch_max_wait_ms or FETCH_MAX_WAIT_MS,
         fetch_max_bytes=FETCH_MAX_BYTES,
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         max_poll_records=MAX_POLL_RECORDS,
@@ -549,6 +550,7 @@ class RangeReader:
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
         self._consumer: KafkaConsumer | None = None
+        self._wait: FetchWait | None = None
         self._targets: dict = {}
 
     def read(self, parts: Sequence[KafkaInputPartition], *,
@@ -570,15 +572,17 @@ class RangeReader:
         headers = [key for key, _ in PUBLISH_HEADERS]
         self._targets = {tp: RecordColumns(tp.topic, tp.partition, end, schema, headers)
                          for tp, (_start, end) in ranges.items()}
-        poll = _RangePoll(self.options, ranges, self._targets, consumer=self._ready())
+        consumer, wait = self._ready()
+        poll = _RangePoll(self.options, ranges, self._targets, consumer=consumer, wait=wait)
         try:
             for _ in poll.run(stall_timeout):
                 pass
         except BaseException:
             poll.consumer.close()
-            self._consumer = None
+            self._consumer = self._wait = None
             raise
-        self._consumer = poll.consumer  # a new one if the read had to reconnect
+        # A new consumer if the read had to reconnect; its wait is kept while the log is behind.
+        self._consumer, self._wait = poll.consumer, poll.wait
         out = [columns.flush() for columns in self._targets.values() if len(columns)]
         self._targets = {}
         if not _discard_fetched(self._consumer):
@@ -587,13 +591,14 @@ class RangeReader:
 
     def close(self) -> None:
         if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
+            consumer, self._consumer, self._wait = self._consumer, None, None
             consumer.close()
 
-    def _ready(self) -> KafkaConsumer:
-        if self._consumer is None:
+    def _ready(self) -> tuple[KafkaConsumer, FetchWait]:
+        if self._consumer is None or self._wait is None:
             self._consumer = _range_consumer(self.options)
-        return self._consumer
+            self._wait = FetchWait(self._consumer, FETCH_MAX_WAIT_MS)
+        return self._consumer, self._wait
 
 
 class _RangePoll:
@@ -604,17 +609,20 @@ class _RangePoll:
     offsets: transaction markers and compacted-away records occupy offsets but
     are never returned.
 
-    A consumer that gets no records for :data:`RECONNECT_AFTER_S` while behind
-    is closed and a new one reads on from the positions reached (once per
-    stall; the rows taken so far stay). The log line says what the old one was
-    waiting for. ``consumer``: the one to start with (``RangeReader``'s), else
-    a new one.
+    The records of a range are known to exist, so a broker answering with none
+    gets longer fetch waits (:class:`~replication.fetch_wait.FetchWait`). A
+    consumer that still gets no records for :data:`RECONNECT_AFTER_S` while
+    behind is closed and a new one reads on from the positions reached (once
+    per stall; the rows taken so far stay). The log line says what the old one
+    was waiting for. ``consumer``: the one to start with (``RangeReader``'s),
+    else a new one; ``wait``: that consumer's :class:`FetchWait`, if it has one.
     """
 
     def __init__(self, options: KafkaSourceOptions, ranges: dict, targets: dict, *,
-                 consumer: KafkaConsumer | None = None, fast: bool = True) -> None:
+                 consumer: KafkaConsumer | None = None, wait: FetchWait | None = None, fast: bool = True) -> None:
         self.options, self.ranges, self.targets = options, ranges, targets
         self.consumer = consumer if consumer is not None else _range_consumer(options)
+        self.wait = wait or FetchWait(self.consumer, FETCH_MAX_WAIT_MS)
         self.want_fast = fast
         self.fast = self._hook(self.consumer)
 
@@ -647,6 +655,7 @@ class _RangePoll:
             # On the fast path poll() returns one mark per record *batch*; a few batches
             # per poll bound the rows held in Python lists between two Arrow flushes.
             records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if self.fast else None)
+            self.wait.after_poll(bool(records), data_known=True)
             if not records:
                 stalled = time.monotonic() - stalled_since
                 if stalled > stall_timeout:
@@ -654,7 +663,7 @@ class _RangePoll:
                     raise KafkaSourceError(
                         f"{tp.topic}[{tp.partition}]: no records for {stall_timeout:.0f}s at offset "
                         f"{reached[tp]}, expected data up to offset {self.ranges[tp][1]}; is the broker up? "
-                        f"({_fetch_state(consumer, tp)})"
+                        f"({_fetch_state(consumer, tp)}, fetch wait {self.wait.ms} ms)"
                     )
                 if not reconnected and stalled > min(RECONNECT_AFTER_S, stall_timeout / 2):
                     reconnected = True
@@ -678,10 +687,10 @@ class _RangePoll:
         """Close the stalled consumer; a new one goes on from ``reached`` (the positions whose rows were taken)."""
         old = self.consumer
         log.warning("%s[%d]: no records for %.0fs at offset %d (data up to %d); reading on with a new "
-                    "connection. The stalled consumer: %s", tp.topic, tp.partition, stalled, reached[tp],
-                    self.ranges[tp][1], _fetch_state(old, tp))
+                    "connection. The stalled consumer: %s, fetch wait %d ms", tp.topic, tp.partition, stalled,
+                    reached[tp], self.ranges[tp][1], _fetch_state(old, tp), self.wait.ms)
         old.close()
-        self.consumer = _range_consumer(self.options)
+        self.consumer = self.wait.consumer = _range_consumer(self.options, self.wait.ms)
         self.fast = self._hook(self.consumer)
         self._seek(reached)
 

@@ -87,6 +87,33 @@ def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_in
     assert read_here > 0 if read_path == "read-here" else read_here == 0, read_here
 
 
+def test_a_publisher_gets_its_acks_from_a_long_acks_topic_on_a_slow_broker(start_instance, broker, tmp_path,
+                                                                          monkeypatch):
+    """The acks topic keeps every ack ever sent. tansu lists all of its batches on each fetch and answers a fetch
+    whose wait runs out first with no records: 1 ms here, and on a slow machine the default 5 ms. The publisher
+    must still get its logon reply and its acks."""
+    from replication import client
+    from replication.durability import acks_topic
+
+    inst = start_instance()
+    history = KafkaProducer(bootstrap_servers=broker.bootstrap, batch_size=0, linger_ms=0)  # a batch per record
+    for i in range(6000):
+        history.send(acks_topic(inst.name), key=b"an-earlier-client", value=b'{"seq": %d}' % i)
+    history.flush()
+    history.close()
+    monkeypatch.setattr(client, "ACK_FETCH_WAIT_MS", 1)
+    pub = Publisher("patient", bootstrap=broker.bootstrap, topic=f"{inst.name}.publish", instance=inst.name,
+                    store_path=tmp_path / "patient.store", logon_timeout=60)
+    try:
+        for i in range(20):
+            pub.publish("/orders", b'{"id": %d}' % i)
+        pub.flush(timeout=120)
+        assert pub.persisted_seq == 20
+    finally:
+        pub.close()
+    assert_exactly_once(txlog_rows(tmp_path, inst.name), {"patient": 20})
+
+
 def test_bad_messages_go_to_rejected_with_reason_and_the_instance_keeps_running(start_instance, broker, tmp_path):
     inst = start_instance(txlog_topics="<Topic><Name>/orders.*</Name><MessageType>json</MessageType></Topic>"
                                        "<Topic><Name>/orders.*</Name><MessageType>xml</MessageType></Topic>")

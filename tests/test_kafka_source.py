@@ -324,8 +324,8 @@ def _stalling_consumers(monkeypatch, *, answered_polls: list[int]):
     made = []
     real = kafka_source._range_consumer
 
-    def consumer(options):
-        c = real(options)
+    def consumer(options, *args):
+        c = real(options, *args)
         budget = answered_polls[len(made)] if len(made) < len(answered_polls) else -1
         made.append(c)
         if budget >= 0:
@@ -409,8 +409,8 @@ def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeati
 
     real = kafka_source._range_consumer
 
-    def resetting(opts):
-        c = real(opts)
+    def resetting(opts, *args):
+        c = real(opts, *args)
         real_poll, calls = c.poll, [0]
 
         def poll(*args, **kwargs):
@@ -439,5 +439,41 @@ def test_a_range_beyond_the_brokers_data_fails_saying_how_far_the_data_goes(brok
         with pytest.raises(KafkaSourceError, match=r"no records for 2s at offset 10, expected data up to offset 30; "
                                                    r"is the broker up\? \(high watermark 10,"):
             reader.read([KafkaInputPartition(topic, 0, 5, 30)], stall_timeout=2)
+    finally:
+        reader.close()
+
+
+def _publish_single_record_batches(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` records, each its own record batch, sent without waiting for each other."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, batch_size=0, linger_ms=0)
+    for seq in range(count):
+        producer.send(topic, value=b'{"seq":%d}' % seq, partition=0)
+    producer.flush()
+    producer.close()
+
+
+def test_a_broker_that_answers_short_fetches_with_no_records_gets_longer_waits(broker, monkeypatch):
+    """tansu lists every stored batch of a partition on each fetch and answers with no records when the fetch's
+    wait runs out first: with thousands of batches and a 1 ms wait, every fetch comes back empty although the data
+    is there (a slow machine does the same to the default 5 ms wait). Both read paths must still read the range."""
+    from replication import kafka_source
+    from replication.kafka_source import RangeReader
+
+    topic = _topic("longlog")
+    ensure_topics(broker.bootstrap, [topic])
+    _publish_single_record_batches(broker.bootstrap, topic, 6000)
+    options = KafkaSourceOptions.parse(_options(broker, topic))
+    monkeypatch.setattr(kafka_source, "FETCH_MAX_WAIT_MS", 1)
+    monkeypatch.setattr(kafka_source, "STALL_TIMEOUT_S", 30.0)
+    part = KafkaInputPartition(topic, 0, 5950, 6000)
+
+    got = [row["value"] for batch in read_partition(options, part) for row in batch.to_pylist()]
+    assert got == [b'{"seq":%d}' % seq for seq in range(5950, 6000)]
+
+    reader = RangeReader(options)
+    try:
+        for start, end in [(5900, 5950), (5990, 6000)]:  # the kept consumer keeps its longer wait
+            rows = reader.read([KafkaInputPartition(topic, 0, start, end)], stall_timeout=30)
+            assert [row["kafka_offset"] for batch in rows for row in batch.to_pylist()] == list(range(start, end))
     finally:
         reader.close()
