@@ -50,6 +50,10 @@ class FetchWait:
         self.consumer = consumer
         self._since = time.monotonic()
 
+    def begin(self) -> None:
+        """A new read starts: the time without records counts from now, not from the end of the last read."""
+        self._since = time.monotonic()
+
     def after_poll(self, got_records: bool, *, data_known: bool = False) -> None:
         """Adapt after a poll; ``data_known``: the caller knows records exist past every position it still reads."""
         now = time.monotonic()

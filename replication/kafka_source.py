@@ -630,6 +630,7 @@ class _RangePoll:
         """Yield after each poll that brought records; :class:`KafkaSourceError` after ``stall_timeout`` without."""
         reached = {tp: start for tp, (start, _end) in self.ranges.items()}
         self._seek(reached)
+        self.wait.begin()
         stalled_since = time.monotonic()
         reconnected = False
         while True:
