@@ -84,8 +84,7 @@ class FetchWait:
         consumer = self.consumer
         out = []
         for tp in consumer.assignment():
-            state = getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)
-            position = getattr(getattr(state, "position", None), "offset", None)
+            position = getattr(getattr(partition_state(consumer, tp), "position", None), "offset", None)
             out.append((position, consumer.highwater(tp)))
         return out
 
@@ -94,3 +93,8 @@ class FetchWait:
 
     def _caught_up(self) -> bool:
         return all(p is not None and hw is not None and p >= hw for p, hw in self._positions())
+
+
+def partition_state(consumer: Any, tp: Any) -> Any:
+    """kafka-python's fetch state of an assigned partition (position, paused, ...), or None where it differs."""
+    return getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)

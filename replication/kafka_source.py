@@ -58,7 +58,7 @@ from pyspark.sql.types import (
 )
 
 from replication.errors import ConfigError, ReplicationError
-from replication.fetch_wait import FetchWait
+from replication.fetch_wait import FetchWait, partition_state
 from replication.kafka_records import RecordColumns
 from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 
@@ -706,7 +706,7 @@ def _fetch_state(consumer: KafkaConsumer, tp: Any) -> str:
     completed = getattr(fetcher, "_completed_fetches", None)
     if completed is not None:
         facts.append(f"{len(completed)} fetched responses not yet taken")
-    state = getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)
+    state = partition_state(consumer, tp)
     for flag in ("paused", "awaiting_reset", "awaiting_validation"):
         if getattr(state, flag, False):
             facts.append(flag.replace("_", " "))
