@@ -42,7 +42,7 @@ done
 
 # Spark's Python processes run the venv's interpreter through a launcher that
 # skips PySpark's zip (replication/worker_python.py: they start ~0.5 CPU-s faster).
-export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$("$venv/bin/python" -m replication.worker_python)}"
+export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$("$venv/bin/python" -m replication.connectors.spark.worker_python)}"
 export PYSPARK_DRIVER_PYTHON="$venv/bin/python"
 has_master=0
 for a in "${spark_args[@]+"${spark_args[@]}"}"; do [ "$a" = "--master" ] && has_master=1; done
@@ -54,7 +54,7 @@ case " ${spark_args[*]+"${spark_args[*]}"} " in *" --driver-memory "*) ;; *) spa
 case " ${spark_args[*]} " in
   *" --master local"*)
     case " ${spark_args[*]} " in *"fs.file.impl"*|*" --driver-class-path "*) ;; *)
-      while IFS= read -r line; do spark_args+=("$line"); done < <("$venv/bin/python" -m replication.local_fs) ;;
+      while IFS= read -r line; do spark_args+=("$line"); done < <("$venv/bin/python" -m replication.connectors.spark.local_fs) ;;
     esac ;;
 esac
 spark_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties")

@@ -298,8 +298,8 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
 
 def run_benchmark(name: str, args, measure: Callable) -> None:
     """Start a broker (unless ``--bootstrap``) and a SparkSession, print ``measure(...)``'s report, clean up."""
-    from replication.broker import EmbeddedBroker
-    from replication.spark import session
+    from replication.connectors.kafka.broker import EmbeddedBroker
+    from replication.connectors.spark.session import session
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix=f"{name}-"))
     workdir.mkdir(parents=True, exist_ok=True)

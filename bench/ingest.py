@@ -40,8 +40,8 @@ from pathlib import Path
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replication.config import DEFAULT_BATCH_ROWS  # noqa: E402
-from replication.fetch_wait import FetchWait  # noqa: E402
+from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
+from replication.connectors.kafka.fetch_wait import FetchWait  # noqa: E402
 from common import (  # noqa: E402
     run_benchmark,
     PhaseTimer,
@@ -86,18 +86,18 @@ class Run:
 
 def ingest_timer_targets() -> dict[str, tuple[object, str]]:
     """The driver-side steps of an ingest batch, in the order they run (see IngestWriter)."""
-    from replication import ingest
-    from replication.delta_tables import IdempotentAppender
-    from replication.durability import Durability
     from pyspark.sql.utils import ForeachBatchFunction
 
+    from replication.connectors.delta.tables import IdempotentAppender
+    from replication.durability import Durability
+    from replication.ingest import writer
     from replication.txlog import PublisherState
 
     return {
         "Spark's callback": (ForeachBatchFunction, "call"),
-        "foreachBatch": (ingest.IngestWriter, "__call__"),
-        "after toArrow": (ingest.IngestWriter, "write_arrow"),
-        "classify": (ingest, "classify"),
+        "foreachBatch": (writer.IngestWriter, "__call__"),
+        "after toArrow": (writer.IngestWriter, "write_arrow"),
+        "classify": (writer, "classify"),
         "Delta append": (IdempotentAppender, "append"),
         "state snapshot": (PublisherState, "save"),
         "acks": (Durability, "on_commit"),
@@ -127,14 +127,14 @@ def run_instance(spark, cfg, target_seq: int, timer: PhaseTimer, *, label: str) 
     inst = Instance(cfg, spark).start()
     started, cpu = time.perf_counter(), tree_cpu_seconds()
     try:
-        rows = target_seq - inst.status()["max_seq"]
+        rows = target_seq - inst.status().max_seq
         wait_until(lambda: _committed(inst, target_seq), timeout=120 + rows / 2000, interval=0.05,
                    what=f"{cfg.name} to commit seq {target_seq}")
         seconds, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
         batch_seconds = _batch_seconds(inst.query, rows)
     finally:
         inst.stop()  # lets the current batch finish, so the counters and timers below are final
-    counters = inst.status()["counters"]
+    counters = inst.status().counters
     parts = breakdown(timer, seconds)
     if counters.get("rejected") or counters.get("duplicates"):
         raise SystemExit(f"{cfg.name}: unexpected rejects/duplicates {counters}")
@@ -154,9 +154,9 @@ def _batch_seconds(query, rows: int) -> float | None:
 
 def _committed(inst, target_seq: int) -> bool:
     status = inst.status()
-    if status["error"]:
-        raise SystemExit(f"{status['instance']}: ingest query failed: {status['error']}")
-    return status["max_seq"] >= target_seq
+    if status.error:
+        raise SystemExit(f"{status.instance}: ingest query failed: {status.error}")
+    return status.max_seq >= target_seq
 
 
 # -- baselines -----------------------------------------------------------------------
@@ -166,7 +166,7 @@ def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
     """(a): the instance's Kafka source and rows, ``toArrow`` + ``write_deltalake``, nothing else."""
     from deltalake import write_deltalake
 
-    from replication.sources import publish_stream
+    from replication.ingest.inputs import publish_stream
 
     target = workdir / f"{cfg.name}-baseline-a"
     parts = {"toArrow": 0.0, "write_deltalake": 0.0}
@@ -275,7 +275,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> di
     the mean time per micro-batch of each step (Spark's own ``durationMs`` and
     the driver steps timed by ``timer``).
     """
-    from replication.broker import ensure_topics
+    from replication.connectors.kafka.broker import ensure_topics
     from replication.instance import Instance
 
     cfg = instance_config(workdir, f"bench-lat-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
@@ -387,8 +387,8 @@ def build_txlog(cfg, rows: int, publishers: int, chunk: int) -> None:
     """
     from deltalake import CommitProperties, write_deltalake
 
-    from replication.delta_tables import COMMIT_METADATA_KEY, open_or_create
-    from replication.storage import StorageLayout
+    from replication.connectors.delta.tables import COMMIT_METADATA_KEY, open_or_create
+    from replication.storage.layout import StorageLayout
     from replication.txlog import TXLOG_SCHEMA, PublisherState
 
     layout = StorageLayout.of(cfg.storage)
@@ -431,7 +431,7 @@ def txlog_scaling(spark, workdir: Path, bootstrap: str, sizes: list[int], args, 
 
 def _prepared_log(workdir: Path, bootstrap: str, size: int, args) -> dict:
     """An instance config whose txlog already holds ``size`` rows, and its publish topic."""
-    from replication.broker import ensure_topics
+    from replication.connectors.kafka.broker import ensure_topics
 
     cfg = instance_config(workdir, f"bench-log{size}-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
     topic = f"{cfg.name}.publish"
@@ -447,7 +447,7 @@ def _prepared_log(workdir: Path, bootstrap: str, size: int, args) -> dict:
 
 def warm_up(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> None:
     """Start the JVM's and the Python workers' code paths once, so no measurement pays for it."""
-    from replication.broker import ensure_topics
+    from replication.connectors.kafka.broker import ensure_topics
 
     cfg = instance_config(workdir, f"bench-warm-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
     ensure_topics(bootstrap, [f"{cfg.name}.publish"], partitions=args.partitions)
@@ -462,7 +462,7 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer, ph
     ``--repeat`` passes, the order rotating so that each variant runs first
     once (the machine's load drifts); the best pass of each variant is kept.
     """
-    from replication.broker import ensure_topics
+    from replication.connectors.kafka.broker import ensure_topics
 
     topic = f"bench-ingest-{uuid.uuid4().hex[:6]}.publish"
     ensure_topics(bootstrap, [topic], partitions=args.partitions)

@@ -25,8 +25,8 @@ import uuid
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from replication.broker import EmbeddedBroker, ensure_topics
-from replication.fetch_wait import FetchWait
+from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
+from replication.connectors.kafka.fetch_wait import FetchWait
 
 
 def publish(bootstrap: str, topic: str, count: int, partitions: int) -> float:
@@ -78,7 +78,7 @@ def plain_consumer(bootstrap: str, topic: str, count: int, partitions: int) -> f
 
 def source_read_alone(bootstrap: str, topic: str, count: int, partitions: int) -> float:
     """Rows/s of the source's read() called directly, partition after partition (no Spark)."""
-    from replication.kafka_source import KafkaInputPartition, KafkaSourceOptions, read_partition
+    from replication.connectors.kafka.source import KafkaInputPartition, KafkaSourceOptions, read_partition
 
     options = KafkaSourceOptions.parse({"bootstrap.servers": bootstrap, "topics": topic})
     per_partition = [count // partitions + (1 if p < count % partitions else 0) for p in range(partitions)]
@@ -95,7 +95,7 @@ def source_read_alone(bootstrap: str, topic: str, count: int, partitions: int) -
 
 def spark_source(spark, bootstrap: str, topic: str, count: int, **options: int | None) -> tuple[float, int]:
     """Rows/s of the Spark source into a counting foreachBatch; also the number of micro-batches."""
-    from replication.kafka_source import FORMAT, register
+    from replication.connectors.kafka.source import FORMAT, register
 
     register(spark)
     reader = spark.readStream.format(FORMAT).option("bootstrap.servers", bootstrap).option("topics", topic)
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="use this Kafka instead of an embedded tansu")
     args = parser.parse_args()
 
-    from replication.spark import session
+    from replication.connectors.spark.session import session
 
     broker = None if args.bootstrap else EmbeddedBroker().start()
     bootstrap = args.bootstrap or broker.bootstrap

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replication.config import DEFAULT_BATCH_ROWS  # noqa: E402
+from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 from common import (  # noqa: E402
     Labeler,
     PhaseTimer,
@@ -114,7 +114,7 @@ def write_instance(workdir: Path, name: str, bootstrap: str, *, topic: str, max_
 def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, max_offsets: int | None,
               replicate: bool, timer: StageTimer) -> Pair:
     """Configs of A (and B when ``replicate``) with unique names; ``timer`` learns their roles."""
-    from replication.broker import ensure_topics
+    from replication.connectors.kafka.broker import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
     a, b = f"{label}-a-{tag}", f"{label}-b-{tag}"
@@ -152,10 +152,12 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
     Labels are ``<group> / <step>``; a group's total is its ``foreachBatch``
     (or release) call, the steps run inside it.
     """
-    from replication import destinations, durability, ingest, links, replicator, sources
-    from replication.delta_tables import IdempotentAppender
+    from replication.connectors.delta.tables import IdempotentAppender
+    from replication.destination import manager, replicator
+    from replication.destination.link import Link
     from replication.durability import AckSender, Durability
-    from replication.links import Link
+    from replication.ingest import inputs, writer
+    from replication.storage.control import Ack, DurableState, LinkState
     from replication.txlog import PublisherState
 
     r = timer.role
@@ -170,32 +172,33 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
         return f"{r(upstream)}->{r(downstream)} replicator / inbox append (write_deltalake)"
 
     def control_file(group: str) -> Labeler:
-        def label(path: Path, *_a, **_k) -> str:  # <root>/_control/<file>
+        def label(_file, path: Path, *_a, **_k) -> str:  # <root>/_control/<file>
             root = path.parents[1] if path.parent.name == "_control" else path.parents[2]
             kind = path.name if path.parent.name == "_control" else f"{path.parent.name}/*.json"
             return f"{r(root.name)} {group} / write {kind}"
         return label
 
     return [
-        (ingest.IngestWriter, "__call__", lambda w, *_a: f"{r(w.cfg.name)} ingest"),
-        (ingest.IngestWriter, "write_arrow", lambda w, *_a: f"{r(w.cfg.name)} ingest / (after toArrow)"),
-        (ingest, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest / classify"),
-        (sources.InboxRows, "__call__", lambda x, *_a: f"{r(x.instance)} ingest / inbox rows (read_versions)"),
+        (writer.IngestWriter, "__call__", lambda w, *_a: f"{r(w.cfg.name)} ingest"),
+        (writer.IngestWriter, "write_arrow", lambda w, *_a: f"{r(w.cfg.name)} ingest / (after toArrow)"),
+        (writer, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest / classify"),
+        (inputs.InboxRows, "__call__", lambda x, *_a: f"{r(x.instance)} ingest / inbox rows (read_versions)"),
         (IdempotentAppender, "append", appended),
         (PublisherState, "save", lambda _s, path: f"{r(path.parents[1].name)} ingest / publishers.json"),
         (Durability, "on_commit", lambda d, *_a: f"{r(d._layout.root.name)} ingest / durability on_commit"),
         (Durability, "release", lambda d, *_a: f"{r(d._layout.root.name)} durability release"),
         (AckSender, "send", lambda s, *_a: f"{r(s.instance)} durability release / persisted acks (Kafka send+flush)"),
-        (durability, "write_json_atomic", control_file("durability release")),
+        (DurableState, "write", control_file("durability release")),
+        (Ack, "write", control_file("durability release")),
         (replicator.ReplicatorWriter, "__call__",
          lambda w, *_a: f"{r(w.cfg.name)}->{r(w.dest.name)} replicator"),
         (replicator.ReplicatorWriter, "_inbox_rows",
          lambda w, *_a: f"{r(w.cfg.name)}->{r(w.dest.name)} replicator / inbox rows"),
         (Link, "on_sent", lambda link, *_a: f"{link_of(link)} replicator / link on_sent (link file)"),
-        (destinations, "downstream_ack",
+        (manager, "downstream_ack",
          lambda layout, upstream: f"{r(upstream)}->{r(layout.root.name)} ack watch / read ack file"),
         (Link, "on_ack", lambda link, *_a: f"{link_of(link)} ack watch / link on_ack"),
-        (links, "write_json_atomic", control_file("link")),
+        (LinkState, "write", control_file("link")),
     ]
 
 
@@ -374,7 +377,7 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
                 if len(marks) == len(reached) or (last in marks and now > marks[last] + 30):  # acks: 30 s
                     break
                 if now > timeout:
-                    errors = [inst.status()["error"] for inst in (a, b) if inst is not None]
+                    errors = [inst.status().error for inst in (a, b) if inst is not None]
                     raise SystemExit(f"{label}: timed out after {now:.0f}s at {reached} (query errors: {errors})")
                 time.sleep(0.02)
             queries = {"A ingest": a.query}  # now: the engine may have restarted a failed one
@@ -386,7 +389,7 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
             stop_instances(a, b)  # lets the current batches finish, so counters and timers are final
     for inst in (a, b):
         if inst is not None:
-            counters = inst.status()["counters"]
+            counters = inst.status().counters
             if counters.get("rejected") or counters.get("duplicates"):
                 raise SystemExit(f"{inst.name}: unexpected rejects/duplicates {counters}")
     seconds_by, calls_by = timer.snapshot()
@@ -413,7 +416,7 @@ def batches_with_rows(query) -> list[dict]:
 
 def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> dict[str, Run]:
     """Pre-publish once; ingest-only and replication read the same topic, ``--repeat`` times in turn (best kept)."""
-    from replication.broker import ensure_topics
+    from replication.connectors.kafka.broker import ensure_topics
 
     topic = f"bench-repl-{uuid.uuid4().hex[:6]}.publish"
     ensure_topics(bootstrap, [topic], partitions=args.partitions)
@@ -745,7 +748,7 @@ def spy_file(args, phase: str) -> str | None:
 
 def warm_up(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> None:
     """Run every code path once (Kafka and inbox sources, replicator, acks), so no measurement pays for it."""
-    from replication.broker import ensure_topics
+    from replication.connectors.kafka.broker import ensure_topics
 
     topic = f"bench-warm-{uuid.uuid4().hex[:6]}.publish"
     ensure_topics(bootstrap, [topic], partitions=args.partitions)

@@ -15,12 +15,10 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from replication.config_parser import parse_interval
-
 if TYPE_CHECKING:
-    from replication.config import InstanceConfig
+    from replication.config.model import InstanceConfig
+    from replication.destination.link import Link
     from replication.durability import Durability
-    from replication.links import Link
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +45,10 @@ def policy_of(cfg: "InstanceConfig") -> DowngradePolicy | None:
         if downgrade is None and upgrade is None:
             continue
         return DowngradePolicy(
-            every=parse_interval(action.on.option("Every") or "1s"),
-            downgrade_age=parse_interval(downgrade.option("Age")) if downgrade else None,
-            upgrade_age=parse_interval(upgrade.option("Age")) if upgrade else None,
-            minimum_sync=int(downgrade.option("MinimumSyncDestinations", "0")) if downgrade else 0,
+            every=action.on.every or 1.0,
+            downgrade_age=downgrade.age if downgrade else None,
+            upgrade_age=upgrade.age if upgrade else None,
+            minimum_sync=(downgrade.minimum_sync_destinations or 0) if downgrade else 0,
         )
     return None
 

@@ -30,10 +30,17 @@ from pathlib import Path
 from types import TracebackType
 
 from replication import failpoints
+from replication.connectors.kafka.fetch_wait import FetchWait
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
-from replication.fetch_wait import FetchWait
-from replication.messages import HEADER_CLIENT, HEADER_COMMAND, HEADER_SEQ, HEADER_TOPIC, HEADER_TYPE, LOGON
+from replication.messages import (
+    HEADER_CLIENT,
+    HEADER_COMMAND,
+    HEADER_SEQ,
+    HEADER_TOPIC,
+    HEADER_TYPE,
+    LOGON,
+)
 
 log = logging.getLogger(__name__)
 

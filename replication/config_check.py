@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from replication.config import load
 from replication.errors import ConfigError
 
 
@@ -16,8 +17,6 @@ def main(argv: list[str] | None = None) -> int:
     if not files or any(f in ("-h", "--help") for f in files):
         print("usage: python -m replication.config_check FILE...", file=sys.stderr)
         return 0 if files else 2
-    from replication.config import load
-
     status = 0
     for path in files:
         try:

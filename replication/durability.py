@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from replication.links import Runs, runs_by_value
-from replication.storage import read_json, write_json_atomic
+from replication.storage.control import Ack, DurableState
+from replication.txlog import Runs, runs_by_value
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from replication.ingest import Classified, Logon
-    from replication.storage import StorageLayout
+    from replication.ingest.classify import Classified, Logon
+    from replication.storage.layout import StorageLayout
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class Durability:
     """Tracks committed-but-not-yet-durable rows; releases persisted acks and upstream acks.
 
     A row is durable when no sync destination (not downgraded) still holds it
-    (see :meth:`replication.links.Link.holds_any`). Acknowledgements follow rows,
+    (see :meth:`replication.destination.link.Link.holds_any`). Acknowledgements follow rows,
     not batches: a publisher's position is released when the rows that
     publisher's messages got are durable, an upstream's when the rows received
     from it are. Releasing (a) sends publishers their persisted acks and (b)
@@ -152,10 +152,10 @@ class Durability:
         self._layout = layout
         self._lock = threading.Lock()
         self._holds = holds or (lambda runs: False)
-        saved = read_json(layout.durable_json) or {}
-        self.persisted: dict[str, int] = {k: int(v) for k, v in saved.get("publishers", {}).items()}
-        self.upstream_acks: dict[str, int] = {k: int(v) for k, v in saved.get("upstreams", {}).items()}
-        self.durable_seq = int(saved.get("durable_seq", 0))
+        saved = DurableState.read(layout.durable_json) or DurableState()
+        self.persisted: dict[str, int] = {k: int(v) for k, v in saved.publishers.items()}
+        self.upstream_acks: dict[str, int] = {k: int(v) for k, v in saved.upstreams.items()}
+        self.durable_seq = int(saved.durable_seq)
         self.committed_seq = committed_seq
         self.stored = dict(publishers)
         """client -> highest sequence in the txlog, persisted or not (told to publishers at logon)."""
@@ -237,11 +237,9 @@ class Durability:
             persisted = dict(self.persisted)
             stored = {logon.client: self.stored.get(logon.client, 0) for logon in logons or []}
             if released or upstreams:
-                write_json_atomic(self._layout.durable_json, {
-                    "durable_seq": self.durable_seq, "publishers": persisted, "upstreams": dict(self.upstream_acks),
-                })
+                DurableState(self.durable_seq, persisted, dict(self.upstream_acks)).write(self._layout.durable_json)
         for upstream, seq in upstreams.items():
-            write_json_atomic(self._layout.ack_file(upstream), {"seq": seq, "time": time.time()})
+            Ack(seq, time.time()).write(self._layout.ack_file(upstream))
         if self._sender and (released or logons):
             self._sender.send(released, logons or [], persisted, stored)
         return released

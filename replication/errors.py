@@ -1,4 +1,11 @@
-"""The project's exception hierarchy: one root, one subclass per concern."""
+"""The project's exception hierarchy: one root, one subclass per concern, each transient or terminal.
+
+Retry loops (a destination's connect loop, the ingest query's restart) retry
+only *transient* errors: a destination that is down, a table being written.
+A *terminal* error (a wrong config, an address the engine cannot use) will not
+go away by waiting: it is shown to the operator (log, ``replication status``)
+and the loop stops. Errors that may cross to Spark's Python workers pickle.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +29,15 @@ class ConfigError(ReplicationError):
         self.line = line
 
     def __reduce__(self):  # keep picklable across Spark workers
-        return (_rebuild_config_error, (str(self), self.file, self.line))
+        return (_rebuild_config_error, (type(self), str(self), self.file, self.line))
 
 
-def _rebuild_config_error(message: str, file: str, line: int | None) -> ConfigError:
-    return ConfigError(message, file=file, line=line)
+def _rebuild_config_error(cls: type[ConfigError], message: str, file: str, line: int | None) -> ConfigError:
+    return cls(message, file=file, line=line)
+
+
+class UnsupportedAddressError(ConfigError):
+    """A storage or destination address the engine cannot use (a scheme not supported yet)."""
 
 
 class BrokerError(ReplicationError):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Union
 
@@ -49,6 +49,7 @@ __all__ = [
     "Compare",
     "Expr",
     "Field",
+    "Filter",
     "FilterSyntaxError",
     "InList",
     "IsNull",
@@ -442,6 +443,32 @@ def parse(text: str) -> Expr:
         BoolOp(op='OR', items=(Between(...), IsNull(...)))  # doctest: +SKIP
     """
     return _Parser(text).parse()
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A content filter as written (``text``) and parsed once (``expr``), as configs carry it.
+
+    Two filters are equal when their texts are. ``str()`` is the canonical form.
+    Raises :class:`FilterSyntaxError` when the text does not parse.
+
+    Example:
+        >>> Filter("/qty > 100").matches({"qty": 150})
+        True
+    """
+
+    text: str
+    expr: Expr = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "expr", parse(self.text))
+
+    def matches(self, message: Any) -> bool:
+        """:func:`evaluate` of this filter on ``message``."""
+        return evaluate(self.expr, message)
+
+    def __str__(self) -> str:
+        return str(self.expr)
 
 
 # --------------------------------------------------------------------------- value model

@@ -17,17 +17,19 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from replication import effective_config
-from replication.config import InstanceConfig
 from replication.actions import DowngradeController
-from replication.delta_tables import IdempotentAppender
-from replication.destinations import DestinationManager
+from replication.config.model import InstanceConfig
+from replication.connectors.delta.tables import IdempotentAppender
+from replication.connectors.delta.txlog_stream import read_range
+from replication.connectors.kafka.broker import ensure_topics
+from replication.destination.link import Link
+from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
-from replication.ingest import IngestWriter
-from replication.links import Link, Runs
-from replication.sources import InboxRows, ReadHere
-from replication.storage import StorageLayout, write_json_atomic
-from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
+from replication.ingest.inputs import InboxRows, ReadHere, ingest_stream
+from replication.ingest.writer import IngestWriter
+from replication.storage.control import Heartbeat, write_instance_config
+from replication.storage.layout import INGEST_QUERY, StorageLayout
+from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, Runs, recover_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -74,10 +76,8 @@ class Instance:
         return self.cfg.name
 
     def start(self) -> "Instance":
-        from replication.broker import ensure_topics
-
         self.layout.root.mkdir(parents=True, exist_ok=True)
-        effective_config.write(self.cfg, self.layout.instance_json)
+        write_instance_config(self.cfg, self.layout.instance_json)
         txlog = IdempotentAppender(self.layout.txlog, TXLOG_SCHEMA, app_id="ingest", name=f"{self.name} txlog")
         rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id="ingest", name=f"{self.name} rejected")
         state = recover_state(txlog.table, self.layout.publishers_json)
@@ -122,21 +122,19 @@ class Instance:
         self.controller = DowngradeController.from_config(self.cfg, self.links, self.durability)
         if self.controller is not None:
             self.controller.start()
-        write_json_atomic(self.layout.heartbeat_json, self.status())
+        self.status().write(self.layout.heartbeat_json)
         self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
         self._heartbeat.start()
         return self
 
     def _start_ingest(self) -> None:
-        from replication.sources import ingest_stream
-
         stream = ingest_stream(self.spark, self.cfg, self.layout)
         if stream is None:
             return
         self.query = (
             stream.writeStream.queryName(f"{self.name}.ingest")
             .foreachBatch(self.writer)
-            .option("checkpointLocation", str(self.layout.checkpoint("ingest")))
+            .option("checkpointLocation", str(self.layout.checkpoint(INGEST_QUERY)))
             .trigger(processingTime=self.trigger_interval)
             .start()
         )
@@ -161,35 +159,33 @@ class Instance:
 
     def _txlog_keys(self, after: int, through: int):
         """``seq``, ``publisher`` and ``received_from`` of the txlog rows ``after < seq <= through``."""
-        from replication.txlog_source import read_range
-
         return read_range(str(self.layout.txlog), after, through, schema=TXLOG_KEYS)
 
     def _held_by_sync_destination(self, runs: Runs) -> bool:
         """Does a sync destination (not downgraded) still hold a row of ``runs``?"""
         return any(link.holds_any(runs) for link in self.links.values() if link.sync and not link.downgraded)
 
-    def status(self) -> dict:
+    def status(self) -> Heartbeat:
         """What the heartbeat file says: liveness, positions, counters."""
         writer = self.writer
         state = writer.state if writer else None
-        return {
-            "instance": self.name,
-            "group": self.cfg.group,
-            "time": time.time(),
-            "started": self.started_at,
-            "running": bool(self.query and self.query.isActive) and not self._stop.is_set(),
-            "max_seq": state.max_seq if state else 0,
-            "txlog_version": state.txlog_version if state else -1,
-            "publishers": len(state.publishers) if state else 0,
-            "durable_seq": self.durability.durable_seq if self.durability else 0,
-            "counters": dict(writer.stats) if writer else {},
-            "links": {name: self._link_status(link) for name, link in self.links.items()},
-            "input_rows_per_second": writer.stats["input_rows_per_second"] if writer else None,
-            "error": self._query_error(),
-            "restarts": self.restarts,
-            "batch": self._batch_step(),
-        }
+        return Heartbeat(
+            instance=self.name,
+            group=self.cfg.group,
+            time=time.time(),
+            started=self.started_at,
+            running=bool(self.query and self.query.isActive) and not self._stop.is_set(),
+            max_seq=state.max_seq if state else 0,
+            txlog_version=state.txlog_version if state else -1,
+            publishers=len(state.publishers) if state else 0,
+            durable_seq=self.durability.durable_seq if self.durability else 0,
+            counters=dict(writer.stats) if writer else {},
+            links={name: self._link_status(link) for name, link in self.links.items()},
+            input_rows_per_second=writer.stats["input_rows_per_second"] if writer else None,
+            error=self._query_error(),
+            restarts=self.restarts,
+            batch=self._batch_step(),
+        )
 
     def _batch_step(self) -> dict | None:
         """The ingest batch in progress: its id, what it is doing and for how long."""
@@ -238,7 +234,7 @@ class Instance:
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
             try:
-                write_json_atomic(self.layout.heartbeat_json, self.status())
+                self.status().write(self.layout.heartbeat_json)
                 self._restart_ingest_if_failed()
                 self._report_slow_ingest()
             except Exception:  # a failed heartbeat must not kill the instance
@@ -259,6 +255,6 @@ class Instance:
             self.writer.read_here.close()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
-        write_json_atomic(self.layout.heartbeat_json, self.status())
+        self.status().write(self.layout.heartbeat_json)
         if self.durability is not None:
             self.durability.close()

@@ -34,14 +34,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Union
 
 from replication import expressions
-from replication.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
     from pyspark.sql import Column
 
-    from replication.config import Destination, DestinationTopic, InstanceConfig
+    from replication.config.model import Destination, DestinationTopic, InstanceConfig
 
 __all__ = [
     "Decision",
@@ -206,27 +205,9 @@ def _topic_cond(name: str, message_type: str) -> Cond:
     return AllOf((Matches(("topic",), name), Equals("message_type", message_type)))
 
 
-def _filter_of(cfg: "InstanceConfig", dest: "Destination", topic: "DestinationTopic") -> ContentFilter | None:
-    if not topic.filter:
-        return None
-    if topic.message_type != "json":
-        raise ConfigError(
-            f"{cfg.name}: destination {dest.name}, topic {topic.name!r}: content filters are "
-            f"supported for json topics only, not {topic.message_type}; remove the <Filter> "
-            "or replicate this topic as json",
-            file=topic.source.file,
-            line=topic.source.line or None,
-        )
-    try:
-        return ContentFilter(expressions.parse(topic.filter), topic.filter)
-    except expressions.FilterSyntaxError as exc:
-        raise expressions.FilterSyntaxError(
-            f"{topic.source}: {cfg.name}, destination {dest.name}, topic {topic.name!r}: {exc}",
-            text=exc.text,
-            position=exc.position,
-            file=topic.source.file,
-            line=topic.source.line or None,
-        ) from None
+def _filter_of(topic: "DestinationTopic") -> ContentFilter | None:
+    # parsed, and checked against the topic's message type, when the config was loaded
+    return ContentFilter(topic.filter.expr, topic.filter.text) if topic.filter is not None else None
 
 
 def rules(cfg: "InstanceConfig", dest: "Destination", *, target: str | None = None) -> tuple[Rule, ...]:
@@ -238,15 +219,13 @@ def rules(cfg: "InstanceConfig", dest: "Destination", *, target: str | None = No
         target: name of the instance actually reached through ``dest`` (its
             failover list may lead to several); default ``dest.name``.
 
-    Raises:
-        ConfigError: a filter does not parse, or filters a non-json topic.
     """
     target = target or dest.name
     txlog = AnyOf(tuple(_topic_cond(t.name, t.message_type) for t in cfg.txlog_topics))
     topic = AnyOf(tuple(_topic_cond(t.name, t.message_type) for t in dest.topics))
     with_filters = []
     for t in dest.topics:
-        flt = _filter_of(cfg, dest, t)
+        flt = _filter_of(t)
         cond = _topic_cond(t.name, t.message_type)
         with_filters.append(AllOf(cond.items + (flt,)) if flt else cond)
     if dest.pass_through is None:
@@ -359,7 +338,7 @@ def _why(rule: str, cfg: "InstanceConfig", dest: "Destination", msg: Message, ta
         names = ", ".join(f"{t.name!r} ({t.message_type})" for t in dest.topics) or "none"
         return f"no <Topic> of destination {dest.name} matches {what}; its topics: {names}"
     if rule == "filter":
-        filters = [t.filter for t in dest.topics if t.filter and _py(_topic_cond(t.name, t.message_type), msg)]
+        filters = [t.filter.text for t in dest.topics if t.filter and _py(_topic_cond(t.name, t.message_type), msg)]
         return f"filter false: the message does not match {' / '.join(repr(f) for f in filters)}"
     if rule == "passthrough":
         group = msg.received_from_group or msg.received_from

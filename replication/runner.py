@@ -7,20 +7,16 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from replication.config import InstanceConfig
-
-if TYPE_CHECKING:
-    from replication.instance import Instance
+from replication.config.model import InstanceConfig
+from replication.connectors.spark.session import session
+from replication.instance import Instance
 
 log = logging.getLogger(__name__)
 
 
-def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds") -> list["Instance"]:
-    from replication.instance import Instance
-    from replication.spark import session
-
+def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds") -> list[Instance]:
     spark = session("replication " + " ".join(c.name for c in configs))
     started: list[Instance] = []
     try:
@@ -32,36 +28,36 @@ def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str 
     return started
 
 
-def stop_instances(instances: Sequence["Instance"]) -> None:
+def stop_instances(instances: Sequence[Instance]) -> None:
     for inst in reversed(instances):
         inst.stop()
 
 
-def progress_line(instances: Sequence["Instance"], previous: dict[str, tuple[float, int]]) -> str:
+def progress_line(instances: Sequence[Instance], previous: dict[str, tuple[float, int]]) -> str:
     """One line: per instance, local seq, rate, rejects, duplicates, durable position, and each link's progress."""
     parts = []
     now = time.monotonic()
     for inst in instances:
         st = inst.status()
-        counters = st["counters"]
-        last_t, last_seq = previous.get(inst.name, (now, st["max_seq"]))
-        rate = (st["max_seq"] - last_seq) / (now - last_t) if now > last_t else 0.0
-        previous[inst.name] = (now, st["max_seq"])
+        counters = st.counters
+        last_t, last_seq = previous.get(inst.name, (now, st.max_seq))
+        rate = (st.max_seq - last_seq) / (now - last_t) if now > last_t else 0.0
+        previous[inst.name] = (now, st.max_seq)
         part = (
-            f"{inst.name}: seq {st['max_seq']:,} ({rate:,.0f} msg/s) "
+            f"{inst.name}: seq {st.max_seq:,} ({rate:,.0f} msg/s) "
             f"rejected {counters.get('rejected', 0):,} dup {counters.get('duplicates', 0):,} "
-            f"durable {st['durable_seq']:,}"
+            f"durable {st.durable_seq:,}"
         )
-        for dest, link in st.get("links", {}).items():
+        for dest, link in st.links.items():
             part += f" [->{dest} {link['state']} acked {link['acked_seq']:,} lag {link['lag_messages']:,}]"
-        if st["error"]:
-            part += f" ERROR {st['error']}"
+        if st.error:
+            part += f" ERROR {st.error}"
         parts.append(part)
     return " | ".join(parts)
 
 
 def run_until_stopped(
-    instances: Sequence["Instance"],
+    instances: Sequence[Instance],
     *,
     stop: threading.Event | None = None,
     interval: float = 1.0,
@@ -81,7 +77,7 @@ def run_until_stopped(
             line = progress_line(instances, previous)
             out.write(("\r" + line + "\x1b[K") if tty else line + "\n")
             out.flush()
-            failed = [i for i in instances if i.status()["error"]]
+            failed = [i for i in instances if i.status().error]
             if failed:
                 code = 1
                 break

@@ -1,4 +1,4 @@
-"""The transaction log: schema, and the per-publisher state the ingest query keeps.
+"""The transaction log: its schema, the per-publisher state the ingest query keeps, and runs of local seqs.
 
 Duplicate detection keeps one number per publisher: the highest sequence
 stored (AMPS rule: a publisher's sequence numbers only increase). The state is
@@ -14,11 +14,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.delta_tables import commit_metadata_since
-from replication.storage import read_json, write_json_atomic
+from replication.connectors.delta.tables import commit_metadata_since
+from replication.storage.control import PublishersSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -84,32 +85,27 @@ class PublisherState:
             if seq > self.links.get(link, 0):
                 self.links[link] = seq
 
-    def to_json(self) -> dict:
-        return {
-            "format": 1,
-            "txlog_version": self.txlog_version,
-            "max_seq": self.max_seq,
-            "publishers": self.publishers,
-            "links": self.links,
-        }
+    def snapshot(self) -> PublishersSnapshot:
+        return PublishersSnapshot(self.txlog_version, self.max_seq, dict(self.publishers), dict(self.links))
 
     @classmethod
-    def from_json(cls, payload: dict) -> "PublisherState":
+    def from_snapshot(cls, saved: PublishersSnapshot) -> "PublisherState":
         return cls(
-            txlog_version=int(payload["txlog_version"]),
-            max_seq=int(payload["max_seq"]),
-            publishers={k: int(v) for k, v in payload.get("publishers", {}).items()},
-            links={k: int(v) for k, v in payload.get("links", {}).items()},
+            txlog_version=int(saved.txlog_version),
+            max_seq=int(saved.max_seq),
+            publishers={k: int(v) for k, v in saved.publishers.items()},
+            links={k: int(v) for k, v in saved.links.items()},
         )
 
     def save(self, path: Path) -> None:
-        write_json_atomic(path, self.to_json())
+        """Write ``publishers.json``."""
+        self.snapshot().write(path)
 
 
 def recover_state(table, snapshot_path: Path) -> PublisherState:
     """Rebuild :class:`PublisherState` from the snapshot plus the txlog commits after it."""
-    payload = read_json(snapshot_path)
-    state = PublisherState.from_json(payload) if payload else PublisherState()
+    saved = PublishersSnapshot.read(snapshot_path)
+    state = PublisherState.from_snapshot(saved) if saved else PublisherState()
     records = commit_metadata_since(table, state.txlog_version)
     if records is None:
         log.warning("txlog commits after the publishers snapshot were cleaned up; rebuilding from data")
@@ -133,3 +129,45 @@ def rebuild_from_data(table) -> PublisherState:
         zip(grouped["publisher"].to_pylist(), grouped["publisher_seq_max"].to_pylist(), strict=True)
     )
     return state
+
+
+# -- runs of local seqs ------------------------------------------------------
+
+#: Runs of local seqs as two arrays: ``(firsts, lasts)``, ascending, each run ``[first, last]``.
+Runs = tuple[np.ndarray, np.ndarray]
+
+
+def run_bounds(seqs) -> Runs:
+    """Consecutive runs of an ascending sequence of ints, as ``(firsts, lasts)`` arrays."""
+    values = np.asarray(seqs, dtype=np.int64)
+    if values.size == 0:
+        return values, values
+    breaks = np.flatnonzero(np.diff(values) != 1)
+    return values[np.concatenate(([0], breaks + 1))], values[np.concatenate((breaks, [values.size - 1]))]
+
+
+def runs_of(seqs) -> list[tuple[int, int]]:
+    """Consecutive runs [first, last] of an ascending sequence of ints."""
+    firsts, lasts = run_bounds(seqs)
+    return list(zip(firsts.tolist(), lasts.tolist()))
+
+
+def runs_by_code(codes: np.ndarray, seqs: np.ndarray) -> dict[int, Runs]:
+    """Runs of ``seqs`` (ascending) per key code, codes < 0 left out: which rows belong to each key."""
+    if codes.size == 0:
+        return {}
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    bounds = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
+    return {int(sorted_codes[segment[0]]): run_bounds(seqs[order[segment]])
+            for segment in np.split(np.arange(codes.size), bounds) if sorted_codes[segment[0]] >= 0}
+
+
+def runs_by_value(values, seqs: np.ndarray) -> dict[str, Runs]:
+    """Runs of ``seqs`` (ascending) per distinct value of the Arrow string column ``values`` (nulls left out)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    encoded = pc.dictionary_encode(values)
+    labels = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return {labels[code]: runs for code, runs in runs_by_code(codes, seqs).items()}

@@ -39,13 +39,20 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from replication.config import MANDATORY_CHECKS, VALIDATION_CHECKS
+from replication.config.fabric import addresses_of, normalize_address
+from replication.config.model import MANDATORY_CHECKS, VALIDATION_CHECKS
 from replication.errors import ConfigError
-from replication.fabric import addresses_of, normalize_address
 from replication.routing import is_literal, regex_matches
 
 if TYPE_CHECKING:
-    from replication.config import Destination, DestinationTopic, InstanceConfig, QueueTopic, SowTopic
+    from replication.config.model import (
+        Destination,
+        DestinationTopic,
+        InstanceConfig,
+        QueueTopic,
+        SowTopic,
+    )
+    from replication.expressions import Filter
 
 __all__ = ["Finding", "enforced_checks", "topic_covers", "validate_link"]
 
@@ -62,7 +69,7 @@ class Finding:
     """The destination ``<Topic><Name>`` that was checked."""
     message_type: str
     check: str
-    """One of :data:`replication.config.VALIDATION_CHECKS`."""
+    """One of :data:`replication.config.model.VALIDATION_CHECKS`."""
     problem: str
     """What differs between the two configs."""
     fix: str
@@ -158,22 +165,20 @@ def _same_sow(cfg: "InstanceConfig", s: "SowTopic") -> "SowTopic | None":
     return None
 
 
-def _filter_form(text: str | None) -> str | None:
-    if text is None:
-        return None
-    from replication import expressions
-
-    try:
-        return expressions.canonical(text)
-    except expressions.FilterSyntaxError:
-        return " ".join(text.split())
+def _filter_form(flt: "Filter | None") -> str | None:
+    """The canonical form of a filter: two filters that read the same compare equal."""
+    return str(flt) if flt is not None else None
 
 
-def _topic_xml(t: "DestinationTopic | SowTopic | QueueTopic", *, with_filter: str | None = None) -> str:
+def _topic_xml(t: "DestinationTopic | SowTopic | QueueTopic", *, with_filter: "Filter | None" = None) -> str:
     parts = f"<Name>{t.name}</Name><MessageType>{t.message_type}</MessageType>"
     if with_filter:
-        parts += f"<Filter>{_xml_escape(with_filter)}</Filter>"
+        parts += f"<Filter>{_xml_escape(with_filter.text)}</Filter>"
     return f"<Topic>{parts}</Topic>"
+
+
+def _text(flt: "Filter | None") -> str | None:
+    return flt.text if flt is not None else None
 
 
 def _xml_escape(text: str) -> str:
@@ -198,7 +203,7 @@ def validate_link(up: "InstanceConfig", dest: "Destination", down: "InstanceConf
         up: this (sending) instance's config.
         dest: the destination of ``up`` being connected.
         down: the downstream's effective config (its ``_control/instance.json``
-            via :mod:`replication.effective_config`, or its parsed XML).
+            via :mod:`replication.config.effective`, or its parsed XML).
 
     Raises:
         ConfigError: a topic tries to exclude ``queue`` or ``queue_underlying``.
@@ -340,10 +345,10 @@ def _check_replicate_filter(up, dest, topic, down):
         used = f"does not replicate topic {topic.name!r} back to {up.name} at all"
     else:
         used = "replicates it back to " + up.name + " with " + ", ".join(
-            f"filter {t.filter!r}" if t.filter else "no filter" for t in back
+            f"filter {t.filter.text!r}" if t.filter else "no filter" for t in back
         )
     yield (
-        f"this link filters topic {topic.name!r} with {topic.filter!r} but {down.name} {used}",
+        f"this link filters topic {topic.name!r} with {topic.filter.text!r} but {down.name} {used}",
         f"in {down.name}'s destination to {up.name} use "
         f"{_topic_xml(topic, with_filter=topic.filter)}, or, if the partition is intended, "
         + _exclude_hint(up, dest, topic, "replicate_filter"),
@@ -376,7 +381,7 @@ def _check_queue_underlying(up, dest, topic, down):
         if other.underlying_topic != q.underlying_topic:
             diffs.append(f"UnderlyingTopic {q.underlying_topic!r} vs {other.underlying_topic!r}")
         if _filter_form(other.filter) != _filter_form(q.filter):
-            diffs.append(f"Filter {q.filter!r} vs {other.filter!r}")
+            diffs.append(f"Filter {_text(q.filter)!r} vs {_text(other.filter)!r}")
         mine_owner, their_owner = getattr(q, "initial_owner", None), getattr(other, "initial_owner", None)
         if mine_owner != their_owner:
             diffs.append(f"InitialOwner {mine_owner!r} vs {their_owner!r}")
@@ -384,7 +389,7 @@ def _check_queue_underlying(up, dest, topic, down):
             yield (
                 f"queue {q.name!r} differs between {up.name} and {down.name}: {'; '.join(diffs)}",
                 f"in {down.name}'s config define <{q.kind}><Name>{q.name}</Name> exactly as in {up.name} "
-                f"(UnderlyingTopic {q.underlying_topic!r}, Filter {q.filter!r}); this check cannot be excluded",
+                f"(UnderlyingTopic {q.underlying_topic!r}, Filter {_text(q.filter)!r}); this check cannot be excluded",
             )
 
 

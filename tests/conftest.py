@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    from replication.spark import session
+    from replication.connectors.spark.session import session
 
     s = session("replication-tests")
     yield s
@@ -17,7 +17,7 @@ def spark():
 @pytest.fixture(scope="session")
 def broker():
     """A tansu broker (memory storage) on a free loopback port, for the whole test session."""
-    from replication.broker import EmbeddedBroker
+    from replication.connectors.kafka.broker import EmbeddedBroker
 
     with EmbeddedBroker() as b:
         yield b
@@ -38,7 +38,7 @@ def read_path(request, monkeypatch):
     """An engine test run twice: small micro-batches read by the writers themselves (the default), and
     every micro-batch collected from Spark's DataFrame (what large batches take)."""
     if request.param == "spark-job":
-        from replication import planned_batch
+        from replication.connectors.spark import planned_batch
 
         monkeypatch.setattr(planned_batch, "DIRECT_MAX_ROWS", -1)
     return request.param

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-from replication.broker import EmbeddedBroker, ensure_topics
+from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
 from replication.errors import BrokerError
 
 

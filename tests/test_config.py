@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from replication import effective_config
-from replication.config import (
+from replication.config import effective as effective_config
+from replication.config import load
+from replication.config.model import (
     Action,
     ActionStep,
     Bootstrap,
@@ -25,10 +26,11 @@ from replication.config import (
     ReplicationTransport,
     SowTopic,
     TopicSpec,
-    load,
 )
-from replication.config_parser import parse_interval, parse_string
+from replication.config.parser import parse_interval, parse_string
 from replication.errors import ConfigError
+from replication.expressions import Filter
+from replication.storage.control import read_instance_config, write_instance_config
 
 REPO = Path(__file__).resolve().parent.parent
 XSD = REPO / "conf" / "replication.xsd"
@@ -158,7 +160,7 @@ def test_full_config_parses_into_dataclasses(tmp_path):
                     DestinationTopic(
                         "^/orders/",
                         "json",
-                        filter="/qty > 100",
+                        filter=Filter("/qty > 100"),
                         exclude_validation=frozenset({"replicate", "cascade"}),
                     ),
                 ),
@@ -182,10 +184,10 @@ def test_full_config_parses_into_dataclasses(tmp_path):
         ),
         actions=(
             Action(
-                on=ActionStep("amps-action-on-schedule", (("Every", "15s"),)),
+                on=ActionStep("amps-action-on-schedule", every=15.0),
                 do=(
-                    ActionStep("amps-action-do-downgrade-replication", (("Age", "300s"),)),
-                    ActionStep("amps-action-do-upgrade-replication", (("Age", "10s"),)),
+                    ActionStep("amps-action-do-downgrade-replication", age=300.0),
+                    ActionStep("amps-action-do-upgrade-replication", age=10.0),
                 ),
             ),
         ),
@@ -193,7 +195,7 @@ def test_full_config_parses_into_dataclasses(tmp_path):
     # Every element remembers where it was written.
     assert cfg.destination("amps-2").source.file == str(path)
     assert cfg.destination("amps-2").source.line == FULL.splitlines().index("    <Destination>") + 1
-    assert cfg.actions[0].do[0].option("Age") == "300s"
+    assert cfg.actions[0].do[0].age == 300.0, "intervals are seconds on the dataclasses"
 
 
 def test_defaults_group_inbox_address_and_message_type(tmp_path):
@@ -247,8 +249,11 @@ def test_group_local_queue_and_downgrade_options():
               <Options><GracePeriod>0s</GracePeriod><Age>5m</Age><MinimumSyncDestinations>1</MinimumSyncDestinations></Options></Do>
         </Action></Actions></AMPSConfig>"""
     )
-    assert cfg.queues == (QueueTopic("q", "json", "q", kind="GroupLocalQueue", filter="/x = 1", initial_owner="a"),)
-    assert cfg.actions[0].do[0].options == (("GracePeriod", "0s"), ("Age", "5m"), ("MinimumSyncDestinations", "1"))
+    assert cfg.queues == (
+        QueueTopic("q", "json", "q", kind="GroupLocalQueue", filter=Filter("/x = 1"), initial_owner="a"),)
+    assert cfg.actions[0].on.every == 0.5
+    downgrade = cfg.actions[0].do[0]
+    assert (downgrade.grace_period, downgrade.age, downgrade.minimum_sync_destinations) == (0.0, 300.0, 1)
 
 
 # ---------------------------------------------------------------------------
@@ -428,9 +433,6 @@ def test_error_names_the_element_path(tmp_path):
 
 
 def test_bad_filter_is_a_config_error_with_its_position(tmp_path):
-    expressions = pytest.importorskip("replication.expressions")
-    if not hasattr(expressions, "parse"):
-        pytest.skip("replication.expressions has no parse()")
     text = mutate("<Filter>/qty &gt; 100</Filter>", "<Filter>/qty &gt; &gt; 100</Filter>" + MARK)
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
@@ -485,6 +487,22 @@ def test_config_check_bad_file_prints_no_traceback(tmp_path, case):
     assert "Fix: " in result.stderr
 
 
+@pytest.mark.parametrize("message_type", ["xml", "binary"])
+def test_config_check_refuses_a_filter_on_a_topic_whose_messages_have_no_fields(tmp_path, message_type):
+    """A content filter is parsed and checked at load: a destination <Topic> of a type it cannot read is
+    a config error naming the file and the <Filter>'s line, not a link that would retry for ever."""
+    text = mutate(
+        "<MessageType>json</MessageType>\n        <Filter>/qty &gt; 100</Filter>",
+        f"<MessageType>{message_type}</MessageType>\n        <Filter>/qty &gt; 100</Filter>" + MARK,
+    )
+    path = write(tmp_path, text)
+    result = run_check(path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.startswith(f"{path}:{marked_line(text)}: AMPSConfig/Replication/Destination[1]/Topic[1]/Filter: ")
+    assert f"a <Filter> on {message_type} messages cannot be applied" in result.stderr
+    assert "Fix: remove the <Filter>, or filter a topic whose <MessageType> is json" in result.stderr
+
+
 def test_config_check_missing_file(tmp_path):
     result = run_check(tmp_path / "absent.xml")
     assert result.returncode == 2 and "not found" in result.stderr and "Traceback" not in result.stderr
@@ -537,10 +555,10 @@ def test_effective_config_write_is_atomic_and_readable(tmp_path):
     cfg = load(str(write(tmp_path, FULL)))
     target = tmp_path / "root" / "_control" / "instance.json"
 
-    effective_config.write(cfg, target)
-    effective_config.write(cfg, target)  # replaces in place
+    write_instance_config(cfg, target)
+    write_instance_config(cfg, target)  # replaces in place
 
-    assert effective_config.read(target) == cfg
+    assert read_instance_config(target) == cfg
     assert json.loads(target.read_text())["name"] == "amps-1"
     assert sorted(p.name for p in target.parent.iterdir()) == ["instance.json"]
 
@@ -578,4 +596,4 @@ def test_cdata_and_comments_inside_values():
         </Destination></Replication></AMPSConfig>"""
     )
     assert cfg.name == "amps-1"
-    assert cfg.destinations[0].topics[0].filter == "/qty > 100"
+    assert cfg.destinations[0].topics[0].filter.text == "/qty > 100"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from deltalake import DeltaTable
 
-from replication.delta_log import appends_after, local_log_dir
-from replication.txlog_source import TxlogFiles, read_files
+from replication.connectors.delta.log import appends_after, local_log_dir
+from replication.connectors.delta.txlog_stream import TxlogFiles, read_files
 from test_txlog_source import TxlogWriter
 
 
@@ -64,7 +64,7 @@ def test_a_view_that_follows_commits_plans_and_reads_as_a_fresh_snapshot(tmp_pat
 
 
 def test_inbox_versions_read_from_their_commit_files_are_the_change_feeds_inserts(tmp_path, monkeypatch):
-    from replication import inbox_source
+    from replication.connectors.delta import inbox_stream as inbox_source
     from test_inbox_source import Upstream, push_concurrently
 
     inbox = tmp_path / "inbox"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from replication.destination.link import Link
 from replication.durability import Durability
-from replication.ingest import Classified
-from replication.links import Link, run_bounds, runs_of
-from replication.storage import StorageLayout, read_json
+from replication.ingest.classify import Classified
+from replication.storage.control import read_json
+from replication.storage.layout import StorageLayout
+from replication.txlog import run_bounds, runs_of
 
 
 def committed(publishers=None, links=None, *, rows=None, link_rows=None) -> Classified:

@@ -10,7 +10,7 @@ import pytest
 from lxml import etree
 
 from replication.cli import main
-from replication.fabric import Fabric
+from replication.config.fabric import Fabric
 
 MESH = Path(__file__).resolve().parent.parent / "conf" / "mesh"
 MESH_FILES = sorted(str(p) for p in MESH.glob("*.xml"))

@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from replication.errors import ConfigError
-from replication.inbox_source import (
+from replication.connectors.delta.inbox_stream import (
     FORMAT,
     INBOX_SCHEMA,
     INBOX_TABLE_CONFIGURATION,
@@ -267,9 +267,9 @@ def test_versions_only_streams_one_row_per_version_within_the_row_limit(spark, t
 
 
 def test_inbox_rows_replace_version_rows_by_the_rows_as_candidates(tmp_path):
-    from replication.config import InstanceConfig
-    from replication.ingest import CANDIDATE_SCHEMA
-    from replication.sources import INBOX_MARK, InboxRows
+    from replication.config.model import InstanceConfig
+    from replication.ingest.classify import CANDIDATE_SCHEMA
+    from replication.ingest.inputs import INBOX_MARK, InboxRows
 
     inbox = tmp_path / "inbox"
     create_inbox(inbox)

@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from replication.config import InstanceConfig, TopicSpec
-from replication.ingest import CANDIDATE_SCHEMA, TopicRecorder, classify
+from replication.config.model import InstanceConfig, TopicSpec
+from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classify
 from replication.messages import bookmark
 from replication.txlog import PublisherState
 

@@ -82,7 +82,7 @@ def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_in
     assert rows.num_rows == 4 * per_client
     assert_exactly_once(rows, {c: per_client for c in clients})
     assert b'{"copy": true}' not in set(rows["data"].to_pylist()), "an out-of-band copy replaced the original"
-    assert inst.status()["counters"]["duplicates"] >= sent_copies
+    assert inst.status().counters["duplicates"] >= sent_copies
     read_here = inst.writer.read_here.batches
     assert read_here > 0 if read_path == "read-here" else read_here == 0, read_here
 
@@ -136,7 +136,7 @@ def test_bad_messages_go_to_rejected_with_reason_and_the_instance_keeps_running(
     for fragment in expected:
         assert any(fragment in r for r in reasons), f"no rejection mentions {fragment!r}: {reasons}"
     assert txlog_rows(tmp_path, inst.name)["publisher"].to_pylist() == ["good"]
-    assert inst.status()["running"]
+    assert inst.status().running
 
 
 def test_logon_reports_the_last_persisted_sequence(start_instance, broker, tmp_path):
@@ -172,7 +172,7 @@ def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, br
 
 
 def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch, caplog):
-    from replication import kafka_source
+    from replication.connectors.kafka import source as kafka_source
 
     real_read = kafka_source.RangeReader.read
     failures = []
@@ -197,7 +197,7 @@ def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broke
 
 def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, tmp_path, monkeypatch, caplog):
     from replication import instance as instance_module
-    from replication import kafka_source
+    from replication.connectors.kafka import source as kafka_source
 
     real_read = kafka_source.RangeReader.read
     armed, slowed = threading.Event(), threading.Event()
@@ -214,10 +214,10 @@ def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, 
     with publisher(broker, inst, "slowpoke", tmp_path) as pub:
         armed.set()
         pub.publish("/orders", b'{"i": 1}')
-        step = wait_until(lambda: slowed.is_set() and inst.status()["batch"], timeout=60, what="a batch in progress")
+        step = wait_until(lambda: slowed.is_set() and inst.status().batch, timeout=60, what="a batch in progress")
         pub.flush(timeout=60)
     assert step["step"] == "reading its rows here", step
     reports = [r.getMessage() for r in caplog.records if "has been reading its rows here for" in r.getMessage()]
     assert reports and reports[0].startswith(f"{inst.name}: ingest batch {step['id']} "), reports
-    assert inst.status()["batch"] is None, "no batch in progress once the message is persisted"
+    assert inst.status().batch is None, "no batch in progress once the message is persisted"
 

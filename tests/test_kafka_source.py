@@ -9,9 +9,9 @@ import uuid
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from replication.broker import ensure_topics
+from replication.connectors.kafka.broker import ensure_topics
 from replication.errors import ConfigError
-from replication.kafka_source import (
+from replication.connectors.kafka.source import (
     FORMAT,
     KafkaInputPartition,
     KafkaSourceOptions,
@@ -175,8 +175,8 @@ def test_the_installed_kafka_python_takes_the_columnar_path(broker):
     # adapt _decode_into to the new Fetcher.
     from kafka import KafkaConsumer
 
-    from replication.kafka_records import RecordColumns
-    from replication.kafka_source import _decode_into
+    from replication.connectors.kafka.records import RecordColumns
+    from replication.connectors.kafka.source import _decode_into
 
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
     try:
@@ -275,7 +275,7 @@ def _wait_for(condition, query, timeout: float = 120.0) -> None:
 
 def test_a_kept_range_reader_reads_each_range_as_read_partition_does(broker):
     """One consumer across reads: forward, overlapping, backwards and split ranges, several partitions at once."""
-    from replication.kafka_source import RangeReader
+    from replication.connectors.kafka.source import RangeReader
 
     topic = _topic("ranges")
     ensure_topics(broker.bootstrap, [topic], partitions=2)
@@ -319,7 +319,7 @@ def _stalling_consumers(monkeypatch, *, answered_polls: list[int]):
     A broker that stops answering one connection's fetches (seen with tansu) looks
     like this to the client: polls return nothing while the partition has data.
     """
-    from replication import kafka_source
+    from replication.connectors.kafka import source as kafka_source
 
     made = []
     real = kafka_source._range_consumer
@@ -344,7 +344,7 @@ def _stalling_consumers(monkeypatch, *, answered_polls: list[int]):
 
 
 def test_a_read_whose_consumer_stops_getting_records_reads_on_with_a_new_connection(broker, monkeypatch, caplog):
-    from replication.kafka_source import RangeReader
+    from replication.connectors.kafka.source import RangeReader
 
     topic = _topic("stall")
     ensure_topics(broker.bootstrap, [topic])
@@ -355,7 +355,7 @@ def test_a_read_whose_consumer_stops_getting_records_reads_on_with_a_new_connect
     assert [r["kafka_offset"] for r in expected] == list(range(5, 120))
 
     made = _stalling_consumers(monkeypatch, answered_polls=[2])  # a few batches, then silence
-    caplog.set_level("WARNING", logger="replication.kafka_source")
+    caplog.set_level("WARNING", logger="replication.connectors.kafka.source")
     got = [row for batch in read_partition(options, part) for row in batch.to_pylist()]
     assert got == expected  # the rows taken before the stall once, the rest from the new connection
     assert len(made) == 2
@@ -375,14 +375,14 @@ def test_a_read_whose_consumer_stops_getting_records_reads_on_with_a_new_connect
 
 
 def test_a_read_that_gets_nothing_on_any_connection_fails_with_what_the_consumer_saw(broker, monkeypatch, caplog):
-    from replication.kafka_source import KafkaSourceError, RangeReader
+    from replication.connectors.kafka.source import KafkaSourceError, RangeReader
 
     topic = _topic("dead")
     ensure_topics(broker.bootstrap, [topic])
     _publish_one_batch_each(broker.bootstrap, topic, 10)
     options = KafkaSourceOptions.parse(_options(broker, topic))
     made = _stalling_consumers(monkeypatch, answered_polls=[0, 0, 0])
-    caplog.set_level("WARNING", logger="replication.kafka_source")
+    caplog.set_level("WARNING", logger="replication.connectors.kafka.source")
     reader = RangeReader(options)
     with pytest.raises(KafkaSourceError) as failure:
         reader.read([KafkaInputPartition(topic, 0, 0, 10)], stall_timeout=2)
@@ -399,13 +399,13 @@ def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeati
     would repeat earlier batches. Simulated with the real client: its position is moved back mid-read."""
     from kafka import TopicPartition
 
-    from replication.kafka_source import KafkaSourceError
+    from replication.connectors.kafka.source import KafkaSourceError
 
     topic = _topic("reset")
     ensure_topics(broker.bootstrap, [topic])
     _publish_one_batch_each(broker.bootstrap, topic, 60)
     options = KafkaSourceOptions.parse(_options(broker, topic))
-    from replication import kafka_source
+    from replication.connectors.kafka import source as kafka_source
 
     real = kafka_source._range_consumer
 
@@ -429,7 +429,7 @@ def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeati
 
 
 def test_a_range_beyond_the_brokers_data_fails_saying_how_far_the_data_goes(broker):
-    from replication.kafka_source import KafkaSourceError, RangeReader
+    from replication.connectors.kafka.source import KafkaSourceError, RangeReader
 
     topic = _topic("short")
     ensure_topics(broker.bootstrap, [topic])
@@ -456,8 +456,8 @@ def test_a_broker_that_answers_short_fetches_with_no_records_gets_longer_waits(b
     """tansu lists every stored batch of a partition on each fetch and answers with no records when the fetch's
     wait runs out first: with thousands of batches and a 1 ms wait, every fetch comes back empty although the data
     is there (a slow machine does the same to the default 5 ms wait). Both read paths must still read the range."""
-    from replication import kafka_source
-    from replication.kafka_source import RangeReader
+    from replication.connectors.kafka import source as kafka_source
+    from replication.connectors.kafka.source import RangeReader
 
     topic = _topic("longlog")
     ensure_topics(broker.bootstrap, [topic])

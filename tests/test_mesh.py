@@ -27,7 +27,7 @@ WAIT = 240.0
 
 def links(inst: Instance) -> dict[str, dict]:
     """What ``replication status`` shows per destination of ``inst``."""
-    return inst.status()["links"]
+    return inst.status().links
 
 
 def initialized(query) -> bool:
@@ -40,12 +40,12 @@ def settled(running: dict[str, Instance], addresses: dict[str, str]) -> bool:
     ok = True
     for name, inst in running.items():
         status = inst.status()
-        refused = {d: s["detail"] for d, s in status["links"].items() if s["state"] == "validation failed"}
+        refused = {d: s["detail"] for d, s in status.links.items() if s["state"] == "validation failed"}
         assert not refused, f"{name}: replication validation refused mesh links: {refused}"
         ok = ok and initialized(inst.query)  # the instance restarts a failed ingest query by itself
         for manager in inst.managers:
             if any(addresses[a] in running for a in manager.dest.inet_addrs):
-                ok = (ok and status["links"][manager.dest.name]["state"] in ("connected", "failed over")
+                ok = (ok and status.links[manager.dest.name]["state"] in ("connected", "failed over")
                       and initialized(manager.query))
     return ok
 
@@ -94,7 +94,7 @@ def test_cascading_mesh_delivers_everywhere_once_and_survives_losing_live_a(spar
         assert (pub_a.persisted_seq, pub_b.persisted_seq) == (PER_ROUND, PER_ROUND)
         expected = {"mesh-pub-a": PER_ROUND, "mesh-pub-b": PER_ROUND}
         for name in ALL:
-            wait_until(lambda n=name: running[n].status()["max_seq"] >= 2 * PER_ROUND, timeout=WAIT, interval=0.5,
+            wait_until(lambda n=name: running[n].status().max_seq >= 2 * PER_ROUND, timeout=WAIT, interval=0.5,
                        what=f"{name} to hold round 1")
         for name in ALL:
             assert_exactly_once(txlog_rows(root, name), expected)
@@ -110,7 +110,7 @@ def test_cascading_mesh_delivers_everywhere_once_and_survives_losing_live_a(spar
         assert (pub_a.persisted_seq, pub_b.persisted_seq) == (2 * PER_ROUND, 2 * PER_ROUND)
         expected = {"mesh-pub-a": 2 * PER_ROUND, "mesh-pub-b": 2 * PER_ROUND}
         for name in running:
-            wait_until(lambda n=name: running[n].status()["max_seq"] >= 4 * PER_ROUND, timeout=WAIT, interval=0.5,
+            wait_until(lambda n=name: running[n].status().max_seq >= 4 * PER_ROUND, timeout=WAIT, interval=0.5,
                        what=f"{name} to hold round 2 with Live-A down")
         for name in running:
             assert_exactly_once(txlog_rows(root, name), expected)

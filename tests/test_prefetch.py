@@ -10,12 +10,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from replication import prefetch
-from replication.broker import ensure_topics
-from replication.kafka_source import KafkaSource
-from replication.prefetch import PartitionBundle, PrefetchingReader
-from replication.txlog_source import SCHEMA as TXLOG_SPARK_SCHEMA
-from replication.txlog_source import TxlogSource
+from replication.connectors.spark import prefetch
+from replication.connectors.kafka.broker import ensure_topics
+from replication.connectors.kafka.source import KafkaSource
+from replication.connectors.spark.prefetch import PartitionBundle, PrefetchingReader
+from replication.connectors.delta.txlog_stream import SCHEMA as TXLOG_SPARK_SCHEMA
+from replication.connectors.delta.txlog_stream import TxlogSource
 
 from test_kafka_source import _options, _publish, _topic
 from test_txlog_source import TxlogWriter
@@ -100,12 +100,12 @@ def test_a_planner_process_exits_quietly_when_spark_hangs_up():
     # What Spark's runner does when the JVM closes its socket: EOFError, then BrokenPipeError replying.
     script = (
         "import sys\n"
-        "from replication.prefetch import quiet_when_spark_hangs_up\n"
+        "from replication.connectors.spark.prefetch import quiet_when_spark_hangs_up\n"
         "quiet_when_spark_hangs_up(); quiet_when_spark_hangs_up()\n"
         "try:\n"
         "    raise EOFError\n"
         "except EOFError:\n"
-        f"    raise {{}}('the JVM went away')\n"
+        "    raise {}('the JVM went away')\n"
     )
     import subprocess
     import sys

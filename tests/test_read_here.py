@@ -6,10 +6,10 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from replication.config import KafkaTransport
-from replication.ingest import CANDIDATE_SCHEMA
-from replication.kafka_source import _spark_arrow_schema
-from replication.sources import _spark_columns, kafka_candidate_columns, kafka_candidates
+from replication.config.model import KafkaTransport
+from replication.ingest.classify import CANDIDATE_SCHEMA
+from replication.connectors.kafka.source import _spark_arrow_schema
+from replication.ingest.inputs import _spark_columns, kafka_candidate_columns, kafka_candidates
 
 
 def kafka_rows() -> pa.Table:

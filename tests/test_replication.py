@@ -167,7 +167,7 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
         assert fabric.count("a") == 100, "the messages are in A's txlog; only the ack is withheld"
         # Meanwhile the publisher's watchdog logged on again (acks stalled for over a second) and
         # learnt that A has stored everything: nothing was sent twice.
-        assert pub.resent == [] and fabric.running["a"].status()["counters"]["duplicates"] == 0
+        assert pub.resent == [] and fabric.running["a"].status().counters["duplicates"] == 0
     else:
         pub.flush(timeout=120)
     fabric.start("b")  # B returns: A resyncs it, and acks flow
@@ -177,7 +177,7 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
 
 
 def test_a_replicator_batch_that_cannot_be_read_here_is_routed_by_spark(fabric, monkeypatch, caplog):
-    from replication import txlog_source
+    from replication.connectors.delta import txlog_stream as txlog_source
 
     real_read = txlog_source.TxlogFiles.read
     failures = []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import time
 
 import pytest
 from deltalake import DeltaTable
@@ -60,37 +62,74 @@ def test_destination_fails_over_to_the_next_address(fabric):
     pub = fabric.publisher("fo", "a")
     publish_orders(pub, 200)
     pub.flush(timeout=240)
-    assert a.status()["links"]["B"]["state"] == "connected"
+    assert a.status().links["B"]["state"] == "connected"
     assert_exactly_once(fabric.rows("b1"), {"fo": 200})
 
     fabric.stop("b1")
     publish_orders(pub, 200)
     pub.flush(timeout=240)  # sync acks resume through the second address
-    link = a.status()["links"]["B"]
+    link = a.status().links["B"]
     assert link["state"] == "failed over" and link["address"] == str(b2)
     assert_exactly_once(fabric.rows("b2"), {"fo": 400})
 
     # What an operator sees: `replication status` names the state and the address in use.
-    import contextlib
-    import io
-
-    from replication.cli import main
-    def status_text() -> str:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert main(["status", str(fabric.paths["a"]), str(fabric.paths["b1"])]) == 0
-        return out.getvalue()
-
     def link_line(text: str) -> str:
         return next((line for line in text.splitlines() if line.split()[:1] == ["B"]), "")
 
     def failed_over_text() -> str | None:
-        text = status_text()
+        text = status_text(fabric.paths["a"], fabric.paths["b1"])
         return text if "failed over" in link_line(text) else None
 
     text = wait_until(failed_over_text, timeout=30, what="status to show the failover")  # heartbeats: every second
     assert str(b2) in link_line(text) and "sync" in link_line(text)
     assert any(fabric.name("b1") in line and "DOWN" in line for line in text.splitlines())
+
+
+def status_text(*config_paths) -> str:
+    """What ``replication status`` prints for these configs."""
+    import contextlib
+    import io
+
+    from replication.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["status", *map(str, config_paths)]) == 0
+    return out.getvalue()
+
+
+def test_a_terminal_destination_error_shows_config_error_and_is_not_retried(fabric, caplog):
+    """B runs a newer release whose ``instance.json`` A cannot read: waiting will not fix that. A's link
+    stops with ``config error: <message>`` in its log and in ``replication status``, and is not retried;
+    A goes on accepting publishes."""
+    caplog.set_level("ERROR", logger="replication.destination.manager")
+    b_name = fabric.name("b")
+    fabric.configure("b")
+    fabric.configure("a", replication=replication_xml(
+        destination_xml(b_name, [fabric.storage("b")], sync="async", topics=ONE_WAY)))
+    fabric.start("b")
+    instance_json = fabric.storage("b") / "_control" / "instance.json"
+    newer = json.loads(instance_json.read_text())
+    instance_json.write_text(json.dumps({**newer, "format": 2}))  # what a newer release would write
+    a = fabric.start("a")
+
+    link = wait_until(lambda: (lambda s: s if s["state"] == "config error" else None)(a.status().links[b_name]),
+                      timeout=60, what="the link to show its config error")
+    assert "format 2 is not supported" in link["detail"] and "Fix: run the same version" in link["detail"]
+    pub = fabric.publisher("still-works", "a")
+    publish_orders(pub, 20)
+    pub.flush(timeout=120)  # async: A's publishers are not held by the stopped link
+
+    def config_errors() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "config error at" in r.getMessage()]
+
+    time.sleep(3)  # a retried link would have tried again several times (back-off starts at 0.5 s)
+    assert len(config_errors()) == 1, config_errors()
+    assert a.status().links[b_name]["state"] == "config error"
+    assert a.status().links[b_name]["updated"] == link["updated"], "nothing touched the link since it stopped"
+    line = next(line for line in status_text(fabric.paths["a"]).splitlines() if "config error:" in line)
+    assert "format 2 is not supported" in line
+    assert fabric.count("b") == 0
 
 
 def test_publisher_fails_over_within_a_sync_pair_without_loss_or_duplicate(fabric, tmp_path):

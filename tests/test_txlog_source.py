@@ -14,10 +14,10 @@ import pytest
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction
 
-from replication.delta_tables import COMMIT_METADATA_KEY, IdempotentAppender
+from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentAppender
 from replication.errors import ConfigError
 from replication.txlog import TXLOG_SCHEMA
-from replication.txlog_source import (
+from replication.connectors.delta.txlog_stream import (
     FORMAT,
     ROWS_PER_PARTITION,
     TxlogFiles,

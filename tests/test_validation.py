@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from replication.config import Destination, DestinationTopic, InstanceConfig, QueueTopic, SowTopic, TopicSpec
+from replication.config.fabric import Fabric
+from replication.config.model import Destination, DestinationTopic, InstanceConfig, QueueTopic, SowTopic, TopicSpec
 from replication.errors import ConfigError
-from replication.fabric import Fabric
+from replication.expressions import Filter
+from replication.storage.control import read_instance_config, write_instance_config
 from replication.validation import topic_covers, validate_link
 
 MESH = Path(__file__).resolve().parent.parent / "conf" / "mesh"
@@ -29,7 +31,8 @@ def instance(name, *, group=None, txlog=(".*",), sow=(), queues=(), destinations
 
 
 def topic(name, *, exclude=(), filter=None):
-    return DestinationTopic(name, "json", filter=filter, exclude_validation=frozenset(exclude))
+    return DestinationTopic(name, "json", filter=Filter(filter) if filter else None,
+                            exclude_validation=frozenset(exclude))
 
 
 def dest(to, *topics, pass_through=".*", sync="sync", group=None):
@@ -176,11 +179,11 @@ def test_queue_underlying():
     findings = pair([topic(".*")], up_kw={"queues": [QUEUE]}, down_kw={"queues": [other]})
     assert checks(findings) == [("queue_underlying", ".*")]
     assert "UnderlyingTopic '/work' vs '/work/.*'" in findings[0].problem
-    filtered = replace(QUEUE, filter="/prio > 1")
+    filtered = replace(QUEUE, filter=Filter("/prio > 1"))
     assert checks(pair([topic(".*")], up_kw={"queues": [QUEUE]}, down_kw={"queues": [filtered]})) == [
         ("queue_underlying", ".*")
     ]
-    same_filter = replace(QUEUE, filter="/prio>1")
+    same_filter = replace(QUEUE, filter=Filter("/prio>1"))
     assert pair([topic(".*")], up_kw={"queues": [filtered]}, down_kw={"queues": [same_filter]}) == []
 
 
@@ -309,15 +312,13 @@ def test_mesh_without_the_cascade_exclusion_between_tiers(tmp_path):
 
 def test_the_downstream_may_be_its_effective_config_json(tmp_path):
     """The replicator validates against the downstream's _control/instance.json."""
-    from replication import effective_config
-
     fabric = Fabric.load(sorted(str(p) for p in MESH.glob("*.xml")))
     up = fabric["Live-A"]
     for name in ("Live-B", "Dev-A"):
         path = tmp_path / name / "_control" / "instance.json"
         path.parent.mkdir(parents=True)
-        effective_config.write(fabric[name], path)
-        down = effective_config.read(path)
+        write_instance_config(fabric[name], path)
+        down = read_instance_config(path)
         dest = up.destination("Live-B" if name == "Live-B" else "DevUAT")
         assert validate_link(up, dest, down) == []
         strict = replace(dest, topics=tuple(replace(t, exclude_validation=frozenset()) for t in dest.topics))

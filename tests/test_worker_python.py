@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from replication import worker_python
+from replication.connectors.spark import worker_python
 
 PRINT_PATH = "import os; print(repr(os.environ.get('PYTHONPATH')))"
 

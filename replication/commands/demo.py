@@ -47,9 +47,10 @@ def _publish_loop(pub, count: int, rate: float, stop: threading.Event) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the engine (Spark, Kafka clients) loads only when this command runs: `replication --help` stays fast
     from replication import config
-    from replication.broker import EmbeddedBroker
     from replication.client import Publisher
+    from replication.connectors.kafka.broker import EmbeddedBroker
     from replication.runner import run_until_stopped, start_instances
 
     conf_dir = args.conf_dir or _repo_conf()

@@ -54,6 +54,7 @@ def _bodies(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    # the engine (Spark, Kafka clients) loads only when this command runs: `replication --help` stays fast
     from replication.client import Publisher
 
     bootstrap, kafka_topic, instance = _target(args)

@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the engine (Spark, Kafka clients) loads only when this command runs: `replication --help` stays fast
     from replication.runner import run_until_stopped, start_instances
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -7,8 +7,13 @@ import json
 import time
 
 from replication import config
-from replication.destinations import HEARTBEAT_STALE_S
-from replication.storage import StorageLayout, read_json
+from replication.config.model import InstanceConfig
+from replication.destination.resync import HEARTBEAT_STALE_S
+from replication.storage.control import Heartbeat, LinkState
+from replication.storage.layout import StorageLayout
+
+#: Link states whose ``detail`` is printed under the link: what the operator must fix.
+EXPLAINED_STATES = ("validation failed", "config error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,27 +21,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
-def collect(cfg: config.InstanceConfig, *, now: float | None = None) -> dict:
+def collect(cfg: InstanceConfig, *, now: float | None = None) -> dict:
     """One instance's status from its control files (works whether or not it is running)."""
     now = now or time.time()
     layout = StorageLayout.of(cfg.storage)
-    beat = read_json(layout.heartbeat_json) or {}
-    alive = bool(beat.get("running")) and now - float(beat.get("time", 0)) < HEARTBEAT_STALE_S
-    links = beat.get("links") or {}
+    beat = Heartbeat.read(layout.heartbeat_json) or Heartbeat(cfg.name)
+    alive = beat.fresh(HEARTBEAT_STALE_S, now=now)
+    links = dict(beat.links)
     for dest in cfg.destinations:
         if dest.name not in links:
-            links[dest.name] = read_json(layout.link_file(dest.name)) or {"state": "never started"}
-        if not alive:
+            saved = LinkState.read(layout.link_file(dest.name))
+            links[dest.name] = saved.to_json() if saved else {"state": "never started"}
+        # a link stopped by a config error says so even once the instance is down: that is what to fix
+        if not alive and links[dest.name].get("state") != "config error":
             links[dest.name] = dict(links[dest.name], state="instance down")
     return {
         "instance": cfg.name,
         "alive": alive,
-        "heartbeat_age_s": round(now - float(beat["time"]), 1) if beat.get("time") else None,
-        "max_seq": beat.get("max_seq", 0),
-        "durable_seq": beat.get("durable_seq", 0),
-        "error": beat.get("error"),
+        "heartbeat_age_s": round(now - beat.time, 1) if beat.time else None,
+        "max_seq": beat.max_seq,
+        "durable_seq": beat.durable_seq,
+        "error": beat.error,
         "links": links,
     }
+
+
+def state_text(link: dict) -> str:
+    """A link's state as shown: ``config error: <message>`` for a link stopped by a terminal error."""
+    state = link.get("state", "?")
+    if state == "config error" and link.get("detail"):
+        return f"config error: {link['detail']}"
+    return state
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{'':<14} {name:<14} {link.get('state', '?'):<18} {mode:<6} {link.get('sent_seq', 0):>10,} "
                   f"{link.get('acked_seq', 0):>10,} {link.get('lag_messages', 0):>9,} "
                   f"{link.get('lag_seconds', 0.0):>7.1f}  {link.get('address') or ''}")
-            if link.get("state") == "validation failed" and link.get("detail"):
-                print(f"{'':<14}   {link['detail']}")
+            if link.get("state") in EXPLAINED_STATES and link.get("detail"):
+                print(f"{'':<14}   {state_text(link) if link['state'] == 'config error' else link['detail']}")
     return 0
+

@@ -16,10 +16,10 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 
-from replication.config import VALIDATION_CHECKS, Destination
-from replication.drawing import Canvas, text_width
+from replication.commands.drawing import Canvas, text_width
+from replication.config.fabric import Fabric
+from replication.config.model import VALIDATION_CHECKS, Destination
 from replication.errors import ConfigError
-from replication.fabric import Fabric
 
 SYNC_COLOR = "#1d4ed8"
 ASYNC_COLOR = "#c2410c"
@@ -112,7 +112,7 @@ def destination_label(dest: Destination, targets: list[str]) -> list[str]:
         excl = [c for c in VALIDATION_CHECKS if c in t.exclude_validation]
         lines.append(f"{t.name} {t.message_type}" + (f" · excl. {','.join(excl)}" if excl else ""))
         if t.filter:
-            lines.append(f"  filter: {t.filter}")
+            lines.append(f"  filter: {t.filter.text}")
     if len(dest.topics) > 4:
         lines.append(f"… {len(dest.topics) - 4} more topics")
     return lines

@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field
 
 from replication import routing
+from replication.config.fabric import Fabric
 from replication.errors import ConfigError
-from replication.fabric import Fabric
 
 MAX_ROUTES = 100_000
 

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from replication.fabric import Fabric, Link
+from replication.config.fabric import Fabric, Link
 from replication.validation import Finding, validate_link
 
 

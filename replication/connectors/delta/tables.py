@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import TableNotFoundError
 
 #: Key of this product's record in each commit's commitInfo.

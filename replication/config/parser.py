@@ -1,4 +1,4 @@
-"""Parse an instance's AMPS-style XML config (DESIGN §4) into :mod:`replication.config` dataclasses.
+"""Parse an instance's AMPS-style XML config (DESIGN §4) into :mod:`replication.config.model` dataclasses.
 
 Parsing is secure (no DTD, no entities, no network, no huge trees) and strict:
 an unknown, missing, repeated or malformed element is a :class:`ConfigError`
@@ -17,7 +17,7 @@ Local locations come back as normalised absolute paths, remote ones as written
 
 Example::
 
-    from replication.config_parser import parse_file
+    from replication.config.parser import parse_file
     cfg = parse_file("conf/amps-1.xml")
 """
 
@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from replication.config import (
+from replication.config.model import (
     DEFAULT_BATCH_ROWS,
+    FILTERABLE_TYPES,
     MANDATORY_CHECKS,
     MESSAGE_TYPES,
+    SYNC_TYPES,
     VALIDATION_CHECKS,
     Action,
     ActionStep,
@@ -47,12 +49,24 @@ from replication.config import (
     SowTopic,
     TopicSpec,
 )
-from replication.config_xml import MANY, OPT, Card, Ctx, Kids, Node, config_error, one, read_root, some, suggest
+from replication.config.xml_reader import (
+    MANY,
+    OPT,
+    Card,
+    Ctx,
+    Kids,
+    Node,
+    config_error,
+    one,
+    read_root,
+    some,
+    suggest,
+)
 from replication.errors import ConfigError
+from replication.expressions import Filter, FilterSyntaxError
 
 __all__ = ["COMPRESSIONS", "DATA_TYPES", "parse_file", "parse_interval", "parse_string"]
 
-SYNC_TYPES: tuple[str, ...] = ("sync", "async")
 TRANSPORT_TYPES: tuple[str, ...] = ("kafka", "amps-replication")
 COMPRESSIONS: tuple[str, ...] = ("zstd", "snappy", "gzip", "lz4", "none")
 DATA_TYPES: tuple[str, ...] = ("sow", "txlog")
@@ -277,35 +291,30 @@ def _kafka_server(node: Node) -> list[str]:
     return servers
 
 
-def _filter(node: Node) -> str:
-    """Filter text; parsed now when replication.expressions is available, so a bad filter stops the start."""
+def _filter(node: Node, message_type: str) -> Filter:
+    """The ``<Filter>``, parsed now: a filter that does not parse, or on a message type whose bodies
+    have no fields to filter on, stops the start with the file and line."""
     value = node.text()
+    if message_type not in FILTERABLE_TYPES:
+        node.fail(
+            f"a <Filter> on {message_type} messages cannot be applied: content filters read fields of "
+            f"{', '.join(FILTERABLE_TYPES)} messages only",
+            f"remove the <Filter>, or filter a topic whose <MessageType> is {' or '.join(FILTERABLE_TYPES)}",
+        )
     try:
-        from replication import expressions
-    except ImportError:
-        return value
-    parse = getattr(expressions, "parse", None)
-    if parse is None:
-        return value
-    try:
-        parse(value)
-    except Exception as exc:  # the expression module's own error type, whatever it is
+        return Filter(value)
+    except FilterSyntaxError as exc:
         first, *caret = str(exc).splitlines() or [""]
-        found = re.search(r"at position (\d+)", first)
-        position = found.group(1) if found else getattr(exc, "position", None)
         problem = re.sub(r"^invalid filter( at position \d+)?:\s*", "", first)
-        at = f" at position {position}" if position is not None else ""
         error = config_error(
             node.ctx,
             node.line,
             node.path,
-            f"invalid filter '{value}'{at}: {problem}",
+            f"invalid filter '{value}' at position {exc.position + 1}: {problem}",
             "correct the AMPS filter expression, e.g. <Filter>/qty &gt; 100 AND /side = 'buy'</Filter>",
         )
-        if caret:  # the expression module's picture of where the fault is
-            error = ConfigError("\n".join([str(error), *caret]), file=error.file, line=error.line)
-        raise error from None
-    return value
+        # the expression module's picture of where the fault is
+        raise ConfigError("\n".join([str(error), *caret]), file=error.file, line=error.line) from None
 
 
 # ---------------------------------------------------------------------------
@@ -385,6 +394,7 @@ _STEP_SCHEMA = {"Module": one("<Module>amps-action-on-schedule</Module>"), "Opti
 
 @dataclass(frozen=True)
 class _Option:
+    field: str  # the ActionStep field it fills
     kind: str  # "interval", "interval0" (zero allowed) or "count" (non-negative int)
     required: bool = False
 
@@ -392,16 +402,16 @@ class _Option:
 # The modules this product implements, with their options. Any other module would
 # silently do nothing, so it is refused.
 _ON_MODULES: dict[str, dict[str, _Option]] = {
-    "amps-action-on-schedule": {"Every": _Option("interval", required=True)},
+    "amps-action-on-schedule": {"Every": _Option("every", "interval", required=True)},
 }
 _DO_MODULES: dict[str, dict[str, _Option]] = {
     "amps-action-do-downgrade-replication": {
-        "Age": _Option("interval", required=True),
-        "GracePeriod": _Option("interval0"),
+        "Age": _Option("age", "interval", required=True),
+        "GracePeriod": _Option("grace_period", "interval0"),
         # AMPS sets this as an instance-level tuning parameter; here it lives with the action.
-        "MinimumSyncDestinations": _Option("count"),
+        "MinimumSyncDestinations": _Option("minimum_sync_destinations", "count"),
     },
-    "amps-action-do-upgrade-replication": {"Age": _Option("interval", required=True)},
+    "amps-action-do-upgrade-replication": {"Age": _Option("age", "interval", required=True)},
 }
 
 
@@ -599,7 +609,7 @@ def _sow(node: Node | None) -> tuple[tuple[SowTopic, ...], tuple[QueueTopic, ...
                     message_type=message_type,
                     underlying_topic=_regex(underlying) if underlying is not None else name,
                     kind=kind,
-                    filter=_filter(filter_node) if filter_node is not None else None,
+                    filter=_filter(filter_node, message_type) if filter_node is not None else None,
                     initial_owner=_name(owner, "initial owner") if owner is not None else None,
                     source=qnode.source(),
                 )
@@ -682,11 +692,12 @@ def _destination_topics(nodes: list[Node]) -> tuple[DestinationTopic, ...]:
         kids = tnode.children(_DESTINATION_TOPIC_SCHEMA)
         filter_node = kids.opt("Filter")
         exclude_node = kids.opt("ExcludeValidation")
+        message_type = _message_type(kids.one("MessageType"))
         topics.append(
             DestinationTopic(
                 name=_regex(kids.one("Name")),
-                message_type=_message_type(kids.one("MessageType")),
-                filter=_filter(filter_node) if filter_node is not None else None,
+                message_type=message_type,
+                filter=_filter(filter_node, message_type) if filter_node is not None else None,
                 exclude_validation=_exclusions(exclude_node) if exclude_node is not None else frozenset(),
                 source=tnode.source(),
             )
@@ -758,28 +769,23 @@ def _step(node: Node, modules: dict[str, dict[str, _Option]]) -> ActionStep:
     kids = node.children(_STEP_SCHEMA)
     module = _enum(kids.one("Module"), tuple(modules))
     spec = modules[module]
-    found: list[tuple[int, str, str]] = []
+    values: dict[str, float | int] = {}
     options_node = kids.opt("Options")
-    if options_node is not None:
-        okids = options_node.children({name: OPT for name in spec})
-        for name, opt in spec.items():
-            onode = okids.opt(name)
-            if onode is None:
-                continue
-            value = onode.text()
-            if opt.kind == "count":
-                if not value.isdigit():
-                    onode.fail(f"'{value}' is not a whole number", f"write e.g. <{name}>1</{name}>")
-            else:
-                _interval(onode, allow_zero=opt.kind == "interval0")
-            found.append((options_node.el.index(onode.el), name, value))
-    given = {name for _, name, _ in found}
+    okids = options_node.children({name: OPT for name in spec}) if options_node is not None else None
     for name, opt in spec.items():
-        if opt.required and name not in given:
-            node.fail(
-                f"module {module} needs the option <{name}>",
-                f"add <Options><{name}>15s</{name}></Options> to <{node.tag}>",
-            )
-    # File order, so ActionStep.options reads like the config.
-    options = tuple((name, value) for _, name, value in sorted(found))
-    return ActionStep(module=module, options=options, source=node.source())
+        onode = okids.opt(name) if okids is not None else None
+        if onode is None:
+            if opt.required:
+                node.fail(
+                    f"module {module} needs the option <{name}>",
+                    f"add <Options><{name}>15s</{name}></Options> to <{node.tag}>",
+                )
+            continue
+        if opt.kind == "count":
+            value = onode.text()
+            if not value.isdigit():
+                onode.fail(f"'{value}' is not a whole number", f"write e.g. <{name}>1</{name}>")
+            values[opt.field] = int(value)
+        else:
+            values[opt.field] = _interval(onode, allow_zero=opt.kind == "interval0")
+    return ActionStep(module=module, source=node.source(), **values)

@@ -1,6 +1,6 @@
 """Secure, strict reading of an XML config: element paths, cardinality, ``${VAR}``, located errors.
 
-Generic plumbing for :mod:`replication.config_parser`, which holds the schema.
+Generic plumbing for :mod:`replication.config.parser`, which holds the schema.
 Each :class:`Node` knows its path (``AMPSConfig/Replication/Destination[2]``) so
 every error reads ``<file>:<line>: <path>: <problem>. Fix: <fix>``.
 """
@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from lxml import etree
 
-from replication.config import Source
+from replication.config.model import Source
 from replication.errors import ConfigError
 
 ROOT = "AMPSConfig"

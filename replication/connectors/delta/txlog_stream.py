@@ -39,11 +39,21 @@ from urllib.parse import unquote, urlparse
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
+from replication.connectors.delta.log import appends_after, local_log_dir
+from replication.connectors.delta.tables import COMMIT_METADATA_KEY
+from replication.connectors.spark.prefetch import (
+    PREFETCH_MAX_ROWS,
+    prefetch_rows_option,
+    prefetching,
+)
 from replication.errors import ConfigError, StorageError
-from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 from replication.txlog import TXLOG_SCHEMA
 
 if TYPE_CHECKING:
@@ -90,7 +100,7 @@ class TxlogSourceOptions:
             default :data:`ROWS_PER_PARTITION`).
         prefetch_rows: a micro-batch of at most this many rows is read by the
             source's planner process instead of Spark tasks (option
-            ``prefetchRows``; 0: always tasks). See :mod:`replication.prefetch`.
+            ``prefetchRows``; 0: always tasks). See :mod:`replication.connectors.spark.prefetch`.
         columns: only these txlog columns, ``seq`` always among them (option
             ``columns``, comma separated; default: all). A reader that needs
             only a few columns (the replicator's routing) moves far less data
@@ -234,7 +244,7 @@ class TxlogFiles:
             self._version = version
 
     def _follow_commits(self) -> bool:
-        """Bring the index up to date from the new commit files alone (see :mod:`replication.delta_log`).
+        """Bring the index up to date from the new commit files alone (see :mod:`replication.connectors.delta.log`).
 
         False when that is not possible (no snapshot yet, storage that is not
         local, a commit other than a plain append): the caller refreshes the
@@ -242,8 +252,6 @@ class TxlogFiles:
         """
         import numpy as np
         import pyarrow as pa
-
-        from replication.delta_log import appends_after, local_log_dir
 
         if self._table is None or self._version is None or self._lo is None or self._hi is None:
             return False
@@ -372,8 +380,6 @@ def _local_or_uri(uri: str) -> str:
 def _last_seq_from_commits(table: DeltaTable, look_back: int = 100) -> int:
     """``last_seq`` of the newest of the last ``look_back`` commits that records one (0: none)."""
     import json
-
-    from replication.delta_tables import COMMIT_METADATA_KEY
 
     for entry in table.history(limit=look_back):  # newest first
         raw = entry.get(COMMIT_METADATA_KEY)

@@ -15,7 +15,7 @@ put on the driver's class path, for ``local`` masters only (a cluster's
 executors would not have the jar). Without ``javac`` (a JRE) Spark keeps its
 own filesystem: correct, only slower.
 
-Run ``python -m replication.local_fs`` to print the spark-submit options
+Run ``python -m replication.connectors.spark.local_fs`` to print the spark-submit options
 (``spark-submit.sh`` does).
 """
 
@@ -30,7 +30,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from replication.worker_python import cache_dir
+from replication.connectors.spark.worker_python import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 
 1. mark each row routed or not with the routing rules. A small batch (the live
    stream) is read here from the txlog's Parquet files, its seq range taken
-   from the query's offset log (:mod:`replication.planned_batch`), and routed
+   from the query's offset log (:mod:`replication.connectors.spark.planned_batch`), and routed
    with :func:`replication.routing.route_mask`: no Spark job. A larger one (a
    backlog) is routed by Spark with one native column
    (:func:`replication.routing.spark_condition`) over only the columns the
@@ -29,27 +29,28 @@ import numpy as np
 import pyarrow as pa
 
 from replication import failpoints, routing
-from replication.config import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
-from replication.delta_tables import IdempotentAppender
-from replication.inbox_source import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
-from replication.links import runs_of
-from replication import planned_batch
-from replication.planned_batch import PlannedBatch
+from replication.config.model import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
+from replication.connectors.delta import txlog_stream
+from replication.connectors.delta.inbox_stream import (
+    INBOX_SCHEMA,
+    INBOX_TABLE_CONFIGURATION,
+)
+from replication.connectors.delta.tables import IdempotentAppender
+from replication.connectors.delta.txlog_stream import TxlogFiles
+from replication.connectors.spark import planned_batch
+from replication.connectors.spark.planned_batch import PlannedBatch
+from replication.storage.layout import link_name
+from replication.txlog import runs_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from replication.links import Link
+    from replication.destination.link import Link
 
 log = logging.getLogger(__name__)
 
 _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW", "none": "UNCOMPRESSED"}
-
-
-def app_id(cfg: InstanceConfig, dest: Destination, incarnation: str) -> str:
-    """Delta app transaction of one replicator incarnation in the destination's inbox."""
-    return f"{cfg.name}->{dest.name}#{incarnation}"
 
 
 class ReplicatorWriter:
@@ -59,15 +60,13 @@ class ReplicatorWriter:
                  link: "Link", checkpoint: Path | None = None) -> None:
         from deltalake import WriterProperties
 
-        from replication.txlog_source import TxlogFiles
-
         self.cfg = cfg
         self.dest = dest
         self.link = link
         self.inbox = IdempotentAppender(
             inbox,
             INBOX_SCHEMA,
-            app_id=app_id(cfg, dest, incarnation),
+            app_id=link_name(cfg.name, dest.name, incarnation),
             name=f"{dest.name} inbox",
             configuration=INBOX_TABLE_CONFIGURATION,
             writer_properties=WriterProperties(compression=_CODECS[dest.compression]),
@@ -75,7 +74,7 @@ class ReplicatorWriter:
         self.condition = routing.spark_condition(cfg, dest)
         self.txlog = TxlogFiles(str(txlog))
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
-        """Where small batches' seq ranges are found, to read them here (see replication.planned_batch)."""
+        """Where small batches' seq ranges are found, to read them here (see replication.connectors.spark.planned_batch)."""
         self.rows_sent = 0
         self.batches_read_here = 0
 
@@ -158,11 +157,9 @@ def start_query(
     trigger_interval: str = "0 seconds",
 ) -> "tuple[StreamingQuery, ReplicatorWriter]":
     """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``); it and its writer."""
-    from replication import txlog_source
-
-    txlog_source.register(spark)
+    txlog_stream.register(spark)
     stream = (
-        spark.readStream.format(txlog_source.FORMAT)
+        spark.readStream.format(txlog_stream.FORMAT)
         .option("path", str(txlog))
         .option("columns", ",".join(routing.spark_condition_columns(cfg, dest)))
         .option("startSeq", str(start_seq))
@@ -174,7 +171,7 @@ def start_query(
     writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link,
                               checkpoint=checkpoint)
     query = (
-        stream.writeStream.queryName(f"{cfg.name}->{dest.name}#{incarnation}")
+        stream.writeStream.queryName(link_name(cfg.name, dest.name, incarnation))
         .foreachBatch(writer)
         .option("checkpointLocation", str(checkpoint))
         .trigger(processingTime=trigger_interval)

@@ -1,4 +1,4 @@
-"""Streaming inputs of the ingest query, mapped onto the candidate columns of :mod:`replication.ingest`."""
+"""Streaming inputs of the ingest query, mapped onto the candidate columns of :mod:`replication.ingest.classify`."""
 
 from __future__ import annotations
 
@@ -9,24 +9,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replication import routing
-from replication.config import DEFAULT_BATCH_ROWS, InstanceConfig
-from replication.ingest import CANDIDATE_SCHEMA
-from replication import planned_batch
-from replication.planned_batch import PlannedBatch
-from replication.storage import StorageLayout
+from replication.config.model import DEFAULT_BATCH_ROWS, InstanceConfig
+from replication.connectors.delta import inbox_stream
+from replication.connectors.delta.inbox_stream import read_versions
+from replication.connectors.kafka import source as kafka_source
+from replication.connectors.kafka.source import (
+    KafkaSourceOptions,
+    KafkaStreamReader,
+    RangeReader,
+)
+from replication.connectors.spark import planned_batch
+from replication.connectors.spark.planned_batch import PlannedBatch
+from replication.ingest.classify import CANDIDATE_SCHEMA
+from replication.storage.layout import INGEST_QUERY, StorageLayout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from replication.config import KafkaTransport
+    from replication.config.model import KafkaTransport
 
 log = logging.getLogger(__name__)
 
 
 def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
     """Kafka publishes of every ``kafka`` transport, as candidate rows (DESIGN §7 wire format)."""
-    from replication import kafka_source
-
     kafka_source.register(spark)
     frames = []
     for transport in cfg.kafka_transports:
@@ -101,7 +107,7 @@ def kafka_candidates(rows: pa.Table, transport: "KafkaTransport") -> pa.Table:
     return pa.table({f.name: column(spec[f.name], f) for f in CANDIDATE_SCHEMA}, schema=CANDIDATE_SCHEMA)
 
 
-def inbox_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame":
+def inbox_versions_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame":
     """The versions upstream instances committed to this instance's inbox, one candidate row each.
 
     Spark tracks the inbox position exactly once (Delta versions in the ingest
@@ -110,11 +116,9 @@ def inbox_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayo
     """
     from pyspark.sql import functions as F
 
-    from replication import inbox_source
-
-    inbox_source.register(spark)
+    inbox_stream.register(spark)
     raw = (
-        spark.readStream.format(inbox_source.FORMAT).option("path", str(layout.inbox))
+        spark.readStream.format(inbox_stream.FORMAT).option("path", str(layout.inbox))
         .option("versionsOnly", "true")
         .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS)).load()
     )
@@ -132,7 +136,7 @@ INBOX_MARK = "inbox-version"
 class InboxRows:
     """The ingest writer's ``expand``: inbox version rows replaced by the rows those versions hold.
 
-    The rows are read with :func:`replication.inbox_source.read_versions` and
+    The rows are read with :func:`replication.connectors.delta.inbox_stream.read_versions` and
     mapped onto the candidate columns: ``source`` ``inbox:<upstream>``,
     ``received_from``/``received_from_group`` from the upstream, ``path`` the
     upstream's path plus this instance. They follow the batch's other rows,
@@ -147,8 +151,6 @@ class InboxRows:
         marks = pc.equal(batch["source"], INBOX_MARK)
         if not pc.any(marks).as_py():
             return batch
-        from replication.inbox_source import read_versions
-
         versions = pc.filter(batch["inbox_version"], marks)
         first, last = pc.min(versions).as_py(), pc.max(versions).as_py()
         rows = read_versions(self.inbox, first, last)
@@ -158,7 +160,7 @@ class InboxRows:
                                  self.candidates(rows)])
 
     def candidates(self, rows: pa.Table) -> pa.Table:
-        """Inbox rows (``inbox_source.STREAM_SCHEMA``) as candidate rows."""
+        """Inbox rows (``inbox_stream.STREAM_SCHEMA``) as candidate rows."""
         n = rows.num_rows
         link = rows["link"]
         columns = {
@@ -185,7 +187,7 @@ class ReadHere:
     """The ingest writer's own read of a small micro-batch, as candidate rows; None: collect Spark's.
 
     The batch's ranges come from the ingest query's offset log
-    (:mod:`replication.planned_batch`), one per source in the order
+    (:mod:`replication.connectors.spark.planned_batch`), one per source in the order
     :func:`ingest_stream` unions them: each Kafka transport, then the inbox.
     Kafka ranges are read with the source's decoding (one consumer kept per
     transport, ``kafka_source.RangeReader``) and mapped with
@@ -194,9 +196,7 @@ class ReadHere:
     """
 
     def __init__(self, cfg: InstanceConfig, layout: StorageLayout) -> None:
-        from replication.kafka_source import KafkaSourceOptions, RangeReader
-
-        self.planned = PlannedBatch(layout.checkpoint("ingest"))
+        self.planned = PlannedBatch(layout.checkpoint(INGEST_QUERY))
         self.kafka = [(t, KafkaSourceOptions.parse(kafka_options(t))) for t in cfg.kafka_transports]
         self.readers = [RangeReader(options) for _t, options in self.kafka]
         self.inbox = InboxRows(cfg, str(layout.inbox)) if cfg.replication_transport is not None else None
@@ -204,9 +204,6 @@ class ReadHere:
         """Micro-batches read here rather than by a Spark job."""
 
     def __call__(self, batch_id: int) -> pa.Table | None:
-        from replication.inbox_source import read_versions
-        from replication.kafka_source import KafkaStreamReader
-
         ranges = self.planned.ranges(batch_id)
         if ranges is None or len(ranges) != len(self.kafka) + (self.inbox is not None):
             return None
@@ -260,7 +257,7 @@ def ingest_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLay
     if cfg.kafka_transports:
         frames.append(publish_stream(spark, cfg))
     if cfg.replication_transport is not None:
-        frames.append(inbox_stream(spark, cfg, layout))
+        frames.append(inbox_versions_stream(spark, cfg, layout))
     return _union(frames)
 
 

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from replication.config import Destination, InstanceConfig
+from replication.config.model import Destination, InstanceConfig
+from replication.config.parser import parse_file
 from replication.errors import ConfigError
 
 __all__ = ["Fabric", "Link", "addresses_of", "normalize_address"]
@@ -82,10 +83,8 @@ class Fabric:
 
     @classmethod
     def load(cls, paths: Sequence[str]) -> "Fabric":
-        """Parse every config file (``config.load``); a bad file raises :class:`ConfigError`."""
-        from replication import config
-
-        return cls([config.load(p) for p in paths], files=list(paths))
+        """Parse every config file (:func:`replication.config.load`); a bad file raises :class:`ConfigError`."""
+        return cls([parse_file(p) for p in paths], files=list(paths))
 
     def __contains__(self, name: object) -> bool:
         return name in self.configs

@@ -1,33 +1,48 @@
-"""An instance's storage root (DESIGN §3): table paths and atomically replaced control files."""
+"""Where an instance keeps things under its storage root (DESIGN §3), and the names built from instance names.
+
+Every table and control-file path comes from :class:`StorageLayout`; every
+name made of two instances' names (a link's app transaction, its query, its
+checkpoint folder, its thread) comes from :func:`link_name`, so they cannot
+drift apart.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlparse
 
-from replication.errors import StorageError
+from replication.errors import UnsupportedAddressError
+
+#: Checkpoint folder of the ingest query.
+INGEST_QUERY = "ingest"
 
 
 def local_path(uri: str) -> Path:
     """Turn ``file:///abs/path`` or a plain path into a local :class:`Path`.
 
-    Only local storage is supported for the control files today; the Delta
-    tables themselves would work on any deltalake URI.
+    Control files need a local (or mounted) filesystem today; any other scheme
+    is refused with :class:`UnsupportedAddressError`.
     """
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         return Path(unquote(parsed.path) if parsed.scheme else uri)
     if len(parsed.scheme) == 1:  # a Windows drive letter, not a scheme
         return Path(uri)
-    raise StorageError(
-        f"storage URI {uri!r} uses scheme {parsed.scheme!r}; only local paths and file:// URIs "
-        "are supported. Fix: point <Storage> at a local or mounted directory."
+    raise UnsupportedAddressError(
+        f"storage address {uri!r} uses scheme {parsed.scheme!r}, which is not supported yet: an instance's "
+        "control files need a local or mounted filesystem. Fix: use file:///path or a plain path"
     )
+
+
+def link_name(upstream: str, destination: str, incarnation: str | None = None) -> str:
+    """``<upstream>-><destination>`` (``#<incarnation>`` for one replicator incarnation).
+
+    Names the link's thread, and with the incarnation its replicator query and
+    its app transaction in the destination's inbox.
+    """
+    name = f"{upstream}->{destination}"
+    return f"{name}#{incarnation}" if incarnation else name
 
 
 @dataclass(frozen=True)
@@ -84,31 +99,6 @@ class StorageLayout:
     def checkpoint(self, query: str) -> Path:
         return self.root / "_checkpoints" / query
 
-
-def write_json_atomic(path: Path, payload: Any, *, indent: int | None = None) -> None:
-    """Replace ``path`` with ``payload`` as JSON so readers never see a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=indent, separators=(",", ": ") if indent else (",", ":"), sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def read_json(path: Path, default: Any = None) -> Any:
-    """Read a control file; a missing file gives ``default``."""
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return default
-    except json.JSONDecodeError as exc:
-        raise StorageError(f"control file {path} is not valid JSON ({exc}); delete it to rebuild it") from exc
+    def replicator_checkpoint(self, destination: str, incarnation: str) -> Path:
+        """Checkpoint of one replicator incarnation toward ``destination`` (new at each resync)."""
+        return self.checkpoint(f"replicate-{destination}-{incarnation}")

@@ -41,7 +41,9 @@ from replication.errors import ConfigError
 PREFETCH_MAX_ROWS = 50_000
 
 try:  # PySpark's planner path is offered only to instances of this private class
-    from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper as _PlannerReadable
+    from pyspark.sql.datasource_internal import (
+        _SimpleStreamReaderWrapper as _PlannerReadable,
+    )
 
     AVAILABLE = all(hasattr(_PlannerReadable, name) for name in ("getCache", "partitions", "latestOffset"))
 except ImportError:  # pragma: no cover - depends on the PySpark release

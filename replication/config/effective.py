@@ -1,32 +1,30 @@
-"""The effective config as JSON: ``_control/instance.json``, read by upstreams for replication validation.
+"""The effective config as JSON: what ``_control/instance.json`` holds, read by upstreams for validation.
 
-The encoding is generic over the dataclasses of :mod:`replication.config`, so a
-field added there is carried without touching this module. Tuples become lists,
-frozensets sorted lists, ``Source`` a ``{"file", "line"}`` object.
+The encoding is generic over the dataclasses of :mod:`replication.config.model`,
+so a field added there is carried without touching this module. Tuples become
+lists, frozensets sorted lists, ``Source`` a ``{"file", "line"}`` object, a
+parsed filter its text (parsed again when read). Reading and writing the file
+is :mod:`replication.storage.control`'s job.
 
 Example::
 
-    from replication import config, effective_config
+    from replication import config
+    from replication.config import effective
     cfg = config.load("conf/amps-1.xml")
-    effective_config.write(cfg, f"{cfg.storage}/_control/instance.json")
-    assert effective_config.read(f"{cfg.storage}/_control/instance.json") == cfg
+    assert effective.from_dict(effective.to_dict(cfg)) == cfg
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import types
 import typing
 from functools import cache
-from pathlib import Path
 from typing import Any, Literal, Union
 
-from replication.config import InstanceConfig
-from replication.storage import write_json_atomic
+from replication.config.model import InstanceConfig
 
-__all__ = ["FORMAT", "from_dict", "read", "to_dict", "write"]
+__all__ = ["FORMAT", "from_dict", "to_dict"]
 
 #: Version of the JSON layout; bump it when a reader of the old layout would misread the new one.
 FORMAT = 1
@@ -52,23 +50,13 @@ def from_dict(data: dict[str, Any]) -> InstanceConfig:
     return _decode(InstanceConfig, body, "instance")
 
 
-def write(cfg: InstanceConfig, path: str | os.PathLike[str]) -> None:
-    """Write ``cfg`` to the local file ``path`` atomically (temp file in the same directory, fsync, rename)."""
-    write_json_atomic(Path(path), to_dict(cfg), indent=2)
-
-
-def read(path: str | os.PathLike[str]) -> InstanceConfig:
-    """Read a file written by :func:`write`."""
-    with open(os.fspath(path), encoding="utf-8") as fh:
-        return from_dict(json.load(fh))
-
-
 # ---------------------------------------------------------------------------
 
 
 def _encode(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        # fields derived at construction (a parsed filter's expression) are not carried
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     if isinstance(value, frozenset):
         return sorted(_encode(v) for v in value)
     if isinstance(value, (tuple, list)):
@@ -92,6 +80,8 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
         hints = _hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):
+            if not f.init:
+                continue
             if f.name in value:
                 kwargs[f.name] = _decode(hints[f.name], value[f.name], f"{where}.{f.name}")
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

@@ -1,33 +1,40 @@
-"""The ingest query's batch logic: the txlog's only writer (DESIGN §2).
+"""What one ingest micro-batch becomes (pure): txlog rows with their ``seq``, rejects, logons, duplicates.
 
-``classify`` is pure: it turns one micro-batch of candidate rows (Kafka
-publishes and, later, inbox rows) into txlog rows, rejected rows, logon
-requests and a count of duplicates. ``IngestWriter`` is the ``foreachBatch``
-function that commits the result; its order of effects is written on it.
+:func:`classify` turns a batch of candidate rows (Kafka publishes and inbox
+rows, mapped by :mod:`replication.ingest.inputs`) into txlog rows, rejected
+rows (with reasons), logon requests and a count of duplicates, and says which
+local seqs each publisher's and each upstream's acknowledgement waits on.
+:class:`replication.ingest.writer.IngestWriter` commits the result.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication import failpoints
-from replication.config import MESSAGE_TYPES, InstanceConfig
-from replication.delta_tables import commit_metadata_since
-from replication.links import Runs, runs_by_code, runs_by_value
-from replication.messages import LOGON, MAX_MESSAGE_BYTES, STORED_COMMANDS, body_error, publisher_id
-from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, PublisherState
-
-if TYPE_CHECKING:
-    from replication.delta_tables import IdempotentAppender
+from replication.config.model import MESSAGE_TYPES, InstanceConfig
+from replication.messages import (
+    LOGON,
+    MAX_MESSAGE_BYTES,
+    STORED_COMMANDS,
+    body_error,
+    publisher_id,
+)
+from replication.txlog import (
+    REJECTED_SCHEMA,
+    TXLOG_SCHEMA,
+    PublisherState,
+    Runs,
+    runs_by_code,
+    runs_by_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -382,123 +389,3 @@ def _rejected_rows(batch, idx, reasons, now) -> pa.Table:
         },
         schema=REJECTED_SCHEMA,
     )
-
-
-class IngestWriter:
-    """``foreachBatch`` of the ingest query.
-
-    Order of effects for batch ``b`` (each step safe to crash after):
-
-    0. take the batch's rows: read here for a small batch (``read_here``, no
-       Spark job), else collected from Spark's DataFrame; the same rows either way;
-    1. classify the rows against the in-memory publisher state;
-    2. append rejects to ``rejected/`` (app transaction ``ingest``, version ``b``);
-    3. append accepted rows to ``txlog/`` (app transaction ``ingest``, version ``b``),
-       with the batch's publisher and link positions in the commit metadata;
-    4. fold the batch into the in-memory state and snapshot ``publishers.json``;
-    5. hand the commit to the durability tracker (persisted acks, logon replies).
-
-    A batch replayed after a crash finds version ``b`` in the txlog and skips
-    2–4; the state already holds it (recovered from the commit metadata at
-    start), and step 5 answers its logons again.
-    """
-
-    def __init__(
-        self,
-        cfg: InstanceConfig,
-        *,
-        txlog: "IdempotentAppender",
-        rejected: "IdempotentAppender",
-        state: PublisherState,
-        save_state: Callable[[PublisherState], None],
-        on_commit: Callable[[int, Classified], None],
-        expand: Callable[[pa.Table], pa.Table] | None = None,
-        read_here: Callable[[int], pa.Table | None] | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.txlog = txlog
-        self.rejected = rejected
-        self.state = state
-        self.save_state = save_state
-        self.on_commit = on_commit
-        self.expand = expand
-        """Turns the batch's inbox version rows into the rows those versions hold (see sources.InboxRows)."""
-        self.read_here = read_here
-        """Reads a small batch without a Spark job (see sources.ReadHere); None: collect the DataFrame."""
-        self.recorded = TopicRecorder(cfg)
-        self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
-                      "input_rows_per_second": 0.0}
-        self._last_batch_at: float | None = None
-        self.step: tuple[int, str, float] | None = None
-        """(batch id, what the batch is doing, since when: monotonic), while in a batch; for slow-batch reports."""
-        self.idle_since = time.monotonic()
-        """When the last batch ended (or the writer was made): how long Spark has been planning the next."""
-
-    def _enter(self, batch_id: int, what: str) -> None:
-        self.step = (batch_id, what, time.monotonic())
-
-    def catch_up(self) -> None:
-        """Fold in txlog commits this writer did not see (a batch that failed after its commit)."""
-        before = dict(self.state.publishers)
-        records = commit_metadata_since(self.txlog.table, self.state.txlog_version) or []
-        for version, record in records:
-            self.state.apply(version, record)
-        self.txlog.refresh()
-        if records:
-            self.save_state(self.state)
-            missed = Classified.empty([])
-            missed.publishers = {c: s for c, s in self.state.publishers.items() if s > before.get(c, 0)}
-            self.on_commit(self.state.max_seq, missed)
-
-    def __call__(self, df, batch_id: int) -> None:
-        try:
-            batch = None
-            if self.read_here is not None:
-                self._enter(batch_id, "reading its rows here")
-                batch = self.read_here(batch_id)
-            if batch is None:
-                self._enter(batch_id, "reading its rows with a Spark job")
-                batch = df.toArrow()
-            self.write_arrow(batch, batch_id)
-        finally:
-            self.step, self.idle_since = None, time.monotonic()
-
-    def write_arrow(self, batch: pa.Table, batch_id: int) -> None:
-        started = time.perf_counter()
-        if self.txlog.is_committed(batch_id):
-            log.info("%s: ingest batch %d already committed; replay skipped", self.cfg.name, batch_id)
-            self.on_commit(self.state.max_seq, Classified.empty(logons_in(batch)))
-            return
-        if self.expand is not None:
-            batch = self.expand(batch)
-        # Spark's own inputRowsPerSecond counts only rows its jobs read; batches read here are not among them.
-        if self._last_batch_at is not None and started > self._last_batch_at:
-            self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
-        self._last_batch_at = started
-        self._enter(batch_id, "classifying its rows")
-        result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded)
-        if result.rejected_rows.num_rows:
-            self._enter(batch_id, "writing rejected rows")
-            self.rejected.append(result.rejected_rows, batch_id)
-        failpoints.hit("ingest.before_txlog_commit")
-        last_seq = self.state.max_seq + result.txlog_rows.num_rows
-        metadata = {
-            "batch": batch_id,
-            "first_seq": self.state.max_seq + 1,
-            "last_seq": last_seq,
-            "publishers": result.publishers,
-            "links": result.links,
-        }
-        self._enter(batch_id, "committing to the txlog")
-        self.txlog.append(result.txlog_rows, batch_id, metadata)
-        failpoints.hit("ingest.after_txlog_commit")
-        self.state.apply(self.txlog.table.version(), metadata)
-        self.save_state(self.state)
-        failpoints.hit("ingest.before_ack")
-        self._enter(batch_id, "acknowledging")
-        self.on_commit(last_seq, result)
-        self.stats["batches"] += 1
-        self.stats["accepted"] += result.txlog_rows.num_rows
-        self.stats["rejected"] += result.rejected_rows.num_rows
-        self.stats["duplicates"] += result.duplicates
-        self.stats["last_batch_ms"] = (time.perf_counter() - started) * 1000

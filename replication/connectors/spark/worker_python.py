@@ -16,7 +16,7 @@ is built with it as ``PYSPARK_PYTHON``. When PySpark comes from elsewhere (a
 Spark distribution, Databricks) there is no such zip to skip and the
 interpreter is used as it is.
 
-Run ``python -m replication.worker_python`` to print the launcher's path
+Run ``python -m replication.connectors.spark.worker_python`` to print the launcher's path
 (``spark-submit.sh`` does, for ``PYSPARK_PYTHON``).
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _LAUNCHER = """#!/bin/sh
-# Written by replication.worker_python: runs {python} without PySpark's zip
+# Written by replication.connectors.spark.worker_python: runs {python} without PySpark's zip
 # on PYTHONPATH; the same PySpark is installed, compiled, beside it.
 skip_a={zip}
 skip_b={real_zip}

@@ -1,19 +1,23 @@
-"""Instance configuration: the AMPS-style XML of DESIGN §4 as frozen dataclasses.
+"""The parsed configuration: the AMPS-style XML of DESIGN §4 as frozen dataclasses.
 
-Parse once, at the edge (:func:`load`); nothing downstream sees lxml objects.
-Every field that came from the file keeps its line in ``line`` so later checks
-(validation, link start) can point back at the file.
+Everything is parsed once, at load (:func:`replication.config.load`): filters
+are parsed expressions, intervals are seconds, enumerations are ``Literal``
+types. Nothing downstream sees lxml objects or re-parses config text. Every
+element keeps where it came from in ``source`` so later checks (validation,
+link start) can point back at the file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
-from replication.errors import ConfigError
+from replication.expressions import Filter
 
 MessageType = Literal["json", "fix", "nvfix", "xml", "binary"]
-MESSAGE_TYPES: tuple[str, ...] = ("json", "fix", "nvfix", "xml", "binary")
+MESSAGE_TYPES: tuple[str, ...] = get_args(MessageType)
+#: Message types whose bodies have fields that content filters can read.
+FILTERABLE_TYPES: tuple[str, ...] = ("json",)
 
 #: Rows per micro-batch of every query unless configured: bounds the driver's
 #: memory (a batch is collected there) and lets a backlog flow through the
@@ -23,6 +27,7 @@ MESSAGE_TYPES: tuple[str, ...] = ("json", "fix", "nvfix", "xml", "binary")
 DEFAULT_BATCH_ROWS = 200_000
 
 SyncType = Literal["sync", "async"]
+SYNC_TYPES: tuple[str, ...] = get_args(SyncType)
 
 #: Validation checks of "Replication Configuration Validation", in spec order.
 VALIDATION_CHECKS: tuple[str, ...] = (
@@ -60,7 +65,7 @@ class KafkaTransport:
     """``<InetAddr>`` values, host:port each."""
     topics: tuple[str, ...]
     """``<Topic>`` values: Kafka topic names read by this instance."""
-    message_type: str = "json"
+    message_type: MessageType = "json"
     """Default message type when a record has no ``amps-type`` header."""
     max_offsets_per_trigger: int = DEFAULT_BATCH_ROWS
     """``<MaxOffsetsPerTrigger>``: cap on records per micro-batch."""
@@ -83,7 +88,7 @@ class TopicSpec:
 
     name: str
     """Topic regex (AMPS: a literal name is a regex that matches itself)."""
-    message_type: str
+    message_type: MessageType
     source: Source = field(default_factory=Source, compare=False)
 
 
@@ -92,7 +97,7 @@ class SowTopic:
     """A ``<SOW><Topic>``: latest message per key."""
 
     name: str
-    message_type: str
+    message_type: MessageType
     keys: tuple[str, ...]
     """``<Key>`` values, XPath-like field paths such as ``/id``."""
     source: Source = field(default_factory=Source, compare=False)
@@ -107,12 +112,12 @@ class QueueTopic:
     """
 
     name: str
-    message_type: str
+    message_type: MessageType
     underlying_topic: str
     """``<UnderlyingTopic>``: regex of the topics the queue draws from (default: ``name``)."""
     kind: str = "Queue"
     """Element name: ``Queue``, ``GroupLocalQueue`` or ``DistributedQueue``."""
-    filter: str | None = None
+    filter: Filter | None = None
     initial_owner: str | None = None
     """``<InitialOwner>`` of a ``GroupLocalQueue`` (must match across instances, spec)."""
     source: Source = field(default_factory=Source, compare=False)
@@ -124,9 +129,9 @@ class DestinationTopic:
 
     name: str
     """Topic regex."""
-    message_type: str
-    filter: str | None = None
-    """``<Filter>``: AMPS content filter expression (see :mod:`replication.expressions`)."""
+    message_type: MessageType
+    filter: Filter | None = None
+    """``<Filter>``: AMPS content filter, parsed (see :mod:`replication.expressions`)."""
     exclude_validation: frozenset[str] = frozenset()
     """``<ExcludeValidation>``: checks not applied for this topic."""
     source: Source = field(default_factory=Source, compare=False)
@@ -140,8 +145,7 @@ class Destination:
     """Instance name of the destination."""
     group: str
     """``<Group>`` of the destination (default: its name)."""
-    sync_type: str
-    """``sync`` or ``async``."""
+    sync_type: SyncType
     topics: tuple[DestinationTopic, ...]
     inet_addrs: tuple[str, ...]
     """Failover list of the destination's storage roots, in priority order."""
@@ -168,18 +172,21 @@ class Bootstrap:
 
 @dataclass(frozen=True)
 class ActionStep:
-    """An ``<On>`` or ``<Do>`` of an action: a module and its options."""
+    """An ``<On>`` or ``<Do>`` of an action: its module and the options that module takes.
+
+    Intervals are seconds. An option the module does not take is None.
+    """
 
     module: str
-    options: tuple[tuple[str, str], ...] = ()
-    """``<Options>`` children as (element name, text) pairs, in file order."""
+    every: float | None = None
+    """``<Every>`` of ``amps-action-on-schedule``: how often the action runs."""
+    age: float | None = None
+    """``<Age>`` of the downgrade (oldest unacknowledged message) and upgrade (behind by less) modules."""
+    grace_period: float | None = None
+    """``<GracePeriod>`` of the downgrade module."""
+    minimum_sync_destinations: int | None = None
+    """``<MinimumSyncDestinations>`` of the downgrade module."""
     source: Source = field(default_factory=Source, compare=False)
-
-    def option(self, name: str, default: str | None = None) -> str | None:
-        for key, value in self.options:
-            if key == name:
-                return value
-        return default
 
 
 @dataclass(frozen=True)
@@ -217,18 +224,10 @@ class InstanceConfig:
         raise KeyError(name)
 
 
-def load(path: str) -> InstanceConfig:
-    """Parse and check one config file. Raises :class:`ConfigError` naming file, line and fix."""
-    from replication.config_parser import parse_file
-
-    return parse_file(path)
-
-
 __all__ = [
     "Action",
     "ActionStep",
     "Bootstrap",
-    "ConfigError",
     "Destination",
     "DestinationTopic",
     "InstanceConfig",
@@ -241,5 +240,4 @@ __all__ = [
     "SowTopic",
     "TopicSpec",
     "VALIDATION_CHECKS",
-    "load",
 ]

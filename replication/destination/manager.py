@@ -14,6 +14,12 @@ Lifecycle of a destination (its state is in ``_control/links/<destination>.json`
    ack for this instance, which moves the link's acknowledged position;
 5. when the heartbeat goes stale or the query fails, stop and go back to 1;
    after the end of the list, wait with growing back-off.
+
+A transient failure (the destination down, a table being written) is retried
+as above. A terminal one (:mod:`replication.errors`: a config the engine
+cannot act on, an address it cannot use) stops this destination with state
+``config error`` and the message, in the log and in ``replication status``,
+until the configuration is fixed and the instance restarted.
 """
 
 from __future__ import annotations
@@ -25,82 +31,32 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from replication import effective_config, validation
-from replication.config import Destination, InstanceConfig
-from replication.links import Link
-from replication.storage import StorageLayout, read_json
+from replication import validation
+from replication.config.model import Destination, InstanceConfig
+from replication.destination import replicator
+from replication.destination.link import Link
+from replication.destination.resync import (
+    downstream_ack,
+    heartbeat_fresh,
+    resync_start,
+    stored_per_publisher,
+    txlog_id,
+)
+from replication.errors import ReplicationError
+from replication.storage.control import read_instance_config
+from replication.storage.layout import StorageLayout, link_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from replication.replicator import ReplicatorWriter
+    from replication.destination.replicator import ReplicatorWriter
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_STALE_S = 5.0
 ACK_POLL_S = 0.05
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 15.0
-
-
-def heartbeat_fresh(layout: StorageLayout, *, now: float | None = None) -> bool:
-    """Is an instance running at this storage root, by its heartbeat file?"""
-    try:
-        beat = read_json(layout.heartbeat_json)
-    except Exception:
-        return False
-    if not beat or not beat.get("running"):
-        return False
-    return (now or time.time()) - float(beat.get("time", 0)) < HEARTBEAT_STALE_S
-
-
-def downstream_ack(layout: StorageLayout, upstream: str) -> int:
-    """What the instance at ``layout`` acknowledges to ``upstream`` (in the upstream's seq space)."""
-    try:
-        payload = read_json(layout.ack_file(upstream))
-    except Exception:
-        return 0
-    return int(payload.get("seq", 0)) if payload else 0
-
-
-def txlog_id(layout: StorageLayout) -> str | None:
-    from deltalake import DeltaTable
-
-    try:
-        return DeltaTable(str(layout.txlog)).metadata().id
-    except Exception:
-        return None
-
-
-def resync_start(txlog_path: Path, have: dict[str, int], *, after: int) -> int:
-    """Local seq to replicate after so that the downstream gets every row it lacks.
-
-    ``have`` is the downstream's highest stored sequence per publisher; rows at
-    or below it are skipped by the downstream anyway. ``after`` is a position
-    the downstream is known to have everything through (its ack to us).
-    """
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(txlog_path))
-    rows = table.to_pyarrow_dataset().to_table(
-        columns=["seq", "publisher", "publisher_seq"], filter=ds.field("seq") > after
-    )
-    if rows.num_rows == 0:
-        return after
-    lacking = None
-    grouped = rows.group_by("publisher").aggregate([("publisher_seq", "max")])
-    for publisher, top in zip(grouped["publisher"].to_pylist(), grouped["publisher_seq_max"].to_pylist(), strict=True):
-        if top <= have.get(publisher, 0):
-            continue  # the downstream has all of this publisher
-        mask = pc.and_(pc.equal(rows["publisher"], publisher), pc.greater(rows["publisher_seq"], have.get(publisher, 0)))
-        first = pc.min(pc.filter(rows["seq"], mask)).as_py()
-        lacking = first if lacking is None else min(lacking, first)
-    if lacking is None:
-        return int(pc.max(rows["seq"]).as_py())
-    return lacking - 1
 
 
 class DestinationManager:
@@ -128,7 +84,8 @@ class DestinationManager:
         self.writer: ReplicatorWriter | None = None
         """The running query's foreachBatch writer (counters)."""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"{cfg.name}->{dest.name}", daemon=True)
+        self.name = link_name(cfg.name, dest.name)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     def start(self) -> "DestinationManager":
         self._thread.start()
@@ -148,14 +105,15 @@ class DestinationManager:
             for index, address in enumerate(self.dest.inet_addrs):
                 if self._stop.is_set():
                     return
-                down = StorageLayout.of(address)
-                if not heartbeat_fresh(down):
-                    continue
                 try:
-                    if not self._connect(index, address, down):
+                    down = StorageLayout.of(address)
+                    if not heartbeat_fresh(down) or not self._connect(index, address, down):
                         continue
                 except Exception as exc:  # a destination problem must not kill the instance
-                    log.exception("%s->%s: connecting to %s failed", self.cfg.name, self.dest.name, address)
+                    if isinstance(exc, ReplicationError) and not exc.transient:
+                        self._give_up(address, exc)
+                        return
+                    log.exception("%s: connecting to %s failed", self.name, address)
                     self.link.set(state="waiting", detail=f"connect to {address} failed: {exc}")
                     self._stop_query()
                     continue
@@ -180,15 +138,19 @@ class DestinationManager:
                     return
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def _connect(self, index: int, address: str, down: StorageLayout) -> bool:
-        from replication import replicator
+    def _give_up(self, address: str, exc: ReplicationError) -> None:
+        """A terminal error: waiting will not fix it, so the link stops and says why until a restart."""
+        log.error("%s: config error at %s: %s. This destination stays stopped until the configuration is fixed "
+                  "and the instance restarted", self.name, address, exc)
+        self._stop_query()
+        self.link.set(state="config error", address=address, detail=str(exc))
 
-        down_cfg = effective_config.read(down.instance_json)
+    def _connect(self, index: int, address: str, down: StorageLayout) -> bool:
+        down_cfg = read_instance_config(down.instance_json)
         findings = validation.validate_link(self.cfg, self.dest, down_cfg)
         if findings:
             for finding in findings:
-                log.error("%s->%s at %s: replication validation failed: %s",
-                          self.cfg.name, self.dest.name, address, finding)
+                log.error("%s at %s: replication validation failed: %s", self.name, address, finding)
             self.link.set(state="validation failed", address=address, downstream=down_cfg.name,
                           detail="; ".join(str(f) for f in findings))
             return False
@@ -201,10 +163,10 @@ class DestinationManager:
             and self._checkpoint(state.incarnation).exists()
         )
         if not resume:
-            have = (read_json(down.publishers_json) or {}).get("publishers", {})
-            start = resync_start(self.layout.txlog, have, after=downstream_ack(down, self.cfg.name))
-            log.warning("%s->%s: resync toward %s (%s) from local seq %d",
-                        self.cfg.name, self.dest.name, down_cfg.name, address, start)
+            start = resync_start(self.layout.txlog, stored_per_publisher(down),
+                                 after=downstream_ack(down, self.cfg.name))
+            log.warning("%s: resync toward %s (%s) from local seq %d",
+                        self.name, down_cfg.name, address, start)
             self.link.reset(start_seq=start, epoch=state.epoch + 1, address=address, downstream=down_cfg.name,
                             txlog_id=down_id)
             state = self.link.snapshot()
@@ -218,7 +180,7 @@ class DestinationManager:
         return True
 
     def _checkpoint(self, incarnation: str) -> Path:
-        return self.layout.checkpoint(f"replicate-{self.dest.name}-{incarnation}")
+        return self.layout.replicator_checkpoint(self.dest.name, incarnation)
 
     def _watch(self, down: StorageLayout) -> bool:
         """Follow acks until the query dies (True) or the destination goes away or we stop (False)."""
@@ -234,15 +196,15 @@ class DestinationManager:
             query = self.query
             if query is None or not query.isActive:
                 error = query.exception() if query is not None else None
-                log.error("%s->%s: replicator query stopped: %s", self.cfg.name, self.dest.name, error)
+                log.error("%s: replicator query stopped: %s", self.name, error)
                 self.link.set(state="waiting", detail=f"replicator stopped: {error}")
                 return True
             now = time.time()
             if now - last_beat_check >= 1.0:
                 last_beat_check = now
                 if not heartbeat_fresh(down, now=now):
-                    log.warning("%s->%s: %s stopped answering; failing over",
-                                self.cfg.name, self.dest.name, self.link.snapshot().address)
+                    log.warning("%s: %s stopped answering; failing over",
+                                self.name, self.link.snapshot().address)
                     self.link.set(state="waiting", detail="destination heartbeat stale")
                     return False
         return False
@@ -253,4 +215,4 @@ class DestinationManager:
             try:
                 query.stop()
             except Exception:
-                log.exception("%s->%s: stopping the replicator failed", self.cfg.name, self.dest.name)
+                log.exception("%s: stopping the replicator failed", self.name)

@@ -10,7 +10,7 @@ A micro-batch ``(start, end]`` reads exactly the files the commits of those
 versions added with ``dataChange=true``, so compaction is skipped and the cost
 follows the batch, not the table: when every one of those commits is a plain
 append on local storage (what upstream replicators write), straight from the
-files their commit files name (:mod:`replication.delta_log`); otherwise with
+files their commit files name (:mod:`replication.connectors.delta.log`); otherwise with
 Delta's change data feed (``DeltaTable.load_cdf``), keeping its inserts. Rows
 come out ordered by ``(inbox_version, link, upstream_seq)``: per link, in the
 upstream's order.
@@ -47,13 +47,27 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
+from replication.connectors.delta.log import (
+    appends_after,
+    local_log_dir,
+    newest_version,
+)
+from replication.connectors.delta.tables import open_or_create
+from replication.connectors.delta.txlog_stream import int_option
+from replication.connectors.spark.prefetch import (
+    PREFETCH_MAX_ROWS,
+    prefetch_rows_option,
+    prefetching,
+)
 from replication.errors import ConfigError, StorageError
-from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 from replication.txlog import TXLOG_SCHEMA
-from replication.txlog_source import int_option
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -96,8 +110,6 @@ class InboxSourceError(StorageError):
 
 def create_inbox(path: Path) -> DeltaTable:
     """Open the inbox at ``path``, creating it (with the change data feed on) if absent."""
-    from replication.delta_tables import open_or_create
-
     return open_or_create(path, INBOX_SCHEMA, name="inbox", configuration=INBOX_TABLE_CONFIGURATION)
 
 
@@ -119,7 +131,7 @@ class InboxSourceOptions:
             :data:`VERSIONS_PER_PARTITION`).
         prefetch_rows: a micro-batch of at most this many rows is read by the
             source's planner process instead of Spark tasks (option
-            ``prefetchRows``; 0: always tasks). See :mod:`replication.prefetch`.
+            ``prefetchRows``; 0: always tasks). See :mod:`replication.connectors.spark.prefetch`.
         versions_only: one row per version, column ``inbox_version`` (option
             ``versionsOnly``, ``true``/``false``); the reader fetches the rows
             with :func:`read_versions`. ``maxRowsPerTrigger`` still counts rows.
@@ -186,8 +198,6 @@ class InboxLog:
         """
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
-
-        from replication.delta_log import local_log_dir, newest_version
 
         if self._table is None:
             try:
@@ -320,8 +330,6 @@ def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
     live inbox's next few versions cost a few small reads.
     """
     import pyarrow.parquet as pq
-
-    from replication.delta_log import appends_after, local_log_dir
 
     log_dir = local_log_dir(path)
     if log_dir is None or last < first:

@@ -6,6 +6,9 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from replication.connectors.spark import local_fs
+from replication.connectors.spark.worker_python import interpreter
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -54,8 +57,6 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
     # interpreter as the driver, or they will not find this package; the
     # launcher also spares each of them compiling PySpark (see worker_python).
     if "PYSPARK_PYTHON" not in os.environ:
-        from replication.worker_python import interpreter
-
         os.environ["PYSPARK_PYTHON"] = interpreter(sys.executable)
     from pyspark import SparkConf
 
@@ -70,8 +71,6 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
     if _launches_jvm() and not given.contains("spark.hadoop.fs.file.impl"):
         # Checkpoint files without a forked chmod each (local_fs); the class
         # path can only be set here, before this process starts the JVM.
-        from replication import local_fs
-
         extra = given.get("spark.driver.extraClassPath", None)
         for key, value in local_fs.spark_conf(master or given.get("spark.master", ""), extra).items():
             builder = builder.config(key, value)

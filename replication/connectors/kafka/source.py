@@ -16,7 +16,7 @@ Records are read uncommitted: a transaction's records are delivered whether it
 commits or aborts (the project's publishers do not use transactions).
 
 Example:
-    >>> from replication.kafka_source import register                    # doctest: +SKIP
+    >>> from replication.connectors.kafka.source import register                    # doctest: +SKIP
     >>> register(spark)
     >>> df = (spark.readStream.format("replication-kafka")
     ...       .option("bootstrap.servers", "127.0.0.1:9092")
@@ -45,7 +45,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -57,10 +61,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from replication.connectors.kafka.fetch_wait import FetchWait, partition_state
+from replication.connectors.kafka.records import RecordColumns
+from replication.connectors.spark.prefetch import (
+    PREFETCH_MAX_ROWS,
+    prefetch_rows_option,
+    prefetching,
+)
 from replication.errors import ConfigError, ReplicationError
-from replication.fetch_wait import FetchWait, partition_state
-from replication.kafka_records import RecordColumns
-from replication.prefetch import PREFETCH_MAX_ROWS, prefetch_rows_option, prefetching
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -150,8 +158,8 @@ class KafkaSourceOptions:
             offset order. ``None``: one task per Kafka partition.
         prefetch_rows: a micro-batch of at most this many offsets is read by the
             source's planner process instead of Spark tasks (option
-            ``prefetchRows``, default :data:`replication.prefetch.PREFETCH_MAX_ROWS`;
-            0: always tasks). See :mod:`replication.prefetch`.
+            ``prefetchRows``, default :data:`replication.connectors.spark.prefetch.PREFETCH_MAX_ROWS`;
+            0: always tasks). See :mod:`replication.connectors.spark.prefetch`.
     """
 
     bootstrap_servers: str
@@ -610,7 +618,7 @@ class _RangePoll:
     are never returned.
 
     The records of a range are known to exist, so a broker answering with none
-    gets longer fetch waits (:class:`~replication.fetch_wait.FetchWait`). A
+    gets longer fetch waits (:class:`~replication.connectors.kafka.fetch_wait.FetchWait`). A
     consumer that still gets no records for :data:`RECONNECT_AFTER_S` while
     behind is closed and a new one reads on from the positions reached (once
     per stall; the rows taken so far stay). The log line says what the old one

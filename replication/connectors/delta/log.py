@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from replication.delta_tables import COMMIT_METADATA_KEY
+from replication.connectors.delta.tables import COMMIT_METADATA_KEY
 
 #: Past this many new commits, a snapshot refresh is as cheap: let the caller do it.
 MAX_COMMITS = 200

@@ -1,0 +1,3 @@
+"""Spark process plumbing: the shared session (``session``), a checkpoint filesystem without forked
+chmods (``local_fs``), Python workers that skip PySpark's zip (``worker_python``), small batches read
+in the planner (``prefetch``) or by the writer itself (``planned_batch``)."""

@@ -1,0 +1,150 @@
+"""State of one outgoing replication link, and which local rows still wait for its acknowledgement.
+
+Positions are local ``seq`` values of this instance's txlog. The replicator
+reports each batch as the *runs* of seqs it wrote to the destination (rows
+filtered out are not in any run) and ``through``, the last seq the batch
+covered. The destination acknowledges in the same seq space
+(``_control/acks/<this instance>.json`` under its storage): an ack of N means
+every row sent through N is durable there.
+
+A local row waits for this link only if it was sent on it and is not yet
+acknowledged. Rows the link filtered out never wait, which is what keeps a
+two-way sync pair from waiting on itself: a row received from the partner is
+not sent back (loop rule), so nothing holds it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from replication.storage.control import LinkState
+from replication.txlog import Runs
+
+
+class Link:
+    """Thread-safe tracker of one link: sends, acks, state; persisted to its link file on every change.
+
+    ``version`` increases on every change, so a watcher knows when to re-check durability.
+    """
+
+    def __init__(self, path: Path, destination: str, sync_type: str) -> None:
+        self.path = path
+        saved = LinkState.read(path)
+        self.state = dataclasses.replace(saved or LinkState(destination, sync_type), sync_type=sync_type)
+        self._lock = threading.Lock()
+        self.version = 0
+        self._unacked_arrays: tuple[int, np.ndarray, np.ndarray] = (-1, np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    @property
+    def sync(self) -> bool:
+        return self.state.sync_type == "sync"
+
+    @property
+    def downgraded(self) -> bool:
+        with self._lock:
+            return self.state.downgraded
+
+    @property
+    def acked_seq(self) -> int:
+        with self._lock:
+            return self.state.acked_seq
+
+    def holds(self, first: int, last: int) -> bool:
+        """Does any local row in [first, last] still wait for this link?
+
+        True when the replicator has not yet decided about the whole range, or
+        when a row of it was sent and is not acknowledged.
+        """
+        with self._lock:
+            if self.state.sent_seq < last:
+                return True
+            runs = self.state.unacked
+            # the first run that ends at or after ``first``
+            i = bisect.bisect_left(runs, first, key=lambda run: run[1])
+            return i < len(runs) and runs[i][0] <= last
+
+    def holds_any(self, runs: Runs) -> bool:
+        """Does any local row of ``runs`` still wait for this link? (:meth:`holds` for many runs at once.)"""
+        firsts, lasts = runs
+        if lasts.size == 0:
+            return False
+        top = int(lasts.max())
+        with self._lock:
+            if self.state.sent_seq < top:
+                return True
+            unacked = self.state.unacked
+            if not unacked or top < unacked[0][0]:
+                return False  # all at or below the acknowledged position
+            if self._unacked_arrays[0] != self.version:
+                self._unacked_arrays = (self.version, np.array([r[0] for r in unacked], dtype=np.int64),
+                                        np.array([r[1] for r in unacked], dtype=np.int64))
+            _, run_firsts, run_lasts = self._unacked_arrays
+        # for each of our runs, the first unacknowledged run that ends at or after its first row
+        i = np.searchsorted(run_lasts, firsts, side="left")
+        inside = i < run_lasts.size
+        return bool(np.any(run_firsts[i[inside]] <= lasts[inside]))
+
+    def on_sent(self, runs: list[tuple[int, int]], through: int) -> None:
+        """A replicator batch committed ``runs`` to the destination and covered seqs through ``through``."""
+        with self._lock:
+            sent = self.state.sent_seq
+            if through <= sent:
+                return  # a replayed batch
+            unacked = list(self.state.unacked)
+            for first, last in runs:
+                if last > sent:
+                    first = max(first, sent + 1)
+                    if unacked and unacked[-1][1] == first - 1:
+                        unacked[-1] = (unacked[-1][0], last)  # one run for a stream of routed rows
+                    else:
+                        unacked.append((first, last))
+            self._change_locked(sent_seq=through, unacked=_trimmed(unacked, self.state.downstream_ack))
+
+    def on_ack(self, downstream_ack: int) -> None:
+        """The destination acknowledged every row sent through local seq ``downstream_ack``."""
+        with self._lock:
+            if downstream_ack <= self.state.downstream_ack:
+                return
+            self._change_locked(downstream_ack=downstream_ack,
+                                unacked=_trimmed(list(self.state.unacked), downstream_ack))
+
+    def reset(self, *, start_seq: int, epoch: int, address: str, downstream: str, txlog_id: str | None) -> None:
+        """A resync: the link starts over after ``start_seq`` toward a (possibly new) downstream."""
+        with self._lock:
+            self._change_locked(
+                epoch=epoch, incarnation=f"{epoch}-{uuid.uuid4().hex[:12]}", address=address, downstream=downstream,
+                downstream_txlog_id=txlog_id, sent_seq=start_seq, unacked=(), downstream_ack=0,
+            )
+
+    def set(self, **changes) -> None:
+        with self._lock:
+            if all(getattr(self.state, k) == v for k, v in changes.items()):
+                return
+            self._change_locked(**changes)
+
+    def snapshot(self) -> LinkState:
+        with self._lock:
+            return self.state
+
+    def _change_locked(self, **changes) -> None:
+        self.state = dataclasses.replace(self.state, updated=time.time(), **changes)
+        self.version += 1
+        self.state.write(self.path)
+
+
+def _trimmed(runs: list[tuple[int, int]], ack: int) -> tuple[tuple[int, int], ...]:
+    """``runs`` without what the acknowledgement ``ack`` covers."""
+    i = 0
+    while i < len(runs) and runs[i][1] <= ack:
+        i += 1
+    kept = runs[i:]
+    if kept and kept[0][0] <= ack:
+        kept[0] = (ack + 1, kept[0][1])
+    return tuple(kept)

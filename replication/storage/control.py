@@ -1,0 +1,220 @@
+"""Every file under an instance's ``_control/``: a frozen dataclass each, with its reader and writer.
+
+All are JSON, replaced atomically (temporary file in the same directory,
+fsync, rename), so a reader never sees a torn file. A missing file reads as
+None. Who writes each file and who reads it is the protocol between instances:
+
+==========================  ===================================  ==========================================
+file                        written by                           read by
+==========================  ===================================  ==========================================
+``instance.json``           the instance, at start (its          every upstream's destination manager, on
+                            effective config)                    connect: replication validation
+``heartbeat.json``          the instance, every second           upstreams (is the destination up?);
+                                                                 ``replication status``
+``publishers.json``         the ingest writer, after each        the instance at restart; upstreams at
+                            txlog commit                         resync (what it has per publisher)
+``durable.json``            the durability tracker, when acks    the instance at restart
+                            are released
+``acks/<upstream>.json``    the durability tracker, once the     ``<upstream>``'s destination manager,
+                            rows received from ``<upstream>``    every 50 ms: its link's acknowledged
+                            are durable here                     position moves, and with it the
+                                                                 upstream's own acks
+``links/<destination>.json``  this instance's destination        the instance at restart;
+                            manager and replicator               ``replication status``
+==========================  ===================================  ==========================================
+
+The acknowledgement chain: upstream U's replicator appends rows to our inbox
+(``upstream_seq`` = U's seq); our ingest commits them to our txlog; once they
+are durable here (and at our own sync destinations), we write
+``acks/U.json`` ``{"seq": N}``; U reads it, marks its rows through N
+acknowledged on that link, and releases its publishers' persisted acks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from replication.config import effective
+from replication.config.model import InstanceConfig
+from replication.errors import ConfigError, StorageError
+
+T = TypeVar("T", bound="ControlFile")
+
+
+def write_json_atomic(path: Path, payload: Any, *, indent: int | None = None) -> None:
+    """Replace ``path`` with ``payload`` as JSON so readers never see a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=indent, separators=(",", ": ") if indent else (",", ":"), sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    """Read a control file; a missing file gives ``default``."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return default
+    except json.JSONDecodeError as exc:
+        raise StorageError(f"control file {path} is not valid JSON ({exc}); delete it to rebuild it") from exc
+
+
+class ControlFile:
+    """Base of the control-file dataclasses: JSON fields are the dataclass fields; unknown keys are ignored
+    (a file written by a newer version still reads), missing ones take their defaults."""
+
+    @classmethod
+    def from_json(cls: type[T], payload: dict) -> T:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in payload.items() if k in names})
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def read(cls: type[T], path: Path) -> T | None:
+        payload = read_json(path)
+        return cls.from_json(payload) if payload else None
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, self.to_json())
+
+
+@dataclass(frozen=True)
+class Heartbeat(ControlFile):
+    """``heartbeat.json``: liveness, positions and counters, rewritten every second."""
+
+    instance: str
+    group: str = ""
+    time: float = 0.0
+    """When it was written (epoch seconds): a destination is usable while this is fresh."""
+    started: float = 0.0
+    running: bool = False
+    max_seq: int = 0
+    txlog_version: int = -1
+    publishers: int = 0
+    durable_seq: int = 0
+    counters: dict[str, Any] = field(default_factory=dict)
+    links: dict[str, dict] = field(default_factory=dict)
+    """Destination name -> its :class:`LinkState` as JSON, plus ``lag_messages`` and ``lag_seconds``."""
+    input_rows_per_second: float | None = None
+    error: str | None = None
+    restarts: int = 0
+    batch: dict | None = None
+    """The ingest batch in progress: id, step, seconds (None when idle)."""
+
+    def fresh(self, stale_after: float, *, now: float | None = None) -> bool:
+        """Is the instance running, by this heartbeat?"""
+        return self.running and (now or time.time()) - self.time < stale_after
+
+
+@dataclass(frozen=True)
+class PublishersSnapshot(ControlFile):
+    """``publishers.json``: what the txlog holds per publisher and per upstream, as of one txlog version."""
+
+    txlog_version: int = -1
+    max_seq: int = 0
+    publishers: dict[str, int] = field(default_factory=dict)
+    """Client name -> highest ``publisher_seq`` stored: duplicate detection, and what upstreams resync from."""
+    links: dict[str, int] = field(default_factory=dict)
+    """Upstream instance -> highest upstream ``seq`` stored from it."""
+    format: int = 1
+
+
+@dataclass(frozen=True)
+class DurableState(ControlFile):
+    """``durable.json``: what was acknowledged, to publishers and to upstreams."""
+
+    durable_seq: int = 0
+    """Every local row through this seq is acknowledged by every sync destination (not downgraded)."""
+    publishers: dict[str, int] = field(default_factory=dict)
+    """Client name -> highest sequence acknowledged as persisted."""
+    upstreams: dict[str, int] = field(default_factory=dict)
+    """Upstream instance -> highest upstream seq acknowledged to it."""
+
+
+@dataclass(frozen=True)
+class Ack(ControlFile):
+    """``acks/<upstream>.json``: every row ``<upstream>`` sent through its seq ``seq`` is durable here."""
+
+    seq: int
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class LinkState(ControlFile):
+    """``links/<destination>.json``: one outgoing link's state."""
+
+    destination: str
+    sync_type: str
+    address: str | None = None
+    downstream: str | None = None
+    """Instance name found at ``address``."""
+    downstream_txlog_id: str | None = None
+    """Delta table id of the downstream's txlog: a new id means a new downstream, so resync."""
+    state: str = "connecting"
+    """connecting, connected, failed over (on a later address), waiting, validation failed, config error,
+    stopped."""
+    epoch: int = 0
+    """Incremented at each resync (for people reading the status)."""
+    incarnation: str = ""
+    """New at each resync: names the replicator checkpoint and the inbox app transaction, so a
+    lost link file can never make a new replicator reuse an old one's checkpoint or batch ids."""
+    sent_seq: int = 0
+    """Replicated (or filtered) through this local seq."""
+    unacked: tuple[tuple[int, int], ...] = ()
+    """Runs (first, last) of local seqs sent and not yet acknowledged, in order."""
+    downstream_ack: int = 0
+    """The destination's last acknowledgement (local seq)."""
+    downgraded: bool = False
+    detail: str = ""
+    updated: float = field(default_factory=time.time)
+
+    @property
+    def acked_seq(self) -> int:
+        """Everything through this seq is acknowledged or was never sent."""
+        return self.unacked[0][0] - 1 if self.unacked else self.sent_seq
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "unacked": [list(run) for run in self.unacked], "acked_seq": self.acked_seq}
+
+    @classmethod
+    def from_json(cls, payload: dict) -> "LinkState":
+        state = super().from_json(payload)
+        return dataclasses.replace(state, unacked=tuple((int(a), int(b)) for a, b in state.unacked))
+
+
+def write_instance_config(cfg: InstanceConfig, path: Path) -> None:
+    """``instance.json``: the effective config (see :mod:`replication.config.effective`)."""
+    write_json_atomic(path, effective.to_dict(cfg), indent=2)
+
+
+def read_instance_config(path: Path) -> InstanceConfig:
+    """Read ``instance.json``; a layout this version cannot read is a :class:`ConfigError`
+    (terminal: waiting will not fix it). A missing file raises ``FileNotFoundError``."""
+    with open(path, encoding="utf-8") as fh:
+        payload = json.load(fh)
+    try:
+        return effective.from_dict(payload)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path}: {exc}. Fix: run the same version of replication on both instances", file=str(path)
+        ) from None
