@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from replication.errors import ConfigError, ReplicationError
 
@@ -18,15 +19,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "run the local demo: embedded broker, instances from conf/, a publisher"),
     "publish": ("publish", "publish messages to an instance (HA publisher with a publish store)"),
     "status": ("status", "show each instance's links: address, state, sent/acked positions, lag"),
+    "sow": ("sow", "print the current records of a SOW topic (exact, without Spark)"),
     "validate": ("validate", "check every replication link among the given configs"),
     "trace": ("trace", "show where a message published at an instance goes, and why not elsewhere"),
     "topology": ("topology", "draw the fabric as SVG, PNG or Mermaid"),
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr (what is wrong, where help is), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replication", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = _Parser(prog="replication", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if only is None or only == name:

@@ -36,7 +36,10 @@ from replication.errors import ReplicationError
 from replication.messages import (
     HEADER_CLIENT,
     HEADER_COMMAND,
+    HEADER_FILTER,
     HEADER_SEQ,
+    HEADER_SOW_KEY,
+    HEADER_SOW_KEYS,
     HEADER_TOPIC,
     HEADER_TYPE,
     LOGON,
@@ -60,13 +63,19 @@ class PublishStore:
             "message_type TEXT, command TEXT NOT NULL, data BLOB NOT NULL, stored_at REAL NOT NULL)"
         )
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
+        if "headers" not in columns:  # a store written before SOW headers existed
+            self._db.execute("ALTER TABLE messages ADD COLUMN headers TEXT")
         self._lock = threading.Lock()
 
-    def add(self, seq: int, topic: str, data: bytes, message_type: str | None, command: str) -> None:
+    def add(self, seq: int, topic: str, data: bytes, message_type: str | None, command: str,
+            headers: dict[str, str] | None = None) -> None:
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute(
-                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", (seq, topic, message_type, command, data, time.time())
+                "INSERT INTO messages (seq, topic, message_type, command, data, stored_at, headers) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (seq, topic, message_type, command, data, time.time(), json.dumps(headers) if headers else None),
             )
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('last_seq', ?)", (seq,))
             self._db.execute("COMMIT")
@@ -75,9 +84,12 @@ class PublishStore:
         with self._lock:
             self._db.execute("DELETE FROM messages WHERE seq <= ?", (seq,))
 
-    def unacknowledged(self) -> list[tuple[int, str, str | None, str, bytes]]:
+    def unacknowledged(self) -> list[tuple[int, str, str | None, str, bytes, dict[str, str]]]:
+        """``(seq, topic, message_type, command, data, headers)`` of each message not yet acknowledged."""
         with self._lock:
-            return list(self._db.execute("SELECT seq, topic, message_type, command, data FROM messages ORDER BY seq"))
+            rows = list(self._db.execute(
+                "SELECT seq, topic, message_type, command, data, headers FROM messages ORDER BY seq"))
+        return [(*row[:5], json.loads(row[5]) if row[5] else {}) for row in rows]
 
     def count(self) -> int:
         with self._lock:
@@ -153,15 +165,42 @@ class Publisher:
         with self._cond:
             return self._persisted
 
-    def publish(self, topic: str, data: bytes | str, *, command: str = "publish", message_type: str | None = None) -> int:
-        """Store then send one message; returns its sequence number."""
+    def publish(self, topic: str, data: bytes | str, *, command: str = "publish", message_type: str | None = None,
+                sow_key: str | None = None) -> int:
+        """Store then send one message; returns its sequence number.
+
+        ``sow_key``: the record's key, for a SOW topic defined with no ``<Key>`` (header ``amps-sow-key``).
+        """
+        headers = {HEADER_SOW_KEY: sow_key} if sow_key is not None else {}
+        return self._publish(topic, data, command, message_type, headers)
+
+    def delta_publish(self, topic: str, data: bytes | str, *, message_type: str | None = None,
+                      sow_key: str | None = None) -> int:
+        """Publish only the fields that change: the instance merges them into the key's current record."""
+        return self.publish(topic, data, command="delta_publish", message_type=message_type, sow_key=sow_key)
+
+    def sow_delete(self, topic: str, *, keys: list[str] | None = None, filter: str | None = None,
+                   data: bytes | str | None = None, message_type: str | None = None) -> int:
+        """Remove records of a SOW topic: by ``keys`` (as shown in ``sow_key``), by content ``filter``
+        (``"1=1"``: all), or by ``data`` (a message holding the key fields). Exactly one of the three."""
+        if sum(x is not None for x in (keys, filter, data)) != 1:
+            raise ValueError("sow_delete takes exactly one of keys=, filter= or data=")
+        headers = {}
+        if keys is not None:
+            headers[HEADER_SOW_KEYS] = ",".join(keys)
+        if filter is not None:
+            headers[HEADER_FILTER] = filter
+        return self._publish(topic, data if data is not None else b"", "sow_delete", message_type, headers)
+
+    def _publish(self, topic: str, data: bytes | str, command: str, message_type: str | None,
+                 headers: dict[str, str]) -> int:
         body = data.encode() if isinstance(data, str) else data
         with self._cond:
             seq = self._next_seq
             self._next_seq += 1
-        self.store.add(seq, topic, body, message_type or self.message_type, command)
+        self.store.add(seq, topic, body, message_type or self.message_type, command, headers)
         failpoints.hit("publisher.before_send")
-        self._send(seq, topic, message_type or self.message_type, command, body)
+        self._send(seq, topic, message_type or self.message_type, command, body, headers)
         return seq
 
     def flush(self, timeout: float = 60.0) -> None:
@@ -211,9 +250,9 @@ class Publisher:
             persisted, stored = self._logon_replies.pop(correlation)
             self._persisted = max(self._persisted, persisted)
         self.store.discard_through(persisted)
-        for seq, topic, message_type, command, data in self.store.unacknowledged():
+        for seq, topic, message_type, command, data, headers in self.store.unacknowledged():
             if resend_stored or seq > stored:
-                self._send(seq, topic, message_type, command, data)
+                self._send(seq, topic, message_type, command, data, headers)
                 self.resent.append(seq)
         self._producer.flush(timeout=30)
         log.info("publisher %s: logged on to %s, persisted through %d", self.name, self.instance, persisted)
@@ -237,12 +276,14 @@ class Publisher:
         self.close()
 
     # -- internals ----------------------------------------------------------
-    def _send(self, seq: int, topic: str, message_type: str | None, command: str, body: bytes) -> None:
+    def _send(self, seq: int, topic: str, message_type: str | None, command: str, body: bytes,
+              extra: dict[str, str]) -> None:
         headers = [(HEADER_CLIENT, self.name.encode()), (HEADER_SEQ, str(seq).encode()), (HEADER_TOPIC, topic.encode())]
         if command != "publish":
             headers.append((HEADER_COMMAND, command.encode()))
         if message_type:
             headers.append((HEADER_TYPE, message_type.encode()))
+        headers.extend((key, value.encode()) for key, value in extra.items())
         self._producer.send(self.topic, key=self.name.encode(), value=body, headers=headers)
 
     def _attach_acks_topic(self) -> None:

@@ -20,13 +20,17 @@ import pyarrow as pa
 from replication.actions import DowngradeController
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
-from replication.connectors.delta.txlog_stream import read_range
+from replication.connectors.delta.txlog_stream import TxlogFiles, read_range
 from replication.connectors.kafka.broker import ensure_topics
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
 from replication.ingest.inputs import InboxRows, ReadHere, ingest_stream
 from replication.ingest.writer import IngestWriter
+from replication.sow.compactor import Compactor
+from replication.sow.keys import SowTopics
+from replication.sow.state import SowState
+from replication.sow.table import SowTable, rebuild_state
 from replication.storage.control import Heartbeat, write_instance_config
 from replication.storage.layout import INGEST_QUERY, StorageLayout
 from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, Runs, recover_state
@@ -67,6 +71,9 @@ class Instance:
         self.links: dict[str, Link] = {}
         self.managers: list[DestinationManager] = []
         self.controller: DowngradeController | None = None
+        self.sow: SowState | None = None
+        """Current records of the SOW topics (None: no SOW topics)."""
+        self.compactor: Compactor | None = None
         self.restarts = 0
         self._next_restart = 0.0
         self._next_slow_report = 0.0
@@ -82,6 +89,7 @@ class Instance:
         rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id="ingest", name=f"{self.name} rejected")
         state = recover_state(txlog.table, self.layout.publishers_json)
         log.info("%s: recovered txlog at seq %d, %d publishers", self.name, state.max_seq, len(state.publishers))
+        self._recover_sow(state.max_seq)
 
         sender = None
         if self.cfg.kafka_transports:
@@ -110,8 +118,12 @@ class Instance:
             on_commit=self.durability.on_commit,
             expand=InboxRows(self.cfg, str(self.layout.inbox)) if self.cfg.replication_transport else None,
             read_here=ReadHere(self.cfg, self.layout),
+            sow=self.sow,
+            txlog_files=TxlogFiles(str(self.layout.txlog)) if self.sow is not None else None,
         )
         self._start_ingest()
+        if self.compactor is not None:
+            self.compactor.start()
         self.managers = [
             DestinationManager(
                 self.spark, self.cfg, dest, layout=self.layout, link=self.links[dest.name],
@@ -126,6 +138,19 @@ class Instance:
         self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
         self._heartbeat.start()
         return self
+
+    def _recover_sow(self, max_seq: int) -> None:
+        """The SOW state as of the txlog's end: each SOW table's base plus the txlog rows after it."""
+        if not self.cfg.sow_topics:
+            return
+        topics = SowTopics.of(self.cfg)
+        self.sow = SowState(topics)
+        tables = [SowTable(self.layout, sow, start_seq=max_seq) for sow in self.cfg.sow_topics]
+        txlog_files = TxlogFiles(str(self.layout.txlog))
+        txlog_files.refresh()
+        rebuild_state(self.sow, tables, txlog_files, max_seq)
+        log.info("%s: SOW recovered at seq %d: %d records", self.name, max_seq, self.sow.count())
+        self.compactor = Compactor(self.name, tables, topics, str(self.layout.txlog), lambda: self.sow.applied_seq)
 
     def _start_ingest(self) -> None:
         stream = ingest_stream(self.spark, self.cfg, self.layout)
@@ -185,7 +210,15 @@ class Instance:
             error=self._query_error(),
             restarts=self.restarts,
             batch=self._batch_step(),
+            sow=self._sow_status(),
         )
+
+    def _sow_status(self) -> dict[str, dict]:
+        """Per SOW topic: records held now, and the txlog seq its table is compacted through."""
+        if self.sow is None or self.compactor is None:
+            return {}
+        return {table.sow.name: {"records": self.sow.count(i), "compacted_through": table.through_seq}
+                for i, table in enumerate(self.compactor.tables)}
 
     def _batch_step(self) -> dict | None:
         """The ingest batch in progress: its id, what it is doing and for how long."""
@@ -253,6 +286,8 @@ class Instance:
                 log.exception("%s: stopping the ingest query failed", self.name)
         if self.writer is not None and self.writer.read_here is not None:
             self.writer.read_here.close()
+        if self.compactor is not None:
+            self.compactor.stop()  # the SOW tables current as of the last batch
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         self.status().write(self.layout.heartbeat_json)

@@ -16,12 +16,25 @@ HEADER_SEQ = "amps-seq"
 HEADER_TOPIC = "amps-topic"
 HEADER_COMMAND = "amps-command"
 HEADER_TYPE = "amps-type"
+HEADER_SOW_KEY = "amps-sow-key"
+"""The record's SOW key, for a SOW topic defined with no ``<Key>``."""
+HEADER_SOW_KEYS = "amps-sow-keys"
+"""sow_delete by keys: comma-separated SOW keys."""
+HEADER_FILTER = "amps-filter"
+"""sow_delete by filter: an AMPS content filter (``1=1``: every record of the topic)."""
 
 #: Commands stored in the txlog. ``logon`` is answered, never stored.
 STORED_COMMANDS = ("publish", "delta_publish", "sow_delete")
 LOGON = "logon"
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+#: Message types whose bodies have fields (``/a/b`` in JSON, ``/55`` a FIX tag, ``/Name`` an NVFIX
+#: name): content filters, SOW keys and delta_publish merges read them.
+FIELD_TYPES: tuple[str, ...] = ("json", "fix", "nvfix")
+#: Message types whose bodies are ``tag=value`` fields separated by SOH (\x01).
+TAG_VALUE_TYPES: tuple[str, ...] = ("fix", "nvfix")
+FIELD_SEPARATOR = b"\x01"
 
 
 @lru_cache(maxsize=65536)
@@ -54,6 +67,25 @@ def body_error(message_type: str, data: bytes) -> str | None:
             return f"body is not well-formed XML ({exc})"
         return None
     return None  # binary: any bytes
+
+
+def tag_value_fields(data: bytes | str) -> list[tuple[str, str]]:
+    """The ``(tag, value)`` fields of a FIX or NVFIX body, in order (empty fields skipped).
+
+    A field without ``=`` gets the value ``""``; :func:`body_error` says whether a body is well-formed.
+    """
+    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray, memoryview)) else data
+    out = []
+    for field in text.split("\x01"):
+        if field:
+            tag, _, value = field.partition("=")
+            out.append((tag, value))
+    return out
+
+
+def tag_value_body(fields: list[tuple[str, str]]) -> bytes:
+    """A FIX or NVFIX body from its fields: each ``tag=value`` followed by SOH."""
+    return "".join(f"{tag}={value}\x01" for tag, value in fields).encode()
 
 
 def _tag_value_error(message_type: str, data: bytes) -> str | None:

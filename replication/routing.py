@@ -171,6 +171,8 @@ class Contains:
 class ContentFilter:
     expr: expressions.Expr
     text: str
+    message_type: str = "json"
+    """The bodies' type: the filter reads JSON, FIX or NVFIX fields."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,9 @@ def _topic_cond(name: str, message_type: str) -> Cond:
 
 def _filter_of(topic: "DestinationTopic") -> ContentFilter | None:
     # parsed, and checked against the topic's message type, when the config was loaded
-    return ContentFilter(topic.filter.expr, topic.filter.text) if topic.filter is not None else None
+    if topic.filter is None:
+        return None
+    return ContentFilter(topic.filter.expr, topic.filter.text, topic.message_type)
 
 
 def rules(cfg: "InstanceConfig", dest: "Destination", *, target: str | None = None) -> tuple[Rule, ...]:
@@ -272,7 +276,7 @@ def _py(cond: Cond, msg: Message) -> bool:
     if isinstance(cond, Contains):
         return cond.value in (getattr(msg, cond.column) or ())
     if isinstance(cond, ContentFilter):
-        return expressions.evaluate(cond.expr, msg.data)
+        return expressions.evaluate(cond.expr, msg.data, cond.message_type)
     if isinstance(cond, AllOf):
         return all(_py(c, msg) for c in cond.items)
     if isinstance(cond, AnyOf):
@@ -382,11 +386,11 @@ def spark_condition(
     all_rules = rules(cfg, dest, target=target)
     # "topic" is implied by "filter" (each filter term includes its topic match).
     conds = [r.condition for r in all_rules if r.name != "topic"]
-    needs_json = any(_has_filter(c) for c in conds)
+    needs_json = any(_has_filter(c, "json") for c in conds)
     v = variant if variant is not None else (expressions.parse_json_column(data_col) if needs_json else None)
-    out = _spark(conds[0], v)
+    out = _spark(conds[0], v, data_col)
     for c in conds[1:]:
-        out = out & _spark(c, v)
+        out = out & _spark(c, v, data_col)
     return F.coalesce(out, F.lit(False))
 
 
@@ -414,17 +418,18 @@ def spark_condition_columns(cfg: "InstanceConfig", dest: "Destination", *, targe
     return tuple(dict.fromkeys(found))
 
 
-def _has_filter(cond: Cond) -> bool:
+def _has_filter(cond: Cond, message_type: str | None = None) -> bool:
+    """Does ``cond`` hold a content filter (on bodies of ``message_type``, when given)?"""
     if isinstance(cond, ContentFilter):
-        return True
+        return message_type is None or cond.message_type == message_type
     if isinstance(cond, (AllOf, AnyOf)):
-        return any(_has_filter(c) for c in cond.items)
+        return any(_has_filter(c, message_type) for c in cond.items)
     if isinstance(cond, Negate):
-        return _has_filter(cond.item)
+        return _has_filter(cond.item, message_type)
     return False
 
 
-def _spark(cond: Cond, v: "Column | None") -> "Column":
+def _spark(cond: Cond, v: "Column | None", data_col: str = "data") -> "Column":
     from pyspark.sql import functions as F
 
     if isinstance(cond, Matches):
@@ -439,15 +444,15 @@ def _spark(cond: Cond, v: "Column | None") -> "Column":
     if isinstance(cond, Contains):
         return F.coalesce(F.array_contains(F.col(cond.column), F.lit(cond.value)), F.lit(False))
     if isinstance(cond, ContentFilter):
-        return expressions.to_spark_column(cond.expr, variant=v)
+        return expressions.to_spark_column(cond.expr, data_col, variant=v, message_type=cond.message_type)
     if isinstance(cond, (AllOf, AnyOf)):
         if not cond.items:
             return F.lit(isinstance(cond, AllOf))
-        parts = [_spark(c, v) for c in cond.items]
+        parts = [_spark(c, v, data_col) for c in cond.items]
         out = parts[0]
         for p in parts[1:]:
             out = (out & p) if isinstance(cond, AllOf) else (out | p)
         return out
     if isinstance(cond, Negate):
-        return ~_spark(cond.item, v)
+        return ~_spark(cond.item, v, data_col)
     raise TypeError(f"not a routing condition: {cond!r}")

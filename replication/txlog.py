@@ -32,7 +32,12 @@ TXLOG_SCHEMA = pa.schema(
         pa.field("topic", pa.string(), nullable=False),
         pa.field("message_type", pa.string(), nullable=False),
         pa.field("command", pa.string(), nullable=False),
+        # The SOW record key(s) this row changed here: a publish's key; the keys a sow_delete removed.
         pa.field("sow_key", pa.string()),
+        # A sow_delete as published, replicated so each instance applies it to its own SOW:
+        # by keys (the amps-sow-keys header as given) or by filter (amps-filter); by data: neither, the body.
+        pa.field("sow_keys", pa.string()),
+        pa.field("filter", pa.string()),
         pa.field("data", pa.binary()),
         pa.field("origin", pa.string(), nullable=False),
         pa.field("received_from", pa.string()),

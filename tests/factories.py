@@ -16,6 +16,7 @@ def instance_xml(
     group: str | None = None,
     txlog_topics: str = '<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>',
     max_offsets: int | None = None,
+    sow: str = "",
     replication: str = "",
 ) -> str:
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
@@ -42,6 +43,7 @@ def instance_xml(
   <TransactionLog>
     {txlog_topics}
   </TransactionLog>
+  {f"<SOW>{sow}</SOW>" if sow else ""}
   {replication}
 </AMPSConfig>
 """

@@ -42,6 +42,8 @@ def inbox_rows(link: str, first: int, count: int) -> pa.Table:
             "message_type": ["json"] * count,
             "command": ["publish"] * count,
             "sow_key": [None] * count,
+            "sow_keys": [None] * count,
+            "filter": [None] * count,
             "data": [b'{"n":%d}' % s for s in seqs],
             "origin": [link] * count,
             "received_from": [None] * count,

@@ -46,6 +46,8 @@ def txlog_rows(first: int, count: int) -> pa.Table:
             "message_type": ["json"] * count,
             "command": ["publish"] * count,
             "sow_key": [None] * count,
+            "sow_keys": [None] * count,
+            "filter": [None] * count,
             "data": [b'{"seq":%d}' % s for s in seqs],
             "origin": ["amps-1"] * count,
             "received_from": [None] * count,

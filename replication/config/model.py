@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from replication.expressions import Filter
+from replication.messages import FIELD_TYPES
 
 MessageType = Literal["json", "fix", "nvfix", "xml", "binary"]
 MESSAGE_TYPES: tuple[str, ...] = get_args(MessageType)
-#: Message types whose bodies have fields that content filters can read.
-FILTERABLE_TYPES: tuple[str, ...] = ("json",)
+#: Message types whose bodies have fields that content filters and SOW keys can read.
+FILTERABLE_TYPES: tuple[str, ...] = FIELD_TYPES
 
 #: Rows per micro-batch of every query unless configured: bounds the driver's
 #: memory (a batch is collected there) and lets a backlog flow through the
@@ -92,15 +93,29 @@ class TopicSpec:
     source: Source = field(default_factory=Source, compare=False)
 
 
+#: Default ``<CompactionInterval>``: how far the plain SOW Delta table may lag the newest changes.
+DEFAULT_COMPACTION_INTERVAL_S = 5.0
+
+
 @dataclass(frozen=True)
 class SowTopic:
-    """A ``<SOW><Topic>``: latest message per key."""
+    """A ``<SOW><Topic>``: the current message per key of every topic its ``name`` matches."""
 
     name: str
+    """Topic name or regex (AMPS matching: a name without regex characters matches only itself)."""
     message_type: MessageType
     keys: tuple[str, ...]
-    """``<Key>`` values, XPath-like field paths such as ``/id``."""
+    """``<Key>`` field paths such as ``/id`` (several: a composite key). Empty: each message's key
+    comes from its ``amps-sow-key`` header."""
+    compaction_interval: float = DEFAULT_COMPACTION_INTERVAL_S
+    """``<CompactionInterval>`` (seconds): the plain Delta table under ``sow/`` is brought up to date
+    this often; the exact current state is always what ``replication sow`` shows."""
     source: Source = field(default_factory=Source, compare=False)
+    key_paths: tuple[tuple[str, ...], ...] = field(init=False, compare=False, repr=False)
+    """``keys`` split into path segments (``/a/b`` -> ``("a", "b")``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_paths", tuple(tuple(k[1:].split("/")) for k in self.keys))
 
 
 @dataclass(frozen=True)

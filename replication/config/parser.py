@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 from replication.config.model import (
     DEFAULT_BATCH_ROWS,
+    DEFAULT_COMPACTION_INTERVAL_S,
     FILTERABLE_TYPES,
     MANDATORY_CHECKS,
     MESSAGE_TYPES,
@@ -348,7 +349,7 @@ _TOPIC_SCHEMA = {
     "MessageType": one("<MessageType>json</MessageType>"),
 }
 _SOW_SCHEMA = {"Topic": MANY, "Queue": MANY, "GroupLocalQueue": MANY, "DistributedQueue": MANY}
-_SOW_TOPIC_SCHEMA = {**_TOPIC_SCHEMA, "Name": one("<Name>/orders</Name>"), "Key": some("<Key>/id</Key>")}
+_SOW_TOPIC_SCHEMA = {**_TOPIC_SCHEMA, "Name": one("<Name>/orders</Name>"), "Key": MANY, "CompactionInterval": OPT}
 _QUEUE_SCHEMA = {
     "Name": one("<Name>/work-queue</Name>"),
     "MessageType": one("<MessageType>json</MessageType>"),
@@ -573,22 +574,20 @@ def _sow(node: Node | None) -> tuple[tuple[SowTopic, ...], tuple[QueueTopic, ...
     seen: dict[tuple[str, str], int] = {}
     for tnode in kids.all("Topic"):
         tk = tnode.children(_SOW_TOPIC_SCHEMA)
-        name = tk.one("Name").text()
+        name = _regex(tk.one("Name"))
         message_type = _message_type(tk.one("MessageType"))
-        keys: list[str] = []
-        for key_node in tk.all("Key"):
-            key = key_node.text()
-            if not key.startswith("/") or any(ch.isspace() for ch in key):
-                key_node.fail(f"'{key}' is not a SOW key path", "write a field path such as <Key>/id</Key>")
-            if key in keys:
-                key_node.fail(f"key '{key}' is listed twice", "list each <Key> once")
-            keys.append(key)
+        keys = [_sow_key(key_node, message_type) for key_node in tk.all("Key")]
+        for i, key_node in enumerate(tk.all("Key")):
+            if keys[i] in keys[:i]:
+                key_node.fail(f"key '{keys[i]}' is listed twice", "list each <Key> once")
+        interval = tk.opt("CompactionInterval")
         _claim(seen, name, message_type, tnode)
         topics.append(
             SowTopic(
                 name=name,
                 message_type=message_type,
                 keys=tuple(keys),
+                compaction_interval=_interval(interval) if interval is not None else DEFAULT_COMPACTION_INTERVAL_S,
                 source=tnode.source(),
             )
         )
@@ -616,6 +615,26 @@ def _sow(node: Node | None) -> tuple[tuple[SowTopic, ...], tuple[QueueTopic, ...
             )
     queues.sort(key=lambda q: q.source.line)
     return tuple(topics), tuple(queues)
+
+
+def _sow_key(node: Node, message_type: str) -> str:
+    """A ``<Key>`` field path, on a message type whose bodies have fields."""
+    key = node.text()
+    if message_type not in FILTERABLE_TYPES:
+        node.fail(
+            f"a <Key> on {message_type} messages cannot be read: SOW keys are fields of "
+            f"{', '.join(FILTERABLE_TYPES)} messages",
+            f"remove the <Key> elements: each {message_type} message then names its key in the amps-sow-key "
+            "header; or keep a SOW topic of a message type with fields",
+        )
+    if not key.startswith("/") or len(key) < 2 or any(ch.isspace() for ch in key) or "//" in key:
+        node.fail(f"'{key}' is not a SOW key path", "write a field path such as <Key>/id</Key> (nested: /order/id)")
+    if message_type in ("fix", "nvfix") and key.count("/") > 1:
+        node.fail(
+            f"'{key}' is a nested path, but {message_type} fields are flat",
+            "name the tag itself, e.g. <Key>/55</Key>" if message_type == "fix" else "name the field, e.g. <Key>/Symbol</Key>",
+        )
+    return key
 
 
 def _claim(seen: dict[tuple[str, str], int], name: str, message_type: str, node: Node) -> None:

@@ -21,12 +21,15 @@ import pyarrow.compute as pc
 
 from replication.config.model import MESSAGE_TYPES, InstanceConfig
 from replication.messages import (
+    FIELD_TYPES,
     LOGON,
     MAX_MESSAGE_BYTES,
     STORED_COMMANDS,
     body_error,
     publisher_id,
 )
+from replication.sow.keys import SowTopics
+from replication.sow.state import Prepared, SowChanges, SowState, fold, prepare
 from replication.txlog import (
     REJECTED_SCHEMA,
     TXLOG_SCHEMA,
@@ -51,6 +54,8 @@ CANDIDATE_SCHEMA = pa.schema(
         pa.field("message_type", pa.string()),
         pa.field("command", pa.string()),
         pa.field("sow_key", pa.string()),
+        pa.field("sow_keys", pa.string()),
+        pa.field("filter", pa.string()),
         pa.field("data", pa.binary()),
         pa.field("origin", pa.string()),
         pa.field("received_from", pa.string()),
@@ -88,6 +93,8 @@ class Classified:
     """client -> runs of the local seqs its accepted rows got: what its persisted ack waits on."""
     link_rows: dict[str, Runs] = field(default_factory=dict)
     """upstream -> runs of the local seqs of the rows accepted from it: what the ack to it waits on."""
+    sow: SowChanges | None = None
+    """What the batch does to the SOW, applied once the txlog commit is done (None: no SOW row)."""
 
     @classmethod
     def empty(cls, logons: list[Logon]) -> "Classified":
@@ -117,12 +124,18 @@ def classify(
     *,
     instance: str,
     recorded: Callable[[str, str], bool],
+    sow: SowState | None = None,
     now: datetime | None = None,
 ) -> Classified:
     """Split a batch into txlog rows (with ``seq`` assigned), rejects, logons and duplicates.
 
-    Does not change ``state``. Deterministic for a given batch and state, so a
-    replayed batch classifies the same way.
+    With ``sow`` (the instance's SOW state), rows on SOW topics are checked for
+    their keys, delta_publishes are stored merged and sow_deletes resolved, in
+    ``seq`` order (:mod:`replication.sow.state`); the result's ``sow`` holds
+    the changes to apply after the commit.
+
+    Does not change ``state`` or ``sow``. Deterministic for a given batch and
+    state, so a replayed batch classifies the same way.
     """
     now = now or datetime.now(timezone.utc)
     batch = batch.select(CANDIDATE_SCHEMA.names)
@@ -146,10 +159,23 @@ def classify(
     sizes = pc.fill_null(pc.binary_length(batch["data"]), 0).to_numpy(zero_copy_only=False)
     for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
         reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
+    # Rows on SOW topics (and every sow_delete) are parsed and checked once, for their keys.
+    on_sow = _on_sow_topic(batch, sow.topics if sow is not None else None) & headers_ok & (sizes <= MAX_MESSAGE_BYTES)
+    prepared: dict[int, Prepared] = {}
+    if on_sow.any():
+        candidates = np.nonzero(on_sow)[0].tolist()
+        columns = ("topic", "message_type", "command", "data", "sow_key", "sow_keys", "filter")
+        rows = {name: _rows_at(batch.select([name]), np.array(candidates))[name].to_pylist() for name in columns}
+        positions = dict(enumerate(candidates))
+        found, why = prepare(sow.topics if sow is not None else SowTopics(()), rows, list(positions))
+        prepared = {positions[k]: v for k, v in found.items()}
+        reasons.update({positions[k]: v for k, v in why.items()})
     # Bodies are checked where a message is first published; a replicated row
     # was checked there, and re-parsing it at every hop costs ~0.7 us a row.
     published = pc.fill_null(pc.equal(batch["source"], "kafka"), False).to_numpy(zero_copy_only=False)
-    needs_body = published & headers_ok & (sizes <= MAX_MESSAGE_BYTES) & ~pc.fill_null(
+    # (a SOW topic's json/fix/nvfix bodies were parsed for their keys just above)
+    parsed = on_sow & pc.is_in(batch["message_type"], pa.array(FIELD_TYPES)).to_numpy(zero_copy_only=False)
+    needs_body = published & headers_ok & (sizes <= MAX_MESSAGE_BYTES) & ~parsed & ~pc.fill_null(
         pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
     body_idx = np.nonzero(needs_body)[0]
     if body_idx.size:
@@ -165,6 +191,10 @@ def classify(
     links = _link_positions(batch)
     kept_idx = np.nonzero(keep)[0]
     txlog_rows = _txlog_rows(batch, kept_idx, seqs, codes, names, state.max_seq, instance, now)
+    sow_changes = None
+    if sow is not None and prepared:
+        commands = _rows_at(batch.select(["command"]), kept_idx)["command"].to_pylist()
+        txlog_rows, sow_changes = _fold_sow(txlog_rows, commands, kept_idx, prepared, sow)
     rejected_idx = np.array(sorted(reasons), dtype=np.int64)
     rejected_rows = _rejected_rows(batch, rejected_idx, [reasons[i] for i in rejected_idx.tolist()], now)
 
@@ -180,7 +210,43 @@ def classify(
         sources = _rows_at(batch.select(["source"]), kept_idx)["source"]
         link_rows = {source[len("inbox:"):]: runs for source, runs in runs_by_value(sources, local).items()
                      if source.startswith("inbox:")}
-    return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links, publisher_rows, link_rows)
+    return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links, publisher_rows, link_rows,
+                      sow_changes)
+
+
+def _on_sow_topic(batch: pa.Table, topics: SowTopics | None) -> np.ndarray:
+    """Rows on a SOW topic, and every sow_delete (one on another topic is refused)."""
+    mask = pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
+    if not topics:
+        return mask
+    pairs = pc.binary_join_element_wise(
+        pc.fill_null(batch["topic"], ""), pc.fill_null(batch["message_type"], ""), "\x00"
+    )
+    on = [p for p in pc.unique(pairs).to_pylist() if topics.index(*p.split("\x00", 1)) >= 0]
+    if not on:
+        return mask
+    return mask | pc.is_in(pairs, pa.array(on, pa.string())).to_numpy(zero_copy_only=False)
+
+
+def _fold_sow(txlog_rows: pa.Table, commands: list[str], kept_idx: np.ndarray, prepared: dict[int, Prepared],
+              sow: SowState) -> tuple[pa.Table, SowChanges | None]:
+    """The kept rows with SOW topics' bodies merged and ``sow_key`` filled; the batch's SOW changes.
+
+    ``commands``: the kept rows' commands as published (the txlog says publish for a delta_publish).
+    """
+    at = [k for k, i in enumerate(kept_idx.tolist()) if i in prepared]
+    if not at:
+        return txlog_rows, None  # the batch's SOW rows were all duplicates
+    columns = {name: txlog_rows[name].to_pylist() for name in ("seq", "topic", "data")}
+    folded = fold(sow, [(columns["seq"][k], columns["topic"][k], commands[k], columns["data"][k],
+                         prepared[int(kept_idx[k])]) for k in at],
+                  through_seq=int(columns["seq"][-1]) if columns["seq"] else sow.applied_seq)
+    data, sow_key = columns["data"], [None] * txlog_rows.num_rows
+    for k, body, key in zip(at, folded.data, folded.sow_keys, strict=True):
+        data[k], sow_key[k] = body, key
+    out = txlog_rows.set_column(txlog_rows.schema.get_field_index("data"), "data", pa.array(data, pa.binary()))
+    out = out.set_column(out.schema.get_field_index("sow_key"), "sow_key", pa.array(sow_key, pa.string()))
+    return out, folded.changes
 
 
 def logons_in(batch: pa.Table) -> list[Logon]:
@@ -348,6 +414,7 @@ def _txlog_rows(batch, kept_idx, seqs, codes, names, max_seq, instance, now) -> 
         here = pa.ListArray.from_arrays(pa.array(np.arange(k + 1, dtype=np.int32)), pa.repeat(pa.scalar(instance), k))
         path = here if path.null_count == k else pc.if_else(pc.is_valid(path), path, here)
     publish_time = pc.fill_null(rows["publish_time"], pa.scalar(now, pa.timestamp("us", tz="UTC")))
+    is_delete = pc.fill_null(pc.equal(rows["command"], "sow_delete"), False)
     return pa.table(
         {
             "seq": pa.array(np.arange(max_seq + 1, max_seq + 1 + k, dtype=np.int64)),
@@ -357,7 +424,9 @@ def _txlog_rows(batch, kept_idx, seqs, codes, names, max_seq, instance, now) -> 
             "topic": rows["topic"],
             "message_type": rows["message_type"],
             "command": pc.if_else(pc.equal(rows["command"], "delta_publish"), "publish", rows["command"]),
-            "sow_key": rows["sow_key"],
+            "sow_key": pa.nulls(k, pa.string()),  # filled for SOW topics by the SOW fold
+            "sow_keys": pc.if_else(is_delete, rows["sow_keys"], pa.scalar(None, pa.string())),
+            "filter": pc.if_else(is_delete, rows["filter"], pa.scalar(None, pa.string())),
             "data": rows["data"],
             "origin": origin,
             "received_from": rows["received_from"],

@@ -70,9 +70,12 @@ def kafka_candidate_columns(transport: "KafkaTransport") -> dict[str, tuple]:
         "topic": ("first", "h_topic", ("col", "kafka_topic")),
         "message_type": ("first", "h_type", ("lit", transport.message_type)),
         "command": ("first", "h_command", ("lit", "publish")),
+        "sow_key": ("col", "h_sow_key"),
+        "sow_keys": ("col", "h_sow_keys"),
+        "filter": ("col", "h_filter"),
         "data": ("col", "value"),
         "publish_time": ("col", "kafka_timestamp"),
-        **{name: ("lit", None) for name in ("sow_key", "origin", "received_from", "received_from_group", "path",
+        **{name: ("lit", None) for name in ("origin", "received_from", "received_from_group", "path",
                                              "upstream_seq", "inbox_version")},
     }
 

@@ -14,7 +14,10 @@ import pyarrow as pa
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
+from replication.connectors.delta.txlog_stream import TxlogFiles
 from replication.ingest.classify import Classified, TopicRecorder, classify, logons_in
+from replication.sow.state import SowState
+from replication.sow.table import fold_tail
 from replication.txlog import PublisherState
 
 if TYPE_CHECKING:
@@ -30,16 +33,20 @@ class IngestWriter:
 
     0. take the batch's rows: read here for a small batch (``read_here``, no
        Spark job), else collected from Spark's DataFrame; the same rows either way;
-    1. classify the rows against the in-memory publisher state;
+    1. classify the rows against the in-memory publisher state (and SOW state:
+       delta_publishes merged, sow_deletes resolved, in seq order);
     2. append rejects to ``rejected/`` (app transaction ``ingest``, version ``b``);
     3. append accepted rows to ``txlog/`` (app transaction ``ingest``, version ``b``),
        with the batch's publisher and link positions in the commit metadata;
-    4. fold the batch into the in-memory state and snapshot ``publishers.json``;
+    4. fold the batch into the in-memory publisher state and snapshot
+       ``publishers.json``; fold its SOW changes into the SOW state (the SOW
+       tables follow on the compactor's schedule, from the txlog);
     5. hand the commit to the durability tracker (persisted acks, logon replies).
 
     A batch replayed after a crash finds version ``b`` in the txlog and skips
-    2–4; the state already holds it (recovered from the commit metadata at
-    start), and step 5 answers its logons again.
+    2–4; the states already hold it (recovered at start: publishers from the
+    commit metadata, the SOW from its tables and the txlog rows after them),
+    and step 5 answers its logons again.
     """
 
     def __init__(
@@ -53,6 +60,8 @@ class IngestWriter:
         on_commit: Callable[[int, Classified], None],
         expand: Callable[[pa.Table], pa.Table] | None = None,
         read_here: Callable[[int], pa.Table | None] | None = None,
+        sow: SowState | None = None,
+        txlog_files: TxlogFiles | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -64,6 +73,9 @@ class IngestWriter:
         """Turns the batch's inbox version rows into the rows those versions hold (see sources.InboxRows)."""
         self.read_here = read_here
         """Reads a small batch without a Spark job (see sources.ReadHere); None: collect the DataFrame."""
+        self.sow = sow
+        """The SOW state (None: no SOW topics); folded from ``txlog_files`` by :meth:`catch_up`."""
+        self.txlog_files = txlog_files
         self.recorded = TopicRecorder(cfg)
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
                       "input_rows_per_second": 0.0}
@@ -83,6 +95,8 @@ class IngestWriter:
         for version, record in records:
             self.state.apply(version, record)
         self.txlog.refresh()
+        if self.sow is not None and self.txlog_files is not None and self.state.max_seq > self.sow.applied_seq:
+            fold_tail(self.sow, self.txlog_files, [self.sow.applied_seq] * len(self.sow.records), self.state.max_seq)
         if records:
             self.save_state(self.state)
             missed = Classified.empty([])
@@ -115,7 +129,7 @@ class IngestWriter:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
         self._last_batch_at = started
         self._enter(batch_id, "classifying its rows")
-        result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded)
+        result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded, sow=self.sow)
         if result.rejected_rows.num_rows:
             self._enter(batch_id, "writing rejected rows")
             self.rejected.append(result.rejected_rows, batch_id)
@@ -133,6 +147,10 @@ class IngestWriter:
         failpoints.hit("ingest.after_txlog_commit")
         self.state.apply(self.txlog.table.version(), metadata)
         self.save_state(self.state)
+        if self.sow is not None:
+            if result.sow is not None:
+                self.sow.apply(result.sow)
+            self.sow.applied_seq = self.state.max_seq
         failpoints.hit("ingest.before_ack")
         self._enter(batch_id, "acknowledging")
         self.on_commit(last_seq, result)

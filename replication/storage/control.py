@@ -120,6 +120,8 @@ class Heartbeat(ControlFile):
     restarts: int = 0
     batch: dict | None = None
     """The ingest batch in progress: id, step, seconds (None when idle)."""
+    sow: dict[str, dict] = field(default_factory=dict)
+    """Per ``<SOW><Topic>``: ``records`` held now, and the txlog seq its table is ``compacted_through``."""
 
     def fresh(self, stale_after: float, *, now: float | None = None) -> bool:
         """Is the instance running, by this heartbeat?"""

@@ -342,7 +342,9 @@ def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
         if "://" in file:
             return None
         try:
-            part = pq.read_table(log_dir.parent / unquote(file), columns=INBOX_SCHEMA.names, partitioning=None)
+            # schema=: a file written before a column was added reads it as null
+            part = pq.read_table(log_dir.parent / unquote(file), schema=INBOX_SCHEMA, columns=INBOX_SCHEMA.names,
+                                 partitioning=None)
         except FileNotFoundError:
             return None  # vacuumed: the change feed says what it can
         parts.append(part.cast(INBOX_SCHEMA).append_column(

@@ -22,6 +22,7 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import TableNotFoundError
+from deltalake.schema import Field as DeltaField
 
 #: Key of this product's record in each commit's commitInfo.
 COMMIT_METADATA_KEY = "replication.batch"
@@ -38,9 +39,11 @@ def open_or_create(
     """Open the Delta table at ``path``, creating it empty with ``schema`` if absent.
 
     ``configuration`` adds table properties at creation (e.g. change data feed).
+    A table written by an earlier version that lacks nullable columns of
+    ``schema`` gets them added (one schema-change commit); old rows read them as null.
     """
     try:
-        return DeltaTable(str(path))
+        table = DeltaTable(str(path))
     except TableNotFoundError:
         path.mkdir(parents=True, exist_ok=True)
         return DeltaTable.create(
@@ -50,6 +53,11 @@ def open_or_create(
             name=name,
             configuration={"delta.checkpointInterval": "50", **(configuration or {})},
         )
+    have = set(table.schema().to_arrow().names)
+    missing = [f for f in schema if f.name not in have and f.nullable]
+    if missing:
+        table.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
+    return table
 
 
 class IdempotentAppender:

@@ -416,7 +416,9 @@ def read_files(
 
     where = [("seq", ">", start), ("seq", "<=", end)]
     parts = [
-        pq.read_table(_local_or_uri(uri), columns=(schema or TXLOG_SCHEMA).names, filters=where, partitioning=None)
+        # schema=: a file written before a column was added reads it as null
+        pq.read_table(_local_or_uri(uri), schema=TXLOG_SCHEMA, columns=(schema or TXLOG_SCHEMA).names, filters=where,
+                      partitioning=None)
         for uri in files
     ]
     schema = schema or TXLOG_SCHEMA

@@ -29,7 +29,8 @@ Output columns (:data:`SCHEMA`): ``kafka_topic``, ``kafka_partition``,
 ``headers`` (``array<struct<key string, value binary>>``: Kafka allows repeated
 header keys and their order matters, a map would lose both), and the publish
 headers of DESIGN §7 decoded to strings for the ingest code: ``h_client``,
-``h_seq``, ``h_topic``, ``h_command``, ``h_type`` (null when absent; when a key
+``h_seq``, ``h_topic``, ``h_command``, ``h_type``, ``h_sow_key``,
+``h_sow_keys``, ``h_filter`` (null when absent; when a key
 repeats, the last value wins, as Kafka's ``lastHeader``; bytes that are not
 UTF-8 are decoded with U+FFFD replacements, the raw value stays in ``headers``).
 Within a micro-batch, the rows of one Kafka partition come in offset order.
@@ -86,6 +87,9 @@ PUBLISH_HEADERS: tuple[tuple[str, str], ...] = (
     ("amps-topic", "h_topic"),
     ("amps-command", "h_command"),
     ("amps-type", "h_type"),
+    ("amps-sow-key", "h_sow_key"),
+    ("amps-sow-keys", "h_sow_keys"),
+    ("amps-filter", "h_filter"),
 )
 
 HEADER_TYPE = StructType([

@@ -1,0 +1,240 @@
+"""The current record per key of an instance's SOW topics, kept in the driver, and what a batch does to it.
+
+The ingest writer needs the current record of a key when a delta_publish
+arrives (the merged message is what is stored) and every current record of a
+topic when a sow_delete by filter arrives, within one micro-batch, in ``seq``
+order. :class:`SowState` holds ``(seq, body)`` per key, by SOW topic and topic;
+it is rebuilt at start from the SOW tables and the txlog rows after them
+(:mod:`replication.sow.table`), so it always equals the fold of the txlog.
+
+A batch is handled in two steps, mirroring the writer's order of effects:
+
+1. :func:`prepare` (before duplicates are dropped): for each candidate row on a
+   SOW topic, parse the body once, find its key or what a sow_delete names,
+   and say why a row cannot be accepted (it then goes to ``rejected/``);
+2. :func:`fold` (on the rows kept, in ``seq`` order, against the state plus
+   the batch's own earlier changes): merge delta_publishes, resolve
+   sow_deletes to the keys they remove, and return the batch's
+   :class:`SowChanges`, which the writer applies to the state only after the
+   txlog commit.
+
+The record of one key: ``(seq, body)``, ~0.4 KB of driver memory for a
+200-byte body (1M records: ~400 MB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from replication.expressions import Filter, FilterSyntaxError
+from replication.messages import FIELD_TYPES
+from replication.sow.keys import SowTopics, join_keys, key_of, missing_key_fields, parse_body, split_keys
+from replication.sow.merge import merge, mergeable, serialize
+
+#: A record: the local seq that last wrote it, and its body.
+Record = tuple[int, bytes]
+#: Identity of a record: (SOW topic position, topic, key).
+RecordId = tuple[int, str, str]
+
+
+class SowState:
+    """Current records of every SOW topic of one instance (see the module docstring)."""
+
+    def __init__(self, topics: SowTopics) -> None:
+        self.topics = topics
+        self.records: list[dict[str, dict[str, Record]]] = [{} for _ in topics.topics]
+        """Per SOW topic position: topic -> key -> record."""
+        self.applied_seq = 0
+        """Every txlog row through this seq is folded in."""
+
+    def get(self, rid: RecordId) -> Record | None:
+        index, topic, key = rid
+        return self.records[index].get(topic, {}).get(key)
+
+    def items(self, index: int, topic: str) -> Iterator[tuple[str, Record]]:
+        return iter(self.records[index].get(topic, {}).items())
+
+    def apply(self, changes: "SowChanges") -> None:
+        """Fold a committed batch's changes in (after its txlog commit)."""
+        for (index, topic, key), record in changes.records.items():
+            by_key = self.records[index].setdefault(topic, {})
+            if record is None:
+                by_key.pop(key, None)
+            else:
+                by_key[key] = record
+        self.applied_seq = max(self.applied_seq, changes.through_seq)
+
+    def count(self, index: int | None = None) -> int:
+        tables = self.records if index is None else [self.records[index]]
+        return sum(len(by_key) for table in tables for by_key in table.values())
+
+
+@dataclass
+class SowChanges:
+    """What one batch does to the SOW: each record it wrote (``None``: deleted), last write wins."""
+
+    through_seq: int
+    records: dict[RecordId, Record | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A candidate row on a SOW topic, checked: its key, its parsed body, or what its sow_delete names."""
+
+    index: int
+    """Position of its ``<SOW><Topic>``."""
+    key: str | None = None
+    """publish / delta_publish: the record's key."""
+    doc: Any = None
+    """The parsed body (a delta_publish's fields to merge)."""
+    delete_keys: tuple[str, ...] | None = None
+    """sow_delete by keys or by data: the keys it names."""
+    delete_filter: Filter | None = None
+    """sow_delete by filter."""
+
+
+def prepare(topics: SowTopics, rows: dict[str, list], candidates: list[int]) -> tuple[dict[int, Prepared], dict[int, str]]:
+    """Check the ``candidates`` rows (positions in ``rows``, a dict of column lists); each row on a SOW
+    topic gets a :class:`Prepared`, each that cannot be accepted a reason.
+
+    ``rows`` needs ``topic``, ``message_type``, ``command``, ``data``, ``sow_key``
+    (the ``amps-sow-key`` header, or the upstream's key for replicated rows),
+    ``sow_keys`` and ``filter``. A sow_delete on a topic that is not a SOW
+    topic is refused; a delta_publish there is a publish.
+    """
+    prepared: dict[int, Prepared] = {}
+    reasons: dict[int, str] = {}
+    topic_col, type_col, command_col = rows["topic"], rows["message_type"], rows["command"]
+    for i in candidates:
+        topic, message_type, command = topic_col[i], type_col[i], command_col[i]
+        index = topics.index(topic, message_type)
+        if index < 0:
+            if command == "sow_delete":
+                reasons[i] = (f"sow_delete on topic {topic!r} ({message_type}), which is not a SOW topic of this "
+                              "instance: add a <SOW><Topic> for it, or send the delete to a SOW topic")
+            continue
+        try:
+            prepared[i] = _prepare_row(topics.topics[index], index, topic, command, rows, i)
+        except ValueError as exc:
+            reasons[i] = str(exc)
+    return prepared, reasons
+
+
+def _prepare_row(sow, index: int, topic: str, command: str, rows: dict[str, list], i: int) -> Prepared:
+    where = f"SOW topic {topic!r}"
+    if command == "sow_delete":
+        given_keys, given_filter = rows["sow_keys"][i], rows["filter"][i]
+        if given_keys is not None:
+            keys = split_keys(given_keys)
+            if not keys:
+                raise ValueError(f"sow_delete on {where}: amps-sow-keys {given_keys!r} names no key; give "
+                                 "comma-separated keys as shown in the SOW's sow_key column")
+            return Prepared(index, delete_keys=tuple(keys))
+        if given_filter is not None:
+            try:
+                return Prepared(index, delete_filter=Filter(given_filter))
+            except FilterSyntaxError as exc:
+                raise ValueError(f"sow_delete on {where}: amps-filter does not parse: "
+                                 f"{str(exc).splitlines()[0]}") from None
+        data = rows["data"][i]
+        if not data or not sow.keys:
+            how = f"a body with the key fields {', '.join(sow.keys)}" if sow.keys else "(this topic has no <Key>)"
+            raise ValueError(f"sow_delete on {where} names nothing to delete: give amps-sow-keys, amps-filter "
+                             f"or {how}")
+        doc = _parsed(sow.message_type, data, f"sow_delete on {where}")
+        key = key_of(sow, doc)
+        if key is None:
+            raise ValueError(f"sow_delete on {where} names nothing to delete: its body has no value for "
+                             f"{', '.join(missing_key_fields(sow, doc))}; give the key fields, amps-sow-keys or "
+                             "amps-filter")
+        return Prepared(index, delete_keys=(key,))
+    doc = None
+    if sow.message_type in FIELD_TYPES:
+        doc = _parsed(sow.message_type, rows["data"][i], f"{command} on {where}")
+    if command == "delta_publish":
+        problem = (mergeable(sow.message_type, doc) if sow.message_type in FIELD_TYPES else
+                   f"delta_publish on {sow.message_type} messages cannot be merged: their bodies have no fields; "
+                   "publish the whole message")
+        if problem:
+            raise ValueError(f"{problem} (on {where})")
+    if sow.keys:
+        key = key_of(sow, doc)
+        if key is None:
+            raise ValueError(f"{command} on {where} has no value for key {', '.join(missing_key_fields(sow, doc))}: "
+                             "a SOW record needs its key fields")
+    else:
+        key = rows["sow_key"][i]
+        if not key:
+            raise ValueError(f"{command} on {where} has no amps-sow-key header: the SOW topic {sow.name!r} has no "
+                             "<Key>, so each message names its key in amps-sow-key")
+    return Prepared(index, key=key, doc=doc)
+
+
+def _parsed(message_type: str, data: bytes | None, what: str) -> Any:
+    try:
+        return parse_body(message_type, data)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+@dataclass
+class Folded:
+    """:func:`fold`'s answer for the kept rows, in order."""
+
+    data: list[bytes | None]
+    """Each row's body as stored: a delta_publish merged into its record; others unchanged."""
+    sow_keys: list[str | None]
+    """Each row's ``sow_key``: the record it wrote, or the keys a sow_delete removed here."""
+    changes: SowChanges
+
+
+def fold(state: SowState, rows: list[tuple[int, str, str, bytes | None, Prepared]], through_seq: int) -> Folded:
+    """Apply kept rows ``(seq, topic, command, data, prepared)``, in seq order, to the state plus the batch's
+    own earlier changes (the state itself is not changed)."""
+    changes = SowChanges(through_seq)
+    pending = changes.records
+    datas: list[bytes | None] = []
+    sow_keys: list[str | None] = []
+    topics = state.topics.topics
+
+    def current(rid: RecordId) -> Record | None:
+        return pending[rid] if rid in pending else state.get(rid)
+
+    for seq, topic, command, data, p in rows:
+        sow = topics[p.index]
+        if command == "sow_delete":
+            if p.delete_filter is not None:
+                keys = [key for key, (_, body) in _current_items(state, pending, p.index, topic)
+                        if p.delete_filter.matches(body, sow.message_type)]
+            else:
+                keys = [key for key in p.delete_keys or () if current((p.index, topic, key)) is not None]
+            for key in keys:
+                pending[(p.index, topic, key)] = None
+            datas.append(data or None)  # by keys or filter: no body
+            sow_keys.append(join_keys(keys) or None)
+            continue
+        rid = (p.index, topic, p.key)
+        if command == "delta_publish":
+            record = current(rid)
+            if record is not None:
+                data = serialize(sow.message_type, merge(sow.message_type, parse_body(sow.message_type, record[1]), p.doc))
+        pending[rid] = (seq, data)
+        datas.append(data)
+        sow_keys.append(p.key)
+    return Folded(datas, sow_keys, changes)
+
+
+def _current_items(state: SowState, pending: dict[RecordId, Record | None], index: int,
+                   topic: str) -> Iterator[tuple[str, Record]]:
+    """The records of one topic as the batch sees them so far."""
+    for key, record in state.items(index, topic):
+        rid = (index, topic, key)
+        if rid in pending:
+            record = pending[rid]
+            if record is None:
+                continue
+        yield key, record
+    for (i, t, key), record in list(pending.items()):
+        if i == index and t == topic and record is not None and state.get((i, t, key)) is None:
+            yield key, record

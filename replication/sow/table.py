@@ -1,0 +1,280 @@
+"""A SOW topic's Delta table: a compacted base of current records, and the exact state from base + txlog.
+
+The SOW is derived from the txlog. ``sow/<topic-id>/`` holds the current
+records as of some txlog position S (the app transaction ``sow`` of its last
+commit); the changes after S are the txlog's own rows, whose ``sow_key`` says
+which record each wrote or removed. So:
+
+- the exact current state is the base at S, then the txlog rows after S
+  folded on top (:func:`read_current`); that is what ``replication sow`` and
+  the instance's recovery read;
+- :meth:`SowTable.compact` brings the base up to a later position: it rewrites
+  only the partitions (``bucket``, a stable hash of topic and key) that the
+  folded rows touch, in one commit recording the new position, so a plain
+  Delta reader (deltalake, delta-spark, Databricks) always sees current
+  records, no key twice, no deleted key, at most one compaction interval old.
+
+Compaction is idempotent: a commit names the position it reached, and a
+compaction to a position already reached does nothing. A crash before its
+commit leaves files no snapshot references (removed by the next vacuum).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from replication import failpoints
+from replication.config.model import InstanceConfig, SowTopic
+from replication.connectors.delta.txlog_stream import TxlogFiles
+from replication.expressions import Filter
+from replication.sow.keys import SowTopics, bucket_of, split_keys
+from replication.sow.state import SowState
+from replication.storage.layout import StorageLayout
+from replication.txlog import TXLOG_SCHEMA
+
+log = logging.getLogger(__name__)
+
+#: App transaction of the compactions: its version is the txlog seq the base holds everything through.
+APP_ID = "sow"
+#: Partitions of a SOW table; a compaction rewrites the ones its changes touch.
+DEFAULT_BUCKETS = 16
+#: A vacuum keeps the files of the snapshots committed this recently (readers may still be on them).
+KEEP_SNAPSHOTS_S = 60.0
+
+SOW_SCHEMA = pa.schema(
+    [
+        pa.field("bucket", pa.int32(), nullable=False),
+        pa.field("sow_key", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("bookmark", pa.string(), nullable=False),
+        pa.field("publisher", pa.string(), nullable=False),
+        pa.field("publisher_seq", pa.int64(), nullable=False),
+        pa.field("message_type", pa.string(), nullable=False),
+        pa.field("origin", pa.string()),
+        pa.field("publish_time", pa.timestamp("us", tz="UTC")),
+        pa.field("persist_time", pa.timestamp("us", tz="UTC")),
+        pa.field("data", pa.binary()),
+    ]
+)
+#: The txlog columns a fold of SOW changes reads.
+TAIL_COLUMNS = ("seq", "topic", "message_type", "command", "sow_key", "bookmark", "publisher", "publisher_seq",
+                "origin", "publish_time", "persist_time", "data")
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def topic_id(name: str) -> str:
+    """The folder under ``sow/`` of a ``<SOW><Topic>``: its name with every run of characters other than
+    letters, digits, ``.``, ``_``, ``-`` replaced by ``_`` and leading ``_`` dropped, then ``-`` and the
+    first 8 hex digits of the name's SHA-256 (two names that clean to the same text stay apart).
+    ``/orders`` -> ``orders-<hash>``; ``^/orders/.*`` -> ``orders_-<hash>``."""
+    cleaned = _SAFE.sub("_", name).strip("_") or "topic"
+    return f"{cleaned[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def table_path(layout: StorageLayout, sow: SowTopic) -> Path:
+    return layout.sow(topic_id(sow.name))
+
+
+@dataclass
+class Changes:
+    """The net effect of txlog rows on one SOW topic: the last write per record."""
+
+    upserts: pa.Table
+    """One txlog row (TAIL_COLUMNS) per record whose last change wrote it."""
+    deleted: set[tuple[str, str]]
+    """(topic, key) of the records whose last change removed them."""
+
+    def touched(self) -> set[tuple[str, str]]:
+        keys = set(zip(self.upserts["topic"].to_pylist(), self.upserts["sow_key"].to_pylist(), strict=True))
+        return keys | self.deleted
+
+
+def net_changes(rows: pa.Table, topics: SowTopics, index: int) -> Changes:
+    """The net effect of txlog ``rows`` (seq order) on the ``index``-th SOW topic.
+
+    A publish wrote its ``sow_key``; a sow_delete removed every key of its
+    ``sow_key`` list. Rows from before the topic was a SOW topic have no key
+    and change nothing.
+    """
+    last: dict[tuple[str, str], int] = {}  # (topic, key) -> row position of its last write, -1: removed
+    columns = [rows[c].to_pylist() for c in ("topic", "message_type", "command", "sow_key")]
+    for position, (topic, message_type, command, sow_key) in enumerate(zip(*columns, strict=True)):
+        if sow_key is None or topics.index(topic, message_type) != index:
+            continue
+        if command == "sow_delete":
+            for key in split_keys(sow_key):
+                last[(topic, key)] = -1
+        else:
+            last[(topic, sow_key)] = position
+    written = sorted(p for p in last.values() if p >= 0)
+    return Changes(rows.take(pa.array(written, pa.int64())), {k for k, p in last.items() if p < 0})
+
+
+def as_records(upserts: pa.Table, buckets: int) -> pa.Table:
+    """Txlog rows of upserts as SOW table rows."""
+    keys, topics = upserts["sow_key"].to_pylist(), upserts["topic"].to_pylist()
+    columns = {name: upserts[name] for name in SOW_SCHEMA.names if name in upserts.column_names}
+    columns["bucket"] = pa.array([bucket_of(t, k, buckets) for t, k in zip(topics, keys, strict=True)], pa.int32())
+    return pa.table({name: columns[name] for name in SOW_SCHEMA.names}).cast(SOW_SCHEMA)
+
+
+def _record_ids(table: pa.Table) -> pa.Array:
+    """``topic`` + NUL + ``sow_key`` per row: one string per record, for set operations in Arrow."""
+    return pc.binary_join_element_wise(table["topic"], table["sow_key"], "\x00")
+
+
+def apply_changes(base: pa.Table, changes: Changes, buckets: int) -> pa.Table:
+    """Base records with ``changes`` applied: records touched are replaced by their upsert or dropped."""
+    touched = pa.array(["\x00".join(k) for k in changes.touched()], pa.string())
+    kept = base.filter(pc.invert(pc.is_in(_record_ids(base), value_set=touched))) if len(touched) else base
+    return pa.concat_tables([kept.select(SOW_SCHEMA.names).cast(SOW_SCHEMA), as_records(changes.upserts, buckets)])
+
+
+class SowTable:
+    """The Delta table of one ``<SOW><Topic>`` (see the module docstring); the compactor is its one writer."""
+
+    def __init__(self, layout: StorageLayout, sow: SowTopic, *, start_seq: int = 0) -> None:
+        """Open the table, creating it when absent: a SOW topic starts empty at ``start_seq`` (the txlog's
+        position when it was first configured), so rows stored before that are not folded into it."""
+        self.sow = sow
+        self.path = table_path(layout, sow)
+        try:
+            self.table = DeltaTable(str(self.path))
+        except TableNotFoundError:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.table = DeltaTable.create(
+                str(self.path), SOW_SCHEMA, mode="ignore", partition_by=["bucket"], name=f"sow {sow.name}",
+                configuration={"replication.sow.buckets": str(DEFAULT_BUCKETS), "replication.sow.topic": sow.name,
+                               "delta.checkpointInterval": "50"},
+                commit_properties=CommitProperties(app_transactions=[Transaction(APP_ID, start_seq)]),
+                raise_if_key_not_exists=False,  # our own replication.sow.* properties
+            )
+        self.buckets = int(self.table.metadata().configuration.get("replication.sow.buckets", DEFAULT_BUCKETS))
+        self.last_compaction_s = 0.0
+
+    @property
+    def through_seq(self) -> int:
+        """The txlog seq through which the base holds every change."""
+        return self.table.transaction_version(APP_ID) or 0
+
+    def records(self, bucket_set: set[int] | None = None) -> pa.Table:
+        """Base records (all, or of some buckets)."""
+        dataset = self.table.to_pyarrow_dataset()
+        where = ds.field("bucket").isin(sorted(bucket_set)) if bucket_set is not None else None
+        return dataset.to_table(filter=where).select(SOW_SCHEMA.names).cast(SOW_SCHEMA)
+
+    def compact(self, txlog: TxlogFiles, topics: SowTopics, index: int, through: int) -> bool:
+        """Bring the base up to txlog seq ``through``; False when it already is. One commit."""
+        started = time.monotonic()
+        self.table.update_incremental()
+        since = self.through_seq
+        if through <= since:
+            return False
+        rows = txlog.read(since, through, schema=_tail_schema())
+        changes = net_changes(rows, topics, index)
+        touched = {bucket_of(t, k, self.buckets) for t, k in changes.touched()}
+        if touched:
+            merged = apply_changes(self.records(touched), changes, self.buckets)
+            predicate = f"bucket IN ({', '.join(str(b) for b in sorted(touched))})"
+        else:
+            merged, predicate = SOW_SCHEMA.empty_table(), "bucket IN (-1)"  # nothing changed: record the position
+        failpoints.hit("sow.before_compaction_commit")
+        write_deltalake(
+            self.table, merged, mode="overwrite", predicate=predicate, partition_by=["bucket"],
+            commit_properties=CommitProperties(app_transactions=[Transaction(APP_ID, through)],
+                                               custom_metadata={"replication.sow": f"through {through}"}),
+        )
+        failpoints.hit("sow.after_compaction_commit")
+        self.table.update_incremental()
+        self._vacuum()
+        self.last_compaction_s = time.monotonic() - started
+        return True
+
+    def _vacuum(self) -> None:
+        """Remove files no recent snapshot needs: each compaction replaces whole buckets."""
+        cutoff = (time.time() - KEEP_SNAPSHOTS_S) * 1000
+        recent = [e["version"] for e in self.table.history(limit=100) if e.get("timestamp", 0) >= cutoff]
+        self.table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False,
+                          keep_versions=sorted(set(recent) | {self.table.version()}))
+
+
+def _tail_schema() -> pa.Schema:
+    return pa.schema([TXLOG_SCHEMA.field(name) for name in TAIL_COLUMNS])
+
+
+def rebuild_state(state: SowState, tables: list[SowTable], txlog: TxlogFiles, through: int) -> None:
+    """Fill ``state`` with every SOW topic's records as of txlog seq ``through``: each table's base, then
+    the txlog rows after it."""
+    for index, table in enumerate(tables):
+        base = table.records().select(["topic", "sow_key", "seq", "data"])
+        records = state.records[index]
+        for topic, key, seq, data in zip(*(base[c].to_pylist() for c in base.column_names), strict=True):
+            records.setdefault(topic, {})[key] = (seq, data)
+    fold_tail(state, txlog, [t.through_seq for t in tables], through)
+
+
+def fold_tail(state: SowState, txlog: TxlogFiles, since: list[int], through: int) -> None:
+    """Fold the txlog rows after ``since[i]`` through ``through`` into each SOW topic ``i`` of ``state``
+    (read once, from the oldest position)."""
+    start = min(since, default=through)
+    if through > start:
+        rows = txlog.read(start, through, schema=_tail_schema())
+        seqs = rows["seq"].to_numpy()
+        for index, after in enumerate(since):
+            changes = net_changes(rows.slice(int((seqs <= after).sum())), state.topics, index)
+            records = state.records[index]
+            for topic, key in changes.deleted:
+                records.get(topic, {}).pop(key, None)
+            upserts = changes.upserts
+            for topic, key, seq, data in zip(*(upserts[c].to_pylist() for c in ("topic", "sow_key", "seq", "data")),
+                                             strict=True):
+                records.setdefault(topic, {})[key] = (seq, data)
+    state.applied_seq = max(state.applied_seq, through)
+
+
+def sow_topic_for(cfg: InstanceConfig, topic: str) -> tuple[int, SowTopic]:
+    """The ``<SOW><Topic>`` holding ``topic`` (first match, any message type); ValueError when none does."""
+    topics = SowTopics.of(cfg)
+    for index, sow in enumerate(cfg.sow_topics):
+        if topics.index(topic, sow.message_type) == index:
+            return index, sow
+    names = ", ".join(repr(s.name) for s in cfg.sow_topics) or "none"
+    raise ValueError(f"{topic!r} is not a SOW topic of {cfg.name} (its SOW topics: {names})")
+
+
+def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = None,
+                 filter: Filter | None = None) -> pa.Table:
+    """The exact current records of ``topic`` (SOW_SCHEMA, seq order): the base plus the txlog rows after it.
+
+    ``keys`` (as shown in ``sow_key``) reads only their buckets; ``filter`` keeps
+    the records it matches. Raises ValueError when ``topic`` is not a SOW topic.
+    """
+    index, sow = sow_topic_for(cfg, topic)
+    layout = StorageLayout.of(cfg.storage)
+    table = SowTable(layout, sow)
+    buckets = {bucket_of(topic, k, table.buckets) for k in keys} if keys is not None else None
+    base = table.records(buckets)
+    base = base.filter(pc.equal(base["topic"], topic))
+    txlog = TxlogFiles(str(layout.txlog))
+    txlog.refresh()
+    tail = txlog.read(table.through_seq, max(txlog.committed_seq, table.through_seq), schema=_tail_schema())
+    tail = tail.filter(pc.equal(tail["topic"], topic))
+    records = apply_changes(base, net_changes(tail, SowTopics.of(cfg), index), table.buckets)
+    if keys is not None:
+        records = records.filter(pc.is_in(records["sow_key"], value_set=pa.array(keys, pa.string())))
+    if filter is not None and records.num_rows:
+        mask = [filter.matches(body, sow.message_type) for body in records["data"].to_pylist()]
+        records = records.filter(pa.array(mask))
+    return records.sort_by("seq")

@@ -1,0 +1,234 @@
+"""The SOW's rules without services: keys, delta_publish merges, sow_delete forms, order within a batch, rejects."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pytest
+
+from replication.config.model import InstanceConfig, SowTopic, TopicSpec
+from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classify
+from replication.sow.keys import SowTopics, escape, key_of, parse_body, split_keys
+from replication.sow.merge import merge, serialize
+from replication.sow.state import SowState
+from replication.sow.table import SOW_SCHEMA, apply_changes, net_changes
+from replication.txlog import PublisherState
+
+CFG = InstanceConfig(
+    name="amps-1",
+    group="amps-1",
+    storage="/tmp/unused",
+    txlog_topics=(TopicSpec(".*", "json"), TopicSpec(".*", "fix"), TopicSpec(".*", "xml")),
+    sow_topics=(
+        SowTopic("/orders", "json", ("/id",)),
+        SowTopic("^/regions/", "json", ("/region", "/id")),
+        SowTopic("/quotes", "fix", ("/55",)),
+        SowTopic("/blobs", "xml", ()),
+    ),
+)
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def rows(*specs: dict) -> pa.Table:
+    """Candidate rows published by ``pub`` with increasing sequence numbers."""
+    out = []
+    for seq, spec in enumerate(specs, start=1):
+        row = {name: None for name in CANDIDATE_SCHEMA.names}
+        row.update(source="kafka", kafka_topic="amps-1.publish", kafka_partition=0, kafka_offset=seq,
+                   publisher="pub", publisher_seq=str(seq), topic="/orders", message_type="json", command="publish")
+        body = spec.pop("body", None)
+        row["data"] = json.dumps(body).encode() if isinstance(body, (dict, list, int)) else body
+        row.update(spec)
+        out.append(row)
+    return pa.Table.from_pylist(out, schema=CANDIDATE_SCHEMA)
+
+
+def run(batch: pa.Table, sow: SowState, state: PublisherState | None = None):
+    result = classify(batch, state or PublisherState(), instance="amps-1", recorded=TopicRecorder(CFG), sow=sow, now=NOW)
+    if result.sow is not None:
+        sow.apply(result.sow)
+    return result
+
+
+def fresh() -> SowState:
+    return SowState(SowTopics.of(CFG))
+
+
+def records(sow: SowState, index: int = 0, topic: str = "/orders") -> dict[str, object]:
+    return {key: json.loads(body) for key, (_, body) in sow.items(index, topic)}
+
+
+# ---------------------------------------------------------------------------- keys and merges
+
+
+def test_key_text_escapes_separators_and_lists_split_back():
+    assert escape("a|b,c\\d") == "a\\|b\\,c\\\\d"
+    keys = [escape("EU|x") + "|" + escape("1,2"), "plain", escape("back\\")]
+    assert split_keys(",".join(keys)) == keys
+    assert split_keys(" a , ,b ") == ["a", "b"]
+
+
+def test_keys_from_json_fix_and_composite_definitions():
+    orders, regions, quotes, _ = CFG.sow_topics
+    assert key_of(orders, parse_body("json", b'{"id": 7}')) == "7"
+    assert key_of(orders, parse_body("json", b'{"id": "7"}')) == "7", "a number and its text are one key"
+    assert key_of(orders, parse_body("json", b'{"id": true}')) == "true"
+    assert key_of(orders, parse_body("json", b'{"id": 7.5}')) == "7.5"
+    for missing in (b'{"id": null}', b'{"id": ""}', b'{"id": {"a": 1}}', b'{"x": 1}', b"[1]"):
+        assert key_of(orders, parse_body("json", missing)) is None, missing
+    assert key_of(regions, parse_body("json", b'{"region": "EU|W", "id": 3}')) == "EU\\|W|3"
+    assert key_of(quotes, parse_body("fix", b"35=S\x0155=IBM\x0155=MSFT\x01")) == "IBM", "first occurrence of a tag"
+    assert key_of(quotes, parse_body("fix", b"35=S\x01")) is None
+
+
+def test_json_merge_nests_objects_replaces_arrays_and_scalars_keeps_absent_fields():
+    current = {"id": 1, "qty": 5, "tags": ["a", "b"], "addr": {"city": "Oslo", "geo": {"lat": 1, "lon": 2}}}
+    delta = {"qty": 7, "tags": ["c"], "addr": {"geo": {"lat": 9}, "zip": "0150"}, "new": {"x": None}}
+    assert merge("json", current, delta) == {
+        "id": 1, "qty": 7, "tags": ["c"], "addr": {"city": "Oslo", "geo": {"lat": 9, "lon": 2}, "zip": "0150"},
+        "new": {"x": None},
+    }
+    assert merge("json", {"a": {"b": 1}}, {"a": 5}) == {"a": 5}, "a scalar replaces an object"
+    assert current["qty"] == 5, "the current record is not modified in place"
+
+
+def test_fix_merge_is_tag_by_tag():
+    merged = merge("fix", parse_body("fix", b"35=S\x0155=IBM\x01132=10\x01"), parse_body("fix", b"132=11\x01133=12\x01"))
+    assert serialize("fix", merged) == b"35=S\x0155=IBM\x01132=11\x01133=12\x01"
+
+
+# ---------------------------------------------------------------------------- a batch against the state
+
+
+def test_delta_publish_merges_into_the_record_and_the_txlog_stores_the_merged_message():
+    sow = fresh()
+    run(rows({"body": {"id": 1, "qty": 5, "side": "buy", "n": {"a": 1}}}), sow)
+    result = run(rows({"body": {"id": 1, "qty": 6, "n": {"b": 2}}, "command": "delta_publish",
+                       "publisher": "other"}), sow)
+    stored = result.txlog_rows.to_pylist()[0]
+    assert stored["command"] == "publish" and stored["sow_key"] == "1"
+    assert json.loads(stored["data"]) == {"id": 1, "qty": 6, "side": "buy", "n": {"a": 1, "b": 2}}
+    assert records(sow) == {"1": {"id": 1, "qty": 6, "side": "buy", "n": {"a": 1, "b": 2}}}
+
+
+def test_changes_to_one_key_within_a_batch_apply_in_seq_order():
+    sow = fresh()
+    result = run(rows(
+        {"body": {"id": 1, "qty": 1}, "command": "delta_publish"},  # no record yet: stored as it is
+        {"body": {"id": 1, "side": "sell"}, "command": "delta_publish"},  # merges into the one before
+        {"body": {"id": 2, "qty": 2}},
+        {"command": "sow_delete", "sow_keys": "2"},
+        {"body": {"id": 2, "qty": 3}, "command": "delta_publish"},  # the record is gone: a publish again
+        {"body": {"id": 1}, "command": "sow_delete"},  # by data
+    ), sow)
+    stored = [(r["command"], r["sow_key"], json.loads(r["data"]) if r["data"] else None)
+              for r in result.txlog_rows.to_pylist()]
+    assert stored == [
+        ("publish", "1", {"id": 1, "qty": 1}),
+        ("publish", "1", {"id": 1, "qty": 1, "side": "sell"}),
+        ("publish", "2", {"id": 2, "qty": 2}),
+        ("sow_delete", "2", None),
+        ("publish", "2", {"id": 2, "qty": 3}),
+        ("sow_delete", "1", {"id": 1}),
+    ]
+    assert records(sow) == {"2": {"id": 2, "qty": 3}}
+    deletes = [r for r in result.txlog_rows.to_pylist() if r["command"] == "sow_delete"]
+    assert [(r["sow_keys"], r["filter"]) for r in deletes] == [("2", None), (None, None)]
+
+
+def test_sow_delete_by_filter_sees_the_batch_so_far_and_is_recorded_with_what_it_removed():
+    sow = fresh()
+    run(rows(*({"body": {"id": i, "qty": i * 10}} for i in range(1, 6))), sow)
+    result = run(rows(
+        {"body": {"id": 6, "qty": 60}, "publisher": "p2"},
+        {"command": "sow_delete", "filter": "/qty >= 30", "publisher": "p2"},
+        {"command": "sow_delete", "filter": "1=1", "topic": "/orders", "sow_keys": None, "publisher": "p3"},
+    ), sow)
+    deletes = [r for r in result.txlog_rows.to_pylist() if r["command"] == "sow_delete"]
+    assert deletes[0]["filter"] == "/qty >= 30" and split_keys(deletes[0]["sow_key"]) == ["3", "4", "5", "6"]
+    assert sorted(split_keys(deletes[1]["sow_key"])) == ["1", "2"]
+    assert records(sow) == {}
+
+
+def test_a_duplicate_delta_publish_is_not_merged_twice():
+    sow = fresh()
+    state = PublisherState()
+    first = run(rows({"body": {"id": 1, "n": 1}}, {"body": {"id": 1, "n": 2}, "command": "delta_publish"}), sow, state)
+    state.apply(0, {"last_seq": 2, "publishers": first.publishers})
+    again = run(rows({"body": {"id": 1, "n": 1}}, {"body": {"id": 1, "n": 2}, "command": "delta_publish"}), sow, state)
+    assert again.txlog_rows.num_rows == 0 and again.duplicates == 2 and again.sow is None
+    assert records(sow) == {"1": {"id": 1, "n": 2}}
+
+
+def test_fix_topic_keyed_by_tag_with_filter_delete_on_a_tag():
+    sow = fresh()
+    run(rows(
+        {"topic": "/quotes", "message_type": "fix", "body": b"35=S\x0155=IBM\x01132=10\x01"},
+        {"topic": "/quotes", "message_type": "fix", "body": b"35=S\x0155=MSFT\x01132=20\x01"},
+        {"topic": "/quotes", "message_type": "fix", "body": b"55=IBM\x01132=11\x01", "command": "delta_publish"},
+        {"topic": "/quotes", "message_type": "fix", "command": "sow_delete", "filter": "/132 > 15"},
+    ), sow)
+    assert {k: body for k, (_, body) in sow.items(2, "/quotes")} == {"IBM": b"35=S\x0155=IBM\x01132=11\x01"}
+
+
+def test_composite_keys_and_a_keyless_topic_take_the_header_key():
+    sow = fresh()
+    result = run(rows(
+        {"topic": "/regions/eu", "body": {"region": "EU", "id": 1}},
+        {"topic": "/regions/eu", "body": {"region": "US", "id": 1}},
+        {"topic": "/blobs", "message_type": "xml", "body": b"<a/>", "sow_key": "blob-1"},
+    ), sow)
+    assert [r["sow_key"] for r in result.txlog_rows.to_pylist()] == ["EU|1", "US|1", "blob-1"]
+    assert {k for k, _ in sow.items(1, "/regions/eu")} == {"EU|1", "US|1"}
+    assert [k for k, _ in sow.items(3, "/blobs")] == ["blob-1"]
+
+
+def test_non_sow_topics_keep_no_key_and_a_delta_publish_there_is_a_publish():
+    result = run(rows({"topic": "/trades", "body": {"id": 1}, "command": "delta_publish", "sow_key": "x"}), fresh())
+    stored = result.txlog_rows.to_pylist()[0]
+    assert (stored["command"], stored["sow_key"], result.sow) == ("publish", None, None)
+
+
+@pytest.mark.parametrize("spec,reason", [
+    ({"body": {"qty": 1}}, "publish on SOW topic '/orders' has no value for key /id"),
+    ({"topic": "/regions/x", "body": {"region": "EU"}}, "has no value for key /id"),
+    ({"topic": "/blobs", "message_type": "xml", "body": b"<a/>"},
+     "has no amps-sow-key header: the SOW topic '/blobs' has no <Key>"),
+    ({"body": [1, 2], "command": "delta_publish"}, "delta_publish body is an array, not a JSON object"),
+    ({"body": b"{nope", "command": "delta_publish"}, "body is not valid JSON"),
+    ({"command": "sow_delete"}, "names nothing to delete: give amps-sow-keys, amps-filter or a body with the key"),
+    ({"command": "sow_delete", "body": {"qty": 1}}, "its body has no value for /id"),
+    ({"command": "sow_delete", "sow_keys": " , "}, "amps-sow-keys ' , ' names no key"),
+    ({"command": "sow_delete", "filter": "/qty >> 3"}, "amps-filter does not parse: invalid filter at position 7"),
+    ({"command": "sow_delete", "topic": "/trades", "sow_keys": "1"}, "not a SOW topic of this instance"),
+    ({"topic": "/quotes", "message_type": "fix", "body": b"35=S\x01"}, "has no value for key /55"),
+])
+def test_bad_input_is_rejected_with_its_reason_and_changes_nothing(spec, reason):
+    sow = fresh()
+    run(rows({"body": {"id": 1}}), sow)
+    result = run(rows(dict(spec, publisher="bad")), sow)
+    assert result.txlog_rows.num_rows == 0 and result.publishers == {}
+    (rejected,) = result.rejected_rows.to_pylist()
+    assert reason in rejected["reason"], rejected["reason"]
+    assert records(sow) == {"1": {"id": 1}}
+
+
+# ---------------------------------------------------------------------------- the fold of stored rows
+
+
+def test_net_changes_of_stored_rows_equal_what_the_batch_did():
+    """What the compaction and the exact read fold from the txlog is what the ingest state holds."""
+    sow = fresh()
+    result = run(rows(
+        {"body": {"id": 1, "v": 1}}, {"body": {"id": 2, "v": 2}}, {"body": {"id": 1, "w": 3}, "command": "delta_publish"},
+        {"command": "sow_delete", "filter": "/v = 2"}, {"body": {"id": 3, "v": 3}}, {"command": "sow_delete", "sow_keys": "3"},
+        {"body": {"id": 3, "v": 4}},
+    ), sow)
+    stored = result.txlog_rows
+    changes = net_changes(stored, SowTopics.of(CFG), 0)
+    folded = apply_changes(SOW_SCHEMA.empty_table(), changes, buckets=4)
+    assert {r["sow_key"]: (r["seq"], json.loads(r["data"])) for r in folded.to_pylist()} == {
+        key: (seq, json.loads(body)) for key, (seq, body) in sow.items(0, "/orders")}
+    assert changes.deleted == {("/orders", "2")}
