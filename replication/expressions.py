@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import json
 import re
+
+import orjson
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Union
 
 from replication.errors import ConfigError
 from replication.messages import FIELD_TYPES, TAG_VALUE_TYPES, tag_value_fields
@@ -62,6 +64,7 @@ __all__ = [
     "Literal",
     "Not",
     "canonical",
+    "compile_python",
     "evaluate",
     "fields",
     "parse",
@@ -464,13 +467,18 @@ class Filter:
 
     text: str
     expr: Expr = field(init=False, compare=False, repr=False)
+    _compiled: dict = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "expr", parse(self.text))
+        object.__setattr__(self, "_compiled", {})
 
     def matches(self, message: Any, message_type: str = "json") -> bool:
-        """:func:`evaluate` of this filter on ``message``."""
-        return evaluate(self.expr, message, message_type)
+        """Does ``message`` match? The same answer as :func:`evaluate`, through :func:`compile_python`."""
+        test = self._compiled.get(message_type)
+        if test is None:
+            test = self._compiled[message_type] = compile_python(self.expr, message_type)
+        return test(message)
 
     def __str__(self) -> str:
         return str(self.expr)
@@ -488,8 +496,7 @@ _NUMERIC = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
 _NUMERIC_RE = re.compile(_NUMERIC)
 
 
-@dataclass(frozen=True)
-class _Value:
+class _Value(NamedTuple):
     kind: str
     text: str | None = None
     number: float | None = None
@@ -679,6 +686,165 @@ def _eval(node: Expr, doc: Any) -> bool | None:
         return _and(values) if node.op == "AND" else _or(values)
     if isinstance(node, Literal):
         return str(node.value).lower() == "true"
+    raise TypeError(f"not a filter node: {node!r}")
+
+
+# --------------------------------------------------------------------------- compiled Python form
+#
+# The same value model as :func:`evaluate`, compiled once into closures over a
+# body parsed with orjson: ~10x faster, for filters run over many messages (a
+# sow_delete by filter over a whole SOW topic, SOW queries). A JSON number's
+# text (how Spark prints it) only matters to LIKE; orjson does not keep the
+# source token, so a filter with LIKE on a JSON body takes :func:`evaluate`.
+
+
+def compile_python(expr: Expr, message_type: str = "json") -> Callable[[Any], bool]:
+    """``message -> bool``: :func:`evaluate` of ``expr`` on bodies of ``message_type``, compiled once.
+
+    Example:
+        >>> test = compile_python(parse("/qty > 100 AND /side = 'buy'"))
+        >>> test(b'{"qty": 150, "side": "buy"}'), test(b'{"qty": 50}')
+        (True, False)
+    """
+    if message_type == "json" and _has_like(expr):
+        return lambda message: evaluate(expr, message, message_type)
+    if message_type in TAG_VALUE_TYPES:
+        load: Callable[[Any], Any] = lambda message: _loads(message, message_type)  # noqa: E731
+    elif message_type == "json":
+        load = _fast_json
+    else:
+        return lambda message: False  # bodies without fields never match
+    test = _compiled(expr)
+
+    def run(message: Any) -> bool:
+        return test(message if isinstance(message, dict) else load(message)) is True
+
+    return run
+
+
+def _fast_json(message: Any) -> Any:
+    if not isinstance(message, (bytes, bytearray, memoryview, str)):
+        return message
+    try:
+        return orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _has_like(expr: Any) -> bool:
+    if isinstance(expr, Like):
+        return True
+    if isinstance(expr, Not):
+        return _has_like(expr.item)
+    if isinstance(expr, BoolOp):
+        return any(_has_like(i) for i in expr.items)
+    return False
+
+
+def _fast_value(node: Any) -> _Value:
+    """A field's value in the value model, from orjson's types (a number's text is not needed without LIKE)."""
+    if node is None:
+        return _NULL
+    kind = type(node)
+    if kind is str:
+        return _string_value(node)
+    if kind is bool:
+        return _Value("s", "true" if node else "false", None)
+    if kind is int or kind is float:
+        return _Value("n", None, float(node))
+    return _Value("o")
+
+
+def _compiled_operand(node: Operand) -> Callable[[Any], _Value]:
+    if isinstance(node, Literal):
+        value = _literal_value(node)
+        return lambda doc: value
+    path = node.path
+    if len(path) == 1:
+        (name,) = path
+
+        def one(doc: Any) -> _Value:
+            return _fast_value(doc.get(name)) if type(doc) is dict else _NULL
+
+        return one
+
+    def nested(doc: Any) -> _Value:
+        for part in path:
+            if type(doc) is not dict:
+                return _NULL
+            doc = doc.get(part)
+        return _fast_value(doc)
+
+    return nested
+
+
+def _compiled(node: Expr) -> Callable[[Any], bool | None]:
+    if isinstance(node, Compare):
+        left, right, op = _compiled_operand(node.left), _compiled_operand(node.right), node.op
+        return lambda doc: _compare(left(doc), right(doc), op)
+    if isinstance(node, InList):
+        value, items, negated = _compiled_operand(node.operand), [_compiled_operand(i) for i in node.items], node.negated
+
+        def in_list(doc: Any) -> bool | None:
+            v = value(doc)
+            r = _or([_compare(v, item(doc), "=") for item in items])
+            return _not(r) if negated else r
+
+        return in_list
+    if isinstance(node, Between):
+        value, low, high, negated = (_compiled_operand(node.operand), _compiled_operand(node.low),
+                                     _compiled_operand(node.high), node.negated)
+
+        def between(doc: Any) -> bool | None:
+            v = value(doc)
+            r = _and([_compare(v, low(doc), ">="), _compare(v, high(doc), "<=")])
+            return _not(r) if negated else r
+
+        return between
+    if isinstance(node, IsNull):
+        value, negated = _compiled_operand(node.operand), node.negated
+        return lambda doc: (value(doc).kind == "z") is not negated
+    if isinstance(node, Not):
+        item = _compiled(node.item)
+        return lambda doc: _not(item(doc))
+    if isinstance(node, BoolOp):
+        items = [_compiled(i) for i in node.items]
+        if node.op == "AND":
+            def all_of(doc: Any) -> bool | None:
+                unknown = False
+                for item in items:
+                    r = item(doc)
+                    if r is False:
+                        return False
+                    unknown = unknown or r is None
+                return None if unknown else True
+
+            return all_of
+
+        def any_of(doc: Any) -> bool | None:
+            unknown = False
+            for item in items:
+                r = item(doc)
+                if r is True:
+                    return True
+                unknown = unknown or r is None
+            return None if unknown else False
+
+        return any_of
+    if isinstance(node, Like):  # only on tag=value bodies here: their values are strings
+        value, pattern, negated = _compiled_operand(node.operand), re.compile(node.pattern), node.negated
+
+        def like(doc: Any) -> bool | None:
+            v = value(doc)
+            if v.kind in ("z", "o"):
+                return None
+            r = pattern.search(v.text or "") is not None
+            return (not r) if negated else r
+
+        return like
+    if isinstance(node, Literal):
+        result = str(node.value).lower() == "true"
+        return lambda doc: result
     raise TypeError(f"not a filter node: {node!r}")
 
 

@@ -597,3 +597,52 @@ def test_cdata_and_comments_inside_values():
     )
     assert cfg.name == "amps-1"
     assert cfg.destinations[0].topics[0].filter.text == "/qty > 100"
+
+
+# ---------------------------------------------------------------------------
+# SOW topics
+
+
+def sow_config(topic_xml: str) -> str:
+    return f"""<AMPSConfig><Name>a</Name><Storage>/s</Storage>
+    <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+    <SOW>{topic_xml}</SOW></AMPSConfig>"""
+
+
+def test_sow_topics_keyed_composite_keyless_and_their_compaction_interval():
+    cfg = parse_string(sow_config(
+        "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/region</Key><Key>/order/id</Key>"
+        "<CompactionInterval>30s</CompactionInterval></Topic>"
+        "<Topic><Name>/quotes</Name><MessageType>fix</MessageType><Key>/55</Key></Topic>"
+        "<Topic><Name>/blobs</Name><MessageType>binary</MessageType></Topic>"))
+    orders, quotes, blobs = cfg.sow_topics
+    assert (orders.keys, orders.key_paths, orders.compaction_interval) == (
+        ("/region", "/order/id"), (("region",), ("order", "id")), 30.0)
+    assert (quotes.keys, quotes.compaction_interval) == (("/55",), 5.0)
+    assert blobs.keys == (), "no <Key>: each message names its key in amps-sow-key"
+
+
+@pytest.mark.parametrize("topic_xml,problem,fix", [
+    ("<Topic><Name>/x</Name><MessageType>xml</MessageType><Key>/id</Key></Topic>",
+     "a <Key> on xml messages cannot be read", "remove the <Key> elements"),
+    ("<Topic><Name>/x</Name><MessageType>fix</MessageType><Key>/55/1</Key></Topic>",
+     "'/55/1' is a nested path, but fix fields are flat", "<Key>/55</Key>"),
+    ("<Topic><Name>/x</Name><MessageType>json</MessageType><Key>id</Key></Topic>",
+     "'id' is not a SOW key path", "<Key>/id</Key>"),
+    ("<Topic><Name>/x</Name><MessageType>json</MessageType><Key>/id</Key><Key>/id</Key></Topic>",
+     "key '/id' is listed twice", "list each <Key> once"),
+])
+def test_a_sow_key_that_cannot_be_read_is_a_config_error(topic_xml, problem, fix):
+    with pytest.raises(ConfigError) as info:
+        parse_string(sow_config(topic_xml), filename="c.xml")
+    assert problem in str(info.value) and fix in str(info.value) and str(info.value).startswith("c.xml:")
+
+
+def test_filters_read_fix_and_nvfix_fields():
+    cfg = parse_string("""<AMPSConfig><Name>a</Name><Storage>/s</Storage>
+      <TransactionLog><Topic><Name>.*</Name><MessageType>fix</MessageType></Topic></TransactionLog>
+      <Replication><Destination><Name>b</Name><SyncType>async</SyncType>
+        <Topic><Name>.*</Name><MessageType>fix</MessageType><Filter>/55 = 'IBM'</Filter></Topic>
+        <Transport><Type>amps-replication</Type><InetAddr>/b</InetAddr></Transport>
+      </Destination></Replication></AMPSConfig>""")
+    assert cfg.destinations[0].topics[0].filter.matches(b"55=IBM\x01", "fix")

@@ -160,16 +160,22 @@ def classify(
     for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
         reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
     # Rows on SOW topics (and every sow_delete) are parsed and checked once, for their keys.
-    on_sow = _on_sow_topic(batch, sow.topics if sow is not None else None) & headers_ok & (sizes <= MAX_MESSAGE_BYTES)
-    prepared: dict[int, Prepared] = {}
+    sow_index = _sow_indexes(batch, sow.topics if sow is not None else SowTopics(()))
+    on_sow = ((sow_index >= 0) | pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(
+        zero_copy_only=False)) & headers_ok & (sizes <= MAX_MESSAGE_BYTES)
+    # SOW rows' columns as lists, and each batch row's position among them (-1: not a SOW row)
+    sow_rows: dict[str, list] = {}
+    checks: list[Prepared | None] = []
+    sow_position = np.full(batch.num_rows, -1, dtype=np.int64)
     if on_sow.any():
-        candidates = np.nonzero(on_sow)[0].tolist()
+        candidates = np.nonzero(on_sow)[0]
+        sow_position[candidates] = np.arange(candidates.size)
         columns = ("topic", "message_type", "command", "data", "sow_key", "sow_keys", "filter")
-        rows = {name: _rows_at(batch.select([name]), np.array(candidates))[name].to_pylist() for name in columns}
-        positions = dict(enumerate(candidates))
-        found, why = prepare(sow.topics if sow is not None else SowTopics(()), rows, list(positions))
-        prepared = {positions[k]: v for k, v in found.items()}
-        reasons.update({positions[k]: v for k, v in why.items()})
+        picked = _rows_at(batch.select(list(columns)), candidates)
+        sow_rows = {name: picked[name].to_pylist() for name in columns}
+        checks, why = prepare(sow.topics if sow is not None else SowTopics(()), sow_rows,
+                              sow_index[candidates].tolist())
+        reasons.update({int(candidates[k]): v for k, v in why.items()})
     # Bodies are checked where a message is first published; a replicated row
     # was checked there, and re-parsing it at every hop costs ~0.7 us a row.
     published = pc.fill_null(pc.equal(batch["source"], "kafka"), False).to_numpy(zero_copy_only=False)
@@ -192,9 +198,9 @@ def classify(
     kept_idx = np.nonzero(keep)[0]
     txlog_rows = _txlog_rows(batch, kept_idx, seqs, codes, names, state.max_seq, instance, now)
     sow_changes = None
-    if sow is not None and prepared:
-        commands = _rows_at(batch.select(["command"]), kept_idx)["command"].to_pylist()
-        txlog_rows, sow_changes = _fold_sow(txlog_rows, commands, kept_idx, prepared, sow)
+    if sow is not None and checks:
+        txlog_rows, sow_changes = _fold_sow(txlog_rows, sow_position[kept_idx], checks, sow_rows, sow,
+                                            first_seq=state.max_seq + 1)
     rejected_idx = np.array(sorted(reasons), dtype=np.int64)
     rejected_rows = _rejected_rows(batch, rejected_idx, [reasons[i] for i in rejected_idx.tolist()], now)
 
@@ -214,38 +220,46 @@ def classify(
                       sow_changes)
 
 
-def _on_sow_topic(batch: pa.Table, topics: SowTopics | None) -> np.ndarray:
-    """Rows on a SOW topic, and every sow_delete (one on another topic is refused)."""
-    mask = pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
+def _sow_indexes(batch: pa.Table, topics: SowTopics) -> np.ndarray:
+    """Each row's ``<SOW><Topic>`` position (-1: not on a SOW topic), one lookup per distinct topic and type."""
     if not topics:
-        return mask
-    pairs = pc.binary_join_element_wise(
-        pc.fill_null(batch["topic"], ""), pc.fill_null(batch["message_type"], ""), "\x00"
-    )
-    on = [p for p in pc.unique(pairs).to_pylist() if topics.index(*p.split("\x00", 1)) >= 0]
-    if not on:
-        return mask
-    return mask | pc.is_in(pairs, pa.array(on, pa.string())).to_numpy(zero_copy_only=False)
+        return np.full(batch.num_rows, -1, dtype=np.int64)
+    pairs = pc.dictionary_encode(pc.binary_join_element_wise(
+        pc.fill_null(batch["topic"], ""), pc.fill_null(batch["message_type"], ""), "\x00")).combine_chunks()
+    lookup = np.array([topics.index(*p.split("\x00", 1)) for p in pairs.dictionary.to_pylist()] or [-1],
+                      dtype=np.int64)
+    return lookup[pc.fill_null(pairs.indices, 0).to_numpy(zero_copy_only=False)]
 
 
-def _fold_sow(txlog_rows: pa.Table, commands: list[str], kept_idx: np.ndarray, prepared: dict[int, Prepared],
-              sow: SowState) -> tuple[pa.Table, SowChanges | None]:
+def _fold_sow(txlog_rows: pa.Table, positions: np.ndarray, checks: list[Prepared | None], sow_rows: dict[str, list],
+              sow: SowState, *, first_seq: int) -> tuple[pa.Table, SowChanges | None]:
     """The kept rows with SOW topics' bodies merged and ``sow_key`` filled; the batch's SOW changes.
 
-    ``commands``: the kept rows' commands as published (the txlog says publish for a delta_publish).
+    ``positions``: each kept row's position in ``sow_rows`` (the SOW rows' columns as published: the txlog
+    says publish for a delta_publish) and ``checks``; -1 for a row on no SOW topic.
     """
-    at = [k for k, i in enumerate(kept_idx.tolist()) if i in prepared]
-    if not at:
+    at = np.nonzero(positions >= 0)[0]
+    if not at.size:
         return txlog_rows, None  # the batch's SOW rows were all duplicates
-    columns = {name: txlog_rows[name].to_pylist() for name in ("seq", "topic", "data")}
-    folded = fold(sow, [(columns["seq"][k], columns["topic"][k], commands[k], columns["data"][k],
-                         prepared[int(kept_idx[k])]) for k in at],
-                  through_seq=int(columns["seq"][-1]) if columns["seq"] else sow.applied_seq)
-    data, sow_key = columns["data"], [None] * txlog_rows.num_rows
-    for k, body, key in zip(at, folded.data, folded.sow_keys, strict=True):
-        data[k], sow_key[k] = body, key
-    out = txlog_rows.set_column(txlog_rows.schema.get_field_index("data"), "data", pa.array(data, pa.binary()))
-    out = out.set_column(out.schema.get_field_index("sow_key"), "sow_key", pa.array(sow_key, pa.string()))
+    rows = positions[at].tolist()
+    topics, commands, datas = sow_rows["topic"], sow_rows["command"], sow_rows["data"]
+    folded = fold(sow, (first_seq + at).tolist(), [topics[r] for r in rows], [commands[r] for r in rows],
+                  [datas[r] for r in rows], [checks[r] for r in rows],
+                  through_seq=first_seq + txlog_rows.num_rows - 1)
+    if at.size == txlog_rows.num_rows:
+        sow_key = pa.array(folded.sow_keys, pa.string())
+    else:
+        keys: list[str | None] = [None] * txlog_rows.num_rows
+        for k, key in zip(at.tolist(), folded.sow_keys, strict=True):
+            keys[k] = key
+        sow_key = pa.array(keys, pa.string())
+    out = txlog_rows.set_column(txlog_rows.schema.get_field_index("sow_key"), "sow_key", sow_key)
+    if folded.bodies:
+        changed = np.zeros(txlog_rows.num_rows, dtype=bool)
+        changed[at[list(folded.bodies)]] = True
+        data = pc.replace_with_mask(out["data"].combine_chunks(), pa.array(changed),
+                                    pa.array(list(folded.bodies.values()), pa.binary()))
+        out = out.set_column(out.schema.get_field_index("data"), "data", data)
     return out, folded.changes
 
 

@@ -53,7 +53,9 @@ class SowTopics:
 
 
 def escape(value: str) -> str:
-    return _ESCAPE.sub(r"\\\1", value)
+    if "\\" in value or "|" in value or "," in value:
+        return _ESCAPE.sub(r"\\\1", value)
+    return value
 
 
 def split_keys(text: str) -> list[str]:
@@ -112,11 +114,23 @@ def _field_text(message_type: str, doc: Any, path: tuple[str, ...]) -> str | Non
         if not isinstance(node, dict) or part not in node:
             return None
         node = node[part]
-    if node is None or isinstance(node, (dict, list)):
-        return None
-    if isinstance(node, bool):
+    return _json_text(node)
+
+
+def value_text(node: Any) -> str | None:
+    """A JSON field's value as a key (escaped, see the module docstring); None when it has none."""
+    text = _json_text(node)
+    return escape(text) if text is not None else None
+
+
+def _json_text(node: Any) -> str | None:
+    kind = type(node)
+    if kind is str:
+        return node or None
+    if kind is int:
+        return str(node)
+    if kind is bool:
         return "true" if node else "false"
-    if isinstance(node, float):
+    if kind is float:
         return repr(node)  # 7.5 -> "7.5", 7.0 -> "7.0"
-    text = str(node)
-    return text or None
+    return None  # missing, null, an object or an array

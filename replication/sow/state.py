@@ -25,11 +25,21 @@ The record of one key: ``(seq, body)``, ~0.4 KB of driver memory for a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
+
+import orjson
 
 from replication.expressions import Filter, FilterSyntaxError
 from replication.messages import FIELD_TYPES
-from replication.sow.keys import SowTopics, join_keys, key_of, missing_key_fields, parse_body, split_keys
+from replication.sow.keys import (
+    SowTopics,
+    join_keys,
+    key_of,
+    missing_key_fields,
+    parse_body,
+    split_keys,
+    value_text,
+)
 from replication.sow.merge import merge, mergeable, serialize
 
 #: A record: the local seq that last wrote it, and its body.
@@ -78,8 +88,7 @@ class SowChanges:
     records: dict[RecordId, Record | None] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """A candidate row on a SOW topic, checked: its key, its parsed body, or what its sow_delete names."""
 
     index: int
@@ -94,28 +103,43 @@ class Prepared:
     """sow_delete by filter."""
 
 
-def prepare(topics: SowTopics, rows: dict[str, list], candidates: list[int]) -> tuple[dict[int, Prepared], dict[int, str]]:
-    """Check the ``candidates`` rows (positions in ``rows``, a dict of column lists); each row on a SOW
-    topic gets a :class:`Prepared`, each that cannot be accepted a reason.
+def prepare(topics: SowTopics, rows: dict[str, list], indexes: list[int]) -> tuple[list[Prepared | None], dict[int, str]]:
+    """Check rows (``rows``: a dict of column lists); ``indexes[i]`` is row i's SOW topic position (-1: none).
+    Each row on a SOW topic gets a :class:`Prepared`, each that cannot be accepted a reason (by position).
 
     ``rows`` needs ``topic``, ``message_type``, ``command``, ``data``, ``sow_key``
     (the ``amps-sow-key`` header, or the upstream's key for replicated rows),
     ``sow_keys`` and ``filter``. A sow_delete on a topic that is not a SOW
     topic is refused; a delta_publish there is a publish.
     """
-    prepared: dict[int, Prepared] = {}
+    prepared: list[Prepared | None] = [None] * len(indexes)
     reasons: dict[int, str] = {}
-    topic_col, type_col, command_col = rows["topic"], rows["message_type"], rows["command"]
-    for i in candidates:
-        topic, message_type, command = topic_col[i], type_col[i], command_col[i]
-        index = topics.index(topic, message_type)
+    topic_col, type_col, command_col, data_col = rows["topic"], rows["message_type"], rows["command"], rows["data"]
+    # The common case on its own short path: a publish or delta_publish on a JSON topic keyed by one top-level
+    # field. Anything else, and any row it cannot take, goes the general way (which also words the reason).
+    simple = [s.key_paths[0][0] if s.message_type == "json" and len(s.key_paths) == 1 and len(s.key_paths[0]) == 1
+              else None for s in topics.topics]
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    for i, (index, command) in enumerate(zip(indexes, command_col)):
         if index < 0:
+            topic, message_type = topic_col[i], type_col[i]
             if command == "sow_delete":
                 reasons[i] = (f"sow_delete on topic {topic!r} ({message_type}), which is not a SOW topic of this "
                               "instance: add a <SOW><Topic> for it, or send the delete to a SOW topic")
             continue
+        name = simple[index]
+        if name is not None and command != "sow_delete":
+            try:
+                doc = loads(data_col[i])
+            except decode_error:
+                doc = None
+            if type(doc) is dict:
+                key = value_text(doc.get(name))
+                if key is not None:
+                    prepared[i] = Prepared(index, key, doc)
+                    continue
         try:
-            prepared[i] = _prepare_row(topics.topics[index], index, topic, command, rows, i)
+            prepared[i] = _prepare_row(topics.topics[index], index, topic_col[i], command, rows, i)
         except ValueError as exc:
             reasons[i] = str(exc)
     return prepared, reasons
@@ -182,47 +206,53 @@ def _parsed(message_type: str, data: bytes | None, what: str) -> Any:
 class Folded:
     """:func:`fold`'s answer for the kept rows, in order."""
 
-    data: list[bytes | None]
-    """Each row's body as stored: a delta_publish merged into its record; others unchanged."""
     sow_keys: list[str | None]
     """Each row's ``sow_key``: the record it wrote, or the keys a sow_delete removed here."""
+    bodies: dict[int, bytes | None]
+    """Row position -> its body as stored, where that is not the body as published: a delta_publish merged
+    into its record, a sow_delete by keys or filter (no body)."""
     changes: SowChanges
 
 
-def fold(state: SowState, rows: list[tuple[int, str, str, bytes | None, Prepared]], through_seq: int) -> Folded:
-    """Apply kept rows ``(seq, topic, command, data, prepared)``, in seq order, to the state plus the batch's
-    own earlier changes (the state itself is not changed)."""
+def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str], datas: list[bytes | None],
+         checks: list[Prepared], through_seq: int) -> Folded:
+    """Apply the kept rows (columns: seq, topic, command as published, body, :func:`prepare`'s check), in seq
+    order, to the state plus the batch's own earlier changes (the state itself is not changed)."""
     changes = SowChanges(through_seq)
     pending = changes.records
-    datas: list[bytes | None] = []
+    bodies: dict[int, bytes | None] = {}
     sow_keys: list[str | None] = []
-    topics = state.topics.topics
+    sows = state.topics.topics
+    state_get = state.get
 
-    def current(rid: RecordId) -> Record | None:
-        return pending[rid] if rid in pending else state.get(rid)
-
-    for seq, topic, command, data, p in rows:
-        sow = topics[p.index]
+    for position, (seq, topic, command, data, check) in enumerate(zip(seqs, topics, commands, datas, checks)):
         if command == "sow_delete":
-            if p.delete_filter is not None:
-                keys = [key for key, (_, body) in _current_items(state, pending, p.index, topic)
-                        if p.delete_filter.matches(body, sow.message_type)]
+            sow = sows[check.index]
+            if check.delete_filter is not None:
+                keys = [key for key, (_, body) in _current_items(state, pending, check.index, topic)
+                        if check.delete_filter.matches(body, sow.message_type)]
             else:
-                keys = [key for key in p.delete_keys or () if current((p.index, topic, key)) is not None]
+                keys = []
+                for key in check.delete_keys or ():
+                    rid = (check.index, topic, key)
+                    if (pending[rid] if rid in pending else state_get(rid)) is not None:
+                        keys.append(key)
             for key in keys:
-                pending[(p.index, topic, key)] = None
-            datas.append(data or None)  # by keys or filter: no body
+                pending[(check.index, topic, key)] = None
+            if not data:
+                bodies[position] = None  # by keys or by filter: no body
             sow_keys.append(join_keys(keys) or None)
             continue
-        rid = (p.index, topic, p.key)
+        rid = (check.index, topic, check.key)
         if command == "delta_publish":
-            record = current(rid)
+            record = pending[rid] if rid in pending else state_get(rid)
             if record is not None:
-                data = serialize(sow.message_type, merge(sow.message_type, parse_body(sow.message_type, record[1]), p.doc))
+                message_type = sows[check.index].message_type
+                data = bodies[position] = serialize(
+                    message_type, merge(message_type, parse_body(message_type, record[1]), check.doc))
         pending[rid] = (seq, data)
-        datas.append(data)
-        sow_keys.append(p.key)
-    return Folded(datas, sow_keys, changes)
+        sow_keys.append(check.key)
+    return Folded(sow_keys, bodies, changes)
 
 
 def _current_items(state: SowState, pending: dict[RecordId, Record | None], index: int,
