@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -130,15 +131,20 @@ def as_records(upserts: pa.Table, buckets: int) -> pa.Table:
     return pa.table({name: columns[name] for name in SOW_SCHEMA.names}).cast(SOW_SCHEMA)
 
 
-def _record_ids(table: pa.Table) -> pa.Array:
-    """``topic`` + NUL + ``sow_key`` per row: one string per record, for set operations in Arrow."""
-    return pc.binary_join_element_wise(table["topic"], table["sow_key"], "\x00")
-
-
 def apply_changes(base: pa.Table, changes: Changes, buckets: int) -> pa.Table:
     """Base records with ``changes`` applied: records touched are replaced by their upsert or dropped."""
-    touched = pa.array(["\x00".join(k) for k in changes.touched()], pa.string())
-    kept = base.filter(pc.invert(pc.is_in(_record_ids(base), value_set=touched))) if len(touched) else base
+    touched = changes.touched()
+    kept = base
+    if touched:
+        # by key first (one vectorised pass), then topic and key on the few rows whose key was touched
+        maybe = np.flatnonzero(pc.is_in(base["sow_key"], value_set=pa.array({k for _, k in touched}, pa.string()))
+                               .to_numpy(zero_copy_only=False))
+        if maybe.size:
+            pairs = zip(base["topic"].take(maybe).to_pylist(), base["sow_key"].take(maybe).to_pylist(), strict=True)
+            drop = [i for i, pair in zip(maybe.tolist(), pairs) if pair in touched]
+            mask = np.ones(base.num_rows, dtype=bool)
+            mask[drop] = False
+            kept = base.filter(pa.array(mask))
     return pa.concat_tables([kept.select(SOW_SCHEMA.names).cast(SOW_SCHEMA), as_records(changes.upserts, buckets)])
 
 
@@ -267,6 +273,8 @@ def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = No
     buckets = {bucket_of(topic, k, table.buckets) for k in keys} if keys is not None else None
     base = table.records(buckets)
     base = base.filter(pc.equal(base["topic"], topic))
+    if keys is not None:
+        base = base.filter(pc.is_in(base["sow_key"], value_set=pa.array(keys, pa.string())))
     txlog = TxlogFiles(str(layout.txlog))
     txlog.refresh()
     tail = txlog.read(table.through_seq, max(txlog.committed_seq, table.through_seq), schema=_tail_schema())
