@@ -4,6 +4,7 @@
 #   ./spark-submit.sh                          local demo (embedded broker, conf/ instances, a publisher)
 #   ./spark-submit.sh conf/amps-1.xml          one instance
 #   ./spark-submit.sh --master local[4] --conf spark.driver.memory=8g conf/a.xml conf/b.xml
+#   ./spark-submit.sh --bootstrap conf/c.xml  bootstrap an instance from another, then exit
 #
 # spark-submit's own options go to spark-submit; everything else (configs, or demo options
 # such as --rate 2000 --messages 10000) goes to the job.
@@ -27,6 +28,7 @@ fi
 spark_args=()
 job_args=()
 configs=0
+bootstrap=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --master|--conf|-c|--name|--driver-memory|--driver-cores|--driver-java-options|--executor-memory|\
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --properties-file|--queue)
       spark_args+=("$1" "$2"); shift ;;
     --verbose|--supervise) spark_args+=("$1") ;;
+    --bootstrap) bootstrap=1 ;;
     *.xml) job_args+=("$1"); configs=1 ;;
     *) job_args+=("$1") ;;
   esac
@@ -61,4 +64,5 @@ spark_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/conf/l
 
 job="$here/jobs/demo.py"
 [ "$configs" = 1 ] && job="$here/jobs/instance.py"
+[ "$bootstrap" = 1 ] && job="$here/jobs/bootstrap.py"
 exec "$venv/bin/spark-submit" "${spark_args[@]}" "$job" "${job_args[@]+"${job_args[@]}"}"

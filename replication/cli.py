@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "check every replication link among the given configs"),
     "trace": ("trace", "show where a message published at an instance goes, and why not elsewhere"),
     "topology": ("topology", "draw the fabric as SVG, PNG or Mermaid"),
+    "bootstrap": ("bootstrap", "copy another instance's messages into an empty instance, then exit"),
+    "backfill": ("backfill", "publish the rows of files (parquet, jsonl, csv, delta) at an instance"),
 }
 
 

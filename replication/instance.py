@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from replication import bootstrap
 from replication.actions import DowngradeController
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
@@ -77,6 +78,7 @@ class Instance:
         self.restarts = 0
         self._next_restart = 0.0
         self._next_slow_report = 0.0
+        self._next_bootstrap_log = 0.0
 
     @property
     def name(self) -> str:
@@ -87,6 +89,9 @@ class Instance:
         write_instance_config(self.cfg, self.layout.instance_json)
         txlog = IdempotentAppender(self.layout.txlog, TXLOG_SCHEMA, app_id="ingest", name=f"{self.name} txlog")
         rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id="ingest", name=f"{self.name} rejected")
+        if bootstrap.needed(self.cfg, self.layout):  # before anything is served: no ingest, acks or replication yet
+            bootstrap.run(self.cfg, self.layout, progress=self._log_bootstrap)
+            txlog.refresh()
         state = recover_state(txlog.table, self.layout.publishers_json)
         log.info("%s: recovered txlog at seq %d, %d publishers", self.name, state.max_seq, len(state.publishers))
         self._recover_sow(state.max_seq)
@@ -138,6 +143,12 @@ class Instance:
         self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
         self._heartbeat.start()
         return self
+
+    def _log_bootstrap(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now >= self._next_bootstrap_log or done >= total:
+            self._next_bootstrap_log = now + 5.0
+            log.warning("%s: bootstrap: %d of %d source rows read", self.name, done, total)
 
     def _recover_sow(self, max_seq: int) -> None:
         """The SOW state as of the txlog's end: each SOW table's base plus the txlog rows after it."""

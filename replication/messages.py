@@ -23,6 +23,10 @@ HEADER_SOW_KEYS = "amps-sow-keys"
 HEADER_FILTER = "amps-filter"
 """sow_delete by filter: an AMPS content filter (``1=1``: every record of the topic)."""
 
+#: The inbox ``link`` of rows a backfill wrote: publishes of the instance itself, not replicated rows
+#: (no instance can have this name: ``#`` is not allowed in names).
+BACKFILL_LINK = "#backfill"
+
 #: Commands stored in the txlog. ``logon`` is answered, never stored.
 STORED_COMMANDS = ("publish", "delta_publish", "sow_delete")
 LOGON = "logon"

@@ -66,7 +66,7 @@ from replication.config.xml_reader import (
 from replication.errors import ConfigError
 from replication.expressions import Filter, FilterSyntaxError
 
-__all__ = ["COMPRESSIONS", "DATA_TYPES", "parse_file", "parse_interval", "parse_string"]
+__all__ = ["COMPRESSIONS", "DATA_TYPES", "parse_file", "parse_interval", "parse_location", "parse_string"]
 
 TRANSPORT_TYPES: tuple[str, ...] = ("kafka", "amps-replication")
 COMPRESSIONS: tuple[str, ...] = ("zstd", "snappy", "gzip", "lz4", "none")
@@ -247,33 +247,42 @@ def _comma_list(node: Node) -> list[str]:
 def _location(node: Node) -> str:
     """A storage root: file URI, absolute or config-relative path, or remote URI."""
     value = node.text()
+    try:
+        return parse_location(value, base_dir=node.ctx.base_dir)
+    except _BadLocation as exc:
+        node.fail(exc.what, exc.fix)
+
+
+class _BadLocation(ConfigError):
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(f"{what}. Fix: {fix}")
+        self.what, self.fix = what, fix
+
+
+def parse_location(value: str, *, base_dir: str) -> str:
+    """A storage location as configs take it (``file:///abs/path``, a path relative to ``base_dir``, or a
+    remote URI), normalised; a :class:`ConfigError` naming the problem and the fix otherwise."""
     scheme_match = _URI.match(value)
     if scheme_match:
         scheme = scheme_match.group(1).lower()
         if scheme == "file":
             parts = urlsplit(value)
             if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
-                node.fail(
-                    f"'{value}' is not a local file URI",
-                    "write file:///absolute/path (three slashes, no host, no ? or #)",
-                )
+                raise _BadLocation(f"'{value}' is not a local file URI",
+                                   "write file:///absolute/path (three slashes, no host, no ? or #)")
             return os.path.normpath(unquote(parts.path))
         if scheme in _REMOTE_SCHEMES:
             return value.rstrip("/")
         guess = suggest(scheme, tuple(sorted(_REMOTE_SCHEMES | {"file"})))
         hint = f"; did you mean '{guess}://'?" if guess else ""
-        node.fail(
-            f"'{value}' uses the unsupported scheme '{scheme}://'{hint}",
-            "use file:///path, a plain path, or one of "
-            + ", ".join(f"{s}://" for s in sorted(_REMOTE_SCHEMES)),
-        )
+        raise _BadLocation(f"'{value}' uses the unsupported scheme '{scheme}://'{hint}",
+                           "use file:///path, a plain path, or one of "
+                           + ", ".join(f"{s}://" for s in sorted(_REMOTE_SCHEMES)))
     if _NETWORK_ADDR.match(value):
-        node.fail(
-            f"'{value}' looks like an AMPS network address (host:port); instances are "
-            "addressed here by their storage root",
-            "write the instance's <Storage> location, e.g. file:///var/lib/replication/amps-2",
-        )
-    path = value if os.path.isabs(value) else os.path.join(node.ctx.base_dir, value)
+        raise _BadLocation(f"'{value}' looks like an AMPS network address (host:port); instances are "
+                           "addressed here by their storage root",
+                           "write the instance's <Storage> location, e.g. file:///var/lib/replication/amps-2")
+    path = value if os.path.isabs(value) else os.path.join(base_dir, value)
     return os.path.normpath(path)
 
 
@@ -434,7 +443,7 @@ def _instance(root: Node) -> InstanceConfig:
             "</TransactionLog> to <AMPSConfig>",
         )
     bootstrap_node = kids.opt("Bootstrap")
-    bootstrap = _bootstrap(bootstrap_node) if bootstrap_node is not None else None
+    bootstrap = _bootstrap(bootstrap_node, sow_topics) if bootstrap_node is not None else None
     if bootstrap_node is not None:
         if not txlog:
             bootstrap_node.fail(
@@ -746,18 +755,26 @@ def _exclusions(node: Node) -> frozenset[str]:
     return frozenset(checks)
 
 
-def _bootstrap(node: Node) -> Bootstrap:
+def _bootstrap(node: Node, sow_topics: tuple[SowTopic, ...]) -> Bootstrap:
     kids = node.children(_BOOTSTRAP_SCHEMA)
     topic_nodes = kids.all("Topic")
     topics = [_topic_spec(n) for n in topic_nodes]
     _unique_topics(topic_nodes, topics)
-    data_types: frozenset[str] = frozenset(DATA_TYPES)
+    has_sow = any(s.message_type == t.message_type for s in sow_topics for t in topics)
+    # default: the txlog, and the SOW when a bootstrapped message type has SOW topics here
+    data_types: frozenset[str] = frozenset({"txlog", "sow"} if has_sow else {"txlog"})
     dt_node = kids.opt("DataType")
     if dt_node is not None:
         items = _comma_list(dt_node)
         for item in items:
             _enum(dt_node, DATA_TYPES, item=item)
         data_types = frozenset(items)
+        if "sow" in data_types and not has_sow:
+            dt_node.fail(
+                "the sow data type copies the source's SOW records into this instance's SOW topics, but no "
+                "<SOW><Topic> here has the message type of a bootstrapped <Topic>",
+                "add the SOW topics to <SOW>, or write <DataType>txlog</DataType>",
+            )
     tk = kids.one("Transport").children(_BOOTSTRAP_TRANSPORT_SCHEMA)
     _enum(tk.one("Type"), ("amps-replication",))
     addrs = tuple(_location(a) for a in tk.all("InetAddr"))

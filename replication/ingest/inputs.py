@@ -21,6 +21,7 @@ from replication.connectors.kafka.source import (
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.ingest.classify import CANDIDATE_SCHEMA
+from replication.messages import BACKFILL_LINK
 from replication.storage.layout import INGEST_QUERY, StorageLayout
 
 if TYPE_CHECKING:
@@ -163,18 +164,25 @@ class InboxRows:
                                  self.candidates(rows)])
 
     def candidates(self, rows: pa.Table) -> pa.Table:
-        """Inbox rows (``inbox_stream.STREAM_SCHEMA``) as candidate rows."""
+        """Inbox rows (``inbox_stream.STREAM_SCHEMA``) as candidate rows.
+
+        Rows a backfill wrote (link ``BACKFILL_LINK``) are this instance's own
+        publishes: source ``backfill``, not received from anyone, no upstream position.
+        """
         n = rows.num_rows
         link = rows["link"]
+        backfilled = pc.fill_null(pc.equal(link, BACKFILL_LINK), False)
+        upstream = pc.if_else(backfilled, pa.scalar(None, pa.string()), link)
         columns = {
-            "source": pc.binary_join_element_wise(pa.scalar("inbox:"), link, ""),
+            "source": pc.if_else(backfilled, "backfill", pc.binary_join_element_wise(pa.scalar("inbox:"), link, "")),
             "kafka_topic": pa.nulls(n, pa.string()),
             "kafka_partition": pa.nulls(n, pa.int32()),
             "kafka_offset": pa.nulls(n, pa.int64()),
             "publisher_seq": pc.cast(rows["publisher_seq"], pa.string()),
-            "received_from": link,
-            "received_from_group": rows["link_group"],
+            "received_from": upstream,
+            "received_from_group": pc.if_else(backfilled, pa.scalar(None, pa.string()), rows["link_group"]),
             "path": routing.received_paths(rows["path"], self.instance),
+            "upstream_seq": pc.if_else(backfilled, pa.scalar(None, pa.int64()), rows["upstream_seq"]),
         }
         return pa.table(
             {name: columns[name] if name in columns else rows[name] for name in CANDIDATE_SCHEMA.names},

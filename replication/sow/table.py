@@ -151,14 +151,17 @@ def apply_changes(base: pa.Table, changes: Changes, buckets: int) -> pa.Table:
 class SowTable:
     """The Delta table of one ``<SOW><Topic>`` (see the module docstring); the compactor is its one writer."""
 
-    def __init__(self, layout: StorageLayout, sow: SowTopic, *, start_seq: int = 0) -> None:
+    def __init__(self, layout: StorageLayout, sow: SowTopic, *, start_seq: int = 0, create: bool = True) -> None:
         """Open the table, creating it when absent: a SOW topic starts empty at ``start_seq`` (the txlog's
-        position when it was first configured), so rows stored before that are not folded into it."""
+        position when it was first configured), so rows stored before that are not folded into it.
+        ``create=False``: a table that does not exist raises ``TableNotFoundError`` (another instance's)."""
         self.sow = sow
         self.path = table_path(layout, sow)
         try:
             self.table = DeltaTable(str(self.path))
         except TableNotFoundError:
+            if not create:
+                raise
             self.path.mkdir(parents=True, exist_ok=True)
             self.table = DeltaTable.create(
                 str(self.path), SOW_SCHEMA, mode="ignore", partition_by=["bucket"], name=f"sow {sow.name}",
@@ -180,6 +183,14 @@ class SowTable:
         dataset = self.table.to_pyarrow_dataset()
         where = ds.field("bucket").isin(sorted(bucket_set)) if bucket_set is not None else None
         return dataset.to_table(filter=where).select(SOW_SCHEMA.names).cast(SOW_SCHEMA)
+
+    def replace(self, records: pa.Table, through: int) -> None:
+        """Make the table hold exactly ``records`` (SOW_SCHEMA) as of txlog seq ``through`` (one commit)."""
+        write_deltalake(
+            self.table, records.cast(SOW_SCHEMA), mode="overwrite", partition_by=["bucket"],
+            commit_properties=CommitProperties(app_transactions=[Transaction(APP_ID, through)]),
+        )
+        self.table.update_incremental()
 
     def compact(self, txlog: TxlogFiles, topics: SowTopics, index: int, through: int) -> bool:
         """Bring the base up to txlog seq ``through``; False when it already is. One commit."""
@@ -260,6 +271,28 @@ def sow_topic_for(cfg: InstanceConfig, topic: str) -> tuple[int, SowTopic]:
     raise ValueError(f"{topic!r} is not a SOW topic of {cfg.name} (its SOW topics: {names})")
 
 
+def exact_records(table: SowTable, txlog: TxlogFiles, topics: SowTopics, index: int, *, through: int | None = None,
+                  topic: str | None = None, keys: list[str] | None = None) -> pa.Table:
+    """The exact records of one SOW topic (SOW_SCHEMA): its table's base plus the txlog rows after it, up to
+    ``through`` (default: the txlog's end). ``topic`` / ``keys`` narrow it; keys read only their buckets."""
+    buckets = {bucket_of(topic, k, table.buckets) for k in keys} if keys is not None and topic is not None else None
+    base = table.records(buckets)
+    if topic is not None:
+        base = base.filter(pc.equal(base["topic"], topic))
+    if keys is not None:
+        base = base.filter(pc.is_in(base["sow_key"], value_set=pa.array(keys, pa.string())))
+    if through is None:
+        txlog.refresh()
+        through = txlog.committed_seq
+    tail = txlog.read(table.through_seq, max(through, table.through_seq), schema=_tail_schema())
+    if topic is not None:
+        tail = tail.filter(pc.equal(tail["topic"], topic))
+    records = apply_changes(base, net_changes(tail, topics, index), table.buckets)
+    if keys is not None:
+        records = records.filter(pc.is_in(records["sow_key"], value_set=pa.array(keys, pa.string())))
+    return records
+
+
 def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = None,
                  filter: Filter | None = None) -> pa.Table:
     """The exact current records of ``topic`` (SOW_SCHEMA, seq order): the base plus the txlog rows after it.
@@ -269,19 +302,8 @@ def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = No
     """
     index, sow = sow_topic_for(cfg, topic)
     layout = StorageLayout.of(cfg.storage)
-    table = SowTable(layout, sow)
-    buckets = {bucket_of(topic, k, table.buckets) for k in keys} if keys is not None else None
-    base = table.records(buckets)
-    base = base.filter(pc.equal(base["topic"], topic))
-    if keys is not None:
-        base = base.filter(pc.is_in(base["sow_key"], value_set=pa.array(keys, pa.string())))
-    txlog = TxlogFiles(str(layout.txlog))
-    txlog.refresh()
-    tail = txlog.read(table.through_seq, max(txlog.committed_seq, table.through_seq), schema=_tail_schema())
-    tail = tail.filter(pc.equal(tail["topic"], topic))
-    records = apply_changes(base, net_changes(tail, SowTopics.of(cfg), index), table.buckets)
-    if keys is not None:
-        records = records.filter(pc.is_in(records["sow_key"], value_set=pa.array(keys, pa.string())))
+    records = exact_records(SowTable(layout, sow), TxlogFiles(str(layout.txlog)), SowTopics.of(cfg), index,
+                            topic=topic, keys=keys)
     if filter is not None and records.num_rows:
         mask = [filter.matches(body, sow.message_type) for body in records["data"].to_pylist()]
         records = records.filter(pa.array(mask))

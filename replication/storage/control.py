@@ -21,6 +21,8 @@ file                        written by                           read by
                                                                  upstream's own acks
 ``links/<destination>.json``  this instance's destination        the instance at restart;
                             manager and replicator               ``replication status``
+``bootstrap.json``          a bootstrap, when it starts and      the instance at start: an interrupted
+                            when it ends                         bootstrap resumes
 ==========================  ===================================  ==========================================
 
 The acknowledgement chain: upstream U's replicator appends rows to our inbox
@@ -202,6 +204,25 @@ class LinkState(ControlFile):
     def from_json(cls, payload: dict) -> "LinkState":
         state = super().from_json(payload)
         return dataclasses.replace(state, unacked=tuple((int(a), int(b)) for a, b in state.unacked))
+
+
+@dataclass(frozen=True)
+class BootstrapState(ControlFile):
+    """``bootstrap.json``: a bootstrap from another instance, in progress (``copying``) or ``done``."""
+
+    source: str
+    """Address (storage root) of the source instance."""
+    source_name: str
+    source_txlog_id: str
+    """The source txlog's Delta table id: a resumed bootstrap reads the same table."""
+    source_version: int
+    """The source txlog's Delta version the copy reads: one consistent snapshot, also when resumed."""
+    source_through: int
+    """The source's highest seq in that snapshot."""
+    state: str = "copying"
+    rows_copied: int = 0
+    started: float = 0.0
+    finished: float = 0.0
 
 
 def write_instance_config(cfg: InstanceConfig, path: Path) -> None:

@@ -90,6 +90,15 @@ class StorageLayout:
     def durable_json(self) -> Path:
         return self.control / "durable.json"
 
+    @property
+    def bootstrap_json(self) -> Path:
+        return self.control / "bootstrap.json"
+
+    @property
+    def bootstrap_staging(self) -> Path:
+        """Where a bootstrap keeps the source's SOW records until its txlog copy is done."""
+        return self.root / "_bootstrap"
+
     def ack_file(self, upstream: str) -> Path:
         return self.control / "acks" / f"{upstream}.json"
 

@@ -225,6 +225,13 @@ class TxlogFiles:
     def file_count(self) -> int:
         return 0 if self._lo is None else len(self._lo)
 
+    @property
+    def first_seq(self) -> int:
+        """The lowest seq the table still holds (1 unless old rows were removed; 1 when unknown or empty)."""
+        if self._lo is None or not self._lo.size or self._lo[0] == _MIN:
+            return 1
+        return int(self._lo[0])
+
     def refresh(self) -> None:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError

@@ -1,0 +1,351 @@
+"""Batch backfill: every row of some files becomes a message published at an instance by one client.
+
+The instance's inbox is its batch entrance, so the txlog keeps its single
+writer and a backfill works whether the instance runs (its ingest takes the
+rows as they are committed) or not (it takes them at its next start).
+Backfilled rows are publishes of this instance by client ``--client``: the
+ingest dedupes, stores, acknowledges (persisted acks on ``<instance>.acks``),
+replicates and applies them to the SOW exactly as Kafka publishes.
+
+Deterministic numbering: the inputs' rows, in input order (files as given, a
+directory's files sorted by name, rows in file order), are the client's
+sequence numbers 1, 2, ...; running the same backfill again stores nothing
+twice (the instance drops what it has), and a backfill interrupted by kill -9
+completes on a re-run with no duplicate.
+
+Order of effects:
+
+1. plan (a Spark job, one task per file): count each file's rows and check
+   the columns the options name; a file that cannot be read or lacks a column
+   stops the run before anything is written, naming the file;
+2. in waves of files, Spark tasks read their file in bounded batches, check
+   each row (topic recorded here, body of its message type) and write Parquet
+   files of inbox rows (and of rejected rows, with file and row in the reason),
+   one part per ``CHUNK_ROWS`` rows; only file metadata returns to the driver;
+3. the driver commits the parts to the inbox (and ``rejected/``) in sequence
+   order, one commit per part, each an idempotent app transaction
+   ``backfill:<client>`` whose version is the part's number: a re-run skips the
+   parts already committed, and the ingest never sees a later part first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction
+
+from replication.config.model import InstanceConfig
+from replication.connectors import files
+from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
+from replication.connectors.delta.tables import open_or_create
+from replication.errors import ConfigError
+from replication.ingest.classify import TopicRecorder
+from replication.messages import BACKFILL_LINK, body_error, bookmark
+from replication.storage.layout import StorageLayout
+from replication.txlog import REJECTED_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: Rows per inbox commit: the ingest takes at least one commit per micro-batch, so this bounds its batches.
+CHUNK_ROWS = 100_000
+#: Input rows handed to Spark tasks per wave (the driver commits a wave, then plans the next).
+WAVE_ROWS = 1_000_000
+
+#: ``(rows done, rows in all)`` after each committed part.
+Progress = Callable[[int, int], None]
+
+
+class BackfillInputError(ConfigError):
+    """An input that cannot be backfilled (unreadable, a column missing, bad options); nothing was written."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one backfill reads and how rows become messages."""
+
+    client: str
+    fmt: str
+    topic: str | None = None
+    """Every row's AMPS topic (or ``topic_column``)."""
+    topic_column: str | None = None
+    data_column: str | None = None
+    """The column holding each message's body; None: the row itself, as a JSON object (a JSON line as written)."""
+    message_type: str = "json"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One chunk of one file, as a Spark task wrote it: the files to commit, and what it found."""
+
+    number: int
+    first_seq: int
+    rows: int
+    inbox: dict | None
+    rejected: dict | None
+    bad: list[str]
+    """The first few rejected rows, as ``file row N: reason``."""
+    rejected_rows: int
+    last_good_seq: int
+    """The highest sequence of a row written to the inbox (0: none)."""
+
+
+@dataclass
+class Result:
+    rows: int = 0
+    stored: int = 0
+    """Rows written to the inbox (messages the instance will store, unless it has them already)."""
+    rejected: int = 0
+    skipped_parts: int = 0
+    """Parts a previous run had committed."""
+    last_seq: int = 0
+    """The client's highest sequence (the inputs' row count)."""
+    last_stored_seq: int = 0
+    """The highest sequence written to the inbox: the instance has stored everything once it holds this."""
+    bad: list[str] | None = None
+
+
+def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Options,
+        progress: Progress | None = None) -> Result:
+    """Backfill ``inputs`` into ``cfg``'s instance (see the module docstring)."""
+    if cfg.replication_transport is None:
+        raise BackfillInputError(
+            f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "
+            "Fix: add <Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>")
+    layout = StorageLayout.of(cfg.storage)
+    inbox = create_inbox(layout.inbox)
+    rejected = open_or_create(layout.rejected, REJECTED_SCHEMA, name=f"{cfg.name} rejected")
+    app_id = f"backfill:{options.client}"
+    done_inbox, done_rejected = inbox.transaction_version(app_id), rejected.transaction_version(app_id)
+    work: list[_Work] = []
+    seq = number = 1
+    for item in _plan(spark, files.expand(inputs, options.fmt), options):
+        work.append(_Work(item.path, item.rows, seq, number))
+        seq += item.rows
+        number += work[-1].parts
+    result = Result(last_seq=seq - 1, bad=[])
+    total = seq - 1
+    while work:
+        wave = [work.pop(0)]
+        while work and sum(w.rows for w in wave) + work[0].rows <= WAVE_ROWS:
+            wave.append(work.pop(0))
+        todo = [w for w in wave if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
+        for part in sorted(_write_parts(spark, cfg, layout, todo, options, done_inbox), key=lambda p: p.number):
+            if part.rejected is not None and (done_rejected is None or part.number > done_rejected):
+                _commit(rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
+            if part.inbox is not None:
+                _commit(inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
+            result.stored += part.rows - part.rejected_rows
+            result.rejected += part.rejected_rows
+            result.last_stored_seq = max(result.last_stored_seq, part.last_good_seq)
+            result.bad.extend(part.bad[: max(0, 20 - len(result.bad))])
+        result.rows += sum(w.rows for w in wave)
+        if progress is not None:
+            progress(result.rows, total)
+    return result
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One input file: its rows, the sequence of its first row, the number of its first part."""
+
+    path: str
+    rows: int
+    first_seq: int
+    first_number: int
+
+    @property
+    def parts(self) -> int:
+        return max(1, -(-self.rows // CHUNK_ROWS))
+
+
+# -- 1. the plan ------------------------------------------------------------------------------
+
+
+def _plan(spark: SparkSession, paths: list[str], options: Options) -> list[files.InputFile]:
+    """Each file's rows and columns, counted by Spark tasks (one per file); a bad file stops the run."""
+    fmt = options.fmt
+    described = spark.sparkContext.parallelize(paths, max(1, len(paths))).map(
+        lambda path: _describe_or_error(path, fmt)).collect()
+    errors = [d for d in described if isinstance(d, str)]
+    if errors:
+        raise BackfillInputError(errors[0] + (f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""))
+    wanted = [c for c in (options.topic_column, options.data_column) if c]
+    for item in described:
+        missing = [c for c in wanted if c not in item.columns]
+        if missing and item.rows:
+            raise BackfillInputError(
+                f"{item.path}: no column {', '.join(repr(c) for c in missing)} (its columns: "
+                f"{', '.join(item.columns) or 'none'}). Fix: name an existing column with --topic-column / "
+                "--data-column")
+    return described
+
+
+def _describe_or_error(path: str, fmt: str) -> files.InputFile | str:
+    try:
+        return files.describe(path, fmt)
+    except files.InputError as exc:
+        return str(exc)
+
+
+# -- 2. the Spark tasks ---------------------------------------------------------------------
+
+
+def _write_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, todo: list[_Work],
+                 options: Options, done: int | None) -> list[Part]:
+    if not todo:
+        return []
+    inbox, rejected = str(layout.inbox), str(layout.rejected)
+
+    def task(work: _Work) -> list[Part]:
+        return _file_parts(cfg, work, options, inbox, rejected, done)
+
+    return [part for parts in spark.sparkContext.parallelize(todo, len(todo)).map(task).collect() for part in parts]
+
+
+def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, rejected: str,
+                done: int | None) -> list[Part]:
+    """(In a Spark task.) One file's rows as inbox rows, in parts of ``CHUNK_ROWS`` rows; parts a previous
+    run committed (``<= done``) are read past, not written."""
+    recorded = TopicRecorder(cfg)
+    now = datetime.now(timezone.utc)
+    parts: list[Part] = []
+    buffer: list[pa.Table] = []
+    buffered = 0
+    position, number = 0, work.first_number  # rows of the file before the buffer; the buffer's part number
+
+    def flush() -> None:
+        nonlocal buffer, buffered, position, number
+        if done is None or number > done:
+            rows = pa.concat_tables(buffer) if buffer else pa.table({})
+            parts.append(_part(cfg, work, position, number, rows, options, recorded, now, inbox, rejected))
+        position += buffered
+        number += 1
+        buffer, buffered = [], 0
+
+    for batch in files.batches(work.path, options.fmt):
+        offset = 0
+        while offset < batch.num_rows:
+            take = min(batch.num_rows - offset, CHUNK_ROWS - buffered)
+            buffer.append(batch.slice(offset, take))
+            buffered += take
+            offset += take
+            if buffered == CHUNK_ROWS:
+                flush()
+    if buffered:
+        flush()
+    return parts
+
+
+def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa.Table, options: Options,
+          recorded: TopicRecorder, now: datetime, inbox: str, rejected: str) -> Part:
+    """Rows ``position ...`` of the file: checked, written as an inbox file and a rejected file."""
+    n = rows.num_rows
+    first_seq = work.first_seq + position
+    topics = [options.topic] * n if options.topic is not None else rows[options.topic_column].cast(pa.string()).to_pylist()
+    bodies = _bodies(rows, options)
+    good, bad = [], []
+    for i, (topic, body) in enumerate(zip(topics, bodies, strict=True)):
+        if not topic:
+            why = f"no topic (column {options.topic_column!r} is empty)"
+        elif not recorded(topic, options.message_type):
+            why = (f"topic {topic!r} ({options.message_type}) is not recorded in {cfg.name}'s TransactionLog: add a "
+                   "matching <TransactionLog><Topic>")
+        else:
+            why = body_error(options.message_type, body or b"")
+        if why:
+            bad.append((i, f"{work.path} row {position + i + 1}: {why}"))
+        else:
+            good.append(i)
+    seqs = list(range(first_seq, first_seq + n))
+    inbox_add = _write(inbox, _inbox_rows(cfg, options, good, topics, bodies, seqs, now)) if good else None
+    rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, seqs, now)) if bad else None
+    return Part(number, first_seq, n, inbox_add, rejected_add, [why for _, why in bad[:20]], len(bad),
+                seqs[good[-1]] if good else 0)
+
+
+def _bodies(rows: pa.Table, options: Options) -> list[bytes | None]:
+    """Each row's message body: its data column as text or bytes, the JSON line as written, or the row as a
+    JSON object."""
+    if options.data_column is not None:
+        column = rows[options.data_column]
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            return column.to_pylist()
+        return [None if v is None else v.encode() for v in column.cast(pa.string()).to_pylist()]
+    if files.LINE in rows.column_names:
+        return rows[files.LINE].to_pylist()
+    return [orjson.dumps(row, default=str) for row in rows.to_pylist()]
+
+
+def _inbox_rows(cfg: InstanceConfig, options: Options, good: list[int], topics: list, bodies: list, seqs: list,
+                now: datetime) -> pa.Table:
+    n = len(good)
+    ts = pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n)
+    nulls = pa.nulls(n, pa.string())
+    picked = [seqs[i] for i in good]
+    columns = {
+        "bookmark": [bookmark(options.client, s) for s in picked], "publisher": [options.client] * n,
+        "publisher_seq": pa.array(picked, pa.int64()), "topic": [topics[i] for i in good],
+        "message_type": [options.message_type] * n, "command": ["publish"] * n, "sow_key": nulls, "sow_keys": nulls,
+        "filter": nulls, "data": pa.array([bodies[i] for i in good], pa.binary()), "origin": [cfg.name] * n,
+        "received_from": nulls, "received_from_group": nulls, "path": pa.nulls(n, pa.list_(pa.string())),
+        "publish_time": ts, "persist_time": ts, "upstream_seq": pa.array(picked, pa.int64()), "link": [BACKFILL_LINK] * n,
+        "link_group": [BACKFILL_LINK] * n,
+    }
+    return pa.table({name: columns[name] for name in INBOX_SCHEMA.names}).cast(INBOX_SCHEMA)
+
+
+def _rejected_rows(options: Options, bad: list[tuple[int, str]], topics: list, bodies: list, seqs: list,
+                   now: datetime) -> pa.Table:
+    n = len(bad)
+    return pa.table({
+        "reason": [why for _, why in bad], "source": ["backfill"] * n, "kafka_topic": pa.nulls(n, pa.string()),
+        "kafka_partition": pa.nulls(n, pa.int32()), "kafka_offset": pa.nulls(n, pa.int64()),
+        "publisher": [options.client] * n, "publisher_seq": [str(seqs[i]) for i, _ in bad],
+        "topic": [topics[i] for i, _ in bad], "message_type": [options.message_type] * n, "command": ["publish"] * n,
+        "data": pa.array([bodies[i] for i, _ in bad], pa.binary()),
+        "rejected_time": pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n),
+    }).cast(REJECTED_SCHEMA)
+
+
+def _write(table_dir: str, rows: pa.Table) -> dict:
+    """Write one Parquet data file into a Delta table's directory; its add action's fields (not yet committed)."""
+    name = f"backfill-{uuid.uuid4().hex}.parquet"
+    path = Path(table_dir) / name
+    pq.write_table(rows, path, compression="zstd")
+    stats = {"numRecords": rows.num_rows}
+    if "upstream_seq" in rows.column_names and rows.num_rows:
+        stats["minValues"] = {"upstream_seq": pc.min(rows["upstream_seq"]).as_py()}
+        stats["maxValues"] = {"upstream_seq": pc.max(rows["upstream_seq"]).as_py()}
+    return {"path": name, "size": path.stat().st_size, "modification_time": int(time.time() * 1000),
+            "stats": json.dumps(stats)}
+
+
+# -- 3. the commits ---------------------------------------------------------------------------
+
+
+def _commit(table: DeltaTable, schema: pa.Schema, add: dict, app_id: str, number: int) -> None:
+    """Commit one written file as app transaction ``app_id`` version ``number`` (skipped when already in)."""
+    table.update_incremental()
+    if (table.transaction_version(app_id) or 0) >= number:
+        return
+    table.create_write_transaction(
+        [AddAction(add["path"], add["size"], {}, add["modification_time"], True, add["stats"])],
+        mode="append", schema=schema,
+        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, number)],
+                                           custom_metadata={"replication.backfill": app_id}),
+    )
