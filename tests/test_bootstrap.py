@@ -1,0 +1,183 @@
+"""Bootstrap of a new or rebuilt instance from another (real broker, Spark, Delta, processes for kill -9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+from deltalake import DeltaTable
+
+from fabric_support import ONE_WAY, publish_orders
+from factories import (
+    bulk_publish,
+    destination_xml,
+    replication_xml,
+    txlog_rows,
+    wait_until,
+    write_config,
+)
+from processes import InstanceProcess
+from replication import config
+from replication.sow.table import read_current
+
+TOPICS = ("/a", "/b", "/c")
+
+
+def bootstrap_xml(topics, addresses, data_types: str | None = None) -> str:
+    names = "".join(f"<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>" for t in topics)
+    inet = "".join(f"<InetAddr>{a}</InetAddr>" for a in addresses)
+    dt = f"<DataType>{data_types}</DataType>" if data_types else ""
+    return f"<Bootstrap>{names}{dt}<Transport><Type>amps-replication</Type>{inet}</Transport></Bootstrap>"
+
+
+def spread(n: int, tag: str):
+    """``n`` messages over the three topics."""
+    return [(TOPICS[i % 3], json.dumps({"i": i, "from": tag}).encode()) for i in range(n)]
+
+
+def test_a_rebuilt_instance_bootstraps_the_sources_rows_of_its_topics_then_replication_goes_on(fabric):
+    s, r, x = (fabric.storage(n) for n in "srx")
+    fabric.configure("x", replication=replication_xml(destination_xml(fabric.name("s"), [s], sync="async",
+                                                                      topics=ONE_WAY)))
+    fabric.configure("s", replication=replication_xml(destination_xml(fabric.name("r"), [r], sync="async",
+                                                                      topics=ONE_WAY)))
+    r_links = replication_xml(destination_xml(fabric.name("s"), [s], topics=ONE_WAY))
+    fabric.configure("r", replication=r_links)
+    for name in "sxr":
+        fabric.start(name)
+    # the source's 200k rows: its own publishes, replicated ones from x, and ones that originated at r's old self
+    old_r, from_x = fabric.publisher("r-old", "r"), fabric.publisher("x-pub", "x")
+    for pub, tag in ((old_r, "r"), (from_x, "x")):
+        for topic, body in spread(6000, tag):
+            pub.publish(topic, body)
+    bulk_publish(fabric.broker.bootstrap, f"{fabric.name('s')}.publish", "s-pub", spread(188_000, "s"))
+    old_r.flush(timeout=300)  # sync: in s once persisted
+    from_x.flush(timeout=300)
+    wait_until(lambda: fabric.count("s") == 200_000, timeout=300, what="the source to hold 200k rows")
+    old_r.close()
+
+    # r is lost and rebuilt: empty storage, a <Bootstrap> of two of the three topics (first address missing)
+    fabric.stop("r")
+    shutil.rmtree(r)
+    fabric.configure("r", replication=r_links + bootstrap_xml(TOPICS[:2], [fabric.root / "gone", s]))
+    fabric.start("r")  # bootstraps before it serves anything
+    source = [row for row in fabric.rows("s").to_pylist() if row["topic"] in TOPICS[:2]]
+    copied = fabric.rows("r").to_pylist()
+    assert [row["bookmark"] for row in copied] == [row["bookmark"] for row in source], "the source's order"
+    assert [row["seq"] for row in copied] == list(range(1, len(source) + 1)), "this instance's own seqs"
+    own = [row for row in copied if row["origin"] == fabric.name("r")]
+    assert len(own) == 4000 and all(row["received_from"] is None for row in own), "own-origin rows, as published here"
+    assert {row["received_from"] for row in copied if row["origin"] != fabric.name("r")} == {fabric.name("s")}
+    kept = {"bookmark", "publisher", "publisher_seq", "origin", "path", "publish_time", "data"}
+    assert [{k: row[k] for k in kept} for row in copied] == [{k: row[k] for k in kept} for row in source]
+
+    # live publishing continues on both sides; replication delivers every later message once
+    r_live, s_live, x_more = (fabric.publisher(c, n) for c, n in (("r-live", "r"), ("s-live", "s"), ("x-more", "x")))
+    publish_orders(r_live, 1500, topic="/a")
+    publish_orders(s_live, 1500, topic="/b")
+    publish_orders(x_more, 500, topic="/a")
+    for pub in (r_live, s_live, x_more):
+        pub.flush(timeout=300)
+
+    def later(name: str) -> dict[str, int]:
+        rows = fabric.rows(name).to_pylist()
+        return {c: sum(1 for row in rows if row["publisher"] == c) for c in ("r-live", "s-live", "x-more")}
+
+    wait_until(lambda: later("r") == {"r-live": 1500, "s-live": 1500, "x-more": 500}, timeout=240,
+               what="r to receive the later messages once each")
+    wait_until(lambda: later("s")["r-live"] == 1500, timeout=240, what="s to receive r's later messages")
+    rows = fabric.rows("r")
+    assert len(set(rows["bookmark"].to_pylist())) == rows.num_rows, "no message twice"
+
+    # an instance that has messages never bootstraps again
+    fabric.stop("r")
+    before = fabric.count("r")
+    fabric.start("r")
+    assert fabric.count("r") == before
+
+
+def test_the_sow_data_type_copies_records_whose_txlog_rows_the_source_no_longer_has(fabric):
+    sow = "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic>"
+    fabric.configure("s", sow=sow)
+    fabric.start("s")
+    pub = fabric.publisher("p", "s")
+    for i in range(300):
+        pub.publish("/orders", json.dumps({"id": i % 100, "v": i}))  # 100 records, the last writes at seq 201..300
+    pub.publish("/orders", json.dumps({"id": 999, "v": "old"}))
+    for i in range(300, 400):
+        pub.publish("/orders", json.dumps({"id": i % 100, "v": i}))
+    pub.flush(timeout=120)
+    fabric.stop("s")  # its last compaction brings the SOW table up to its txlog's end
+    s_cfg = config.load(str(fabric.paths["s"]))
+    expected = read_current(s_cfg, "/orders").to_pylist()
+    DeltaTable(str(fabric.storage("s") / "txlog")).delete("seq <= 350")  # retention: record 999's row is gone
+    assert "999" in {row["sow_key"] for row in expected}
+
+    fabric.configure("r", sow=sow, replication=bootstrap_xml(["/orders"], [fabric.storage("s")], "sow,txlog"))
+    fabric.start("r")
+    r_cfg = config.load(str(fabric.paths["r"]))
+    got = read_current(r_cfg, "/orders").to_pylist()
+    fields = ("sow_key", "topic", "bookmark", "publisher", "publisher_seq", "data")
+    assert [{k: row[k] for k in fields} for row in sorted(got, key=lambda r: r["sow_key"])] == \
+        [{k: row[k] for k in fields} for row in sorted(expected, key=lambda r: r["sow_key"])]
+    assert fabric.count("r") == 51, "the txlog rows the source still has (seq 351..401)"
+    by_key = {row["sow_key"]: row["seq"] for row in got}
+    assert by_key["999"] == 0, "a record whose row is not in this txlog"
+    assert 1 <= by_key["99"] <= 51
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    # its own session: a failpoint kills its whole process group, which must not be pytest's
+    return subprocess.run([sys.executable, "-m", "replication.cli", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_kill_9_mid_bootstrap_then_restart_gives_the_uninterrupted_result(fabric, tmp_path):
+    fabric.configure("s")
+    fabric.start("s")
+    bulk_publish(fabric.broker.bootstrap, f"{fabric.name('s')}.publish", "bulk", spread(30_000, "s"))
+    wait_until(lambda: fabric.count("s") == 30_000, timeout=120, what="the source's rows")
+    boot = bootstrap_xml(TOPICS[:2], [fabric.storage("s")])
+    paths = {name: write_config(tmp_path, f"{name}-{uuid.uuid4().hex[:5]}", fabric.broker.bootstrap,
+                                replication=boot) for name in ("killed", "whole")}
+    small = {"REPLICATION_BOOTSTRAP_CHUNK_ROWS": "4000"}  # five chunks
+
+    whole = cli("bootstrap", str(paths["whole"]), env=small)
+    assert whole.returncode == 0, whole.stderr
+    killed = cli("bootstrap", str(paths["killed"]), env={**small, "REPLICATION_FAILPOINTS": "bootstrap.after_chunk@3"})
+    assert killed.returncode == -9 and "failpoint bootstrap.after_chunk reached" in killed.stderr
+    name = config.load(str(paths["killed"])).name
+    assert 0 < txlog_rows(tmp_path, name).num_rows < 20_000, "interrupted mid-copy"
+    proc = InstanceProcess(paths["killed"], tmp_path / "restart.log")  # the restart resumes, then serves
+    try:
+        wait_until(lambda: "bootstrapped from" in proc.log_text(), timeout=180, what="the resumed bootstrap")
+    finally:
+        proc.stop()
+    columns = ["seq", "bookmark", "publisher", "publisher_seq", "topic", "data", "origin", "path"]
+    want = txlog_rows(tmp_path, config.load(str(paths["whole"])).name, columns)
+    assert txlog_rows(tmp_path, name, columns).to_pylist() == want.to_pylist()
+    assert want.num_rows == 20_000 and len(set(want["bookmark"].to_pylist())) == 20_000
+
+
+def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(broker, tmp_path):
+    a, b = (f"{n}-{uuid.uuid4().hex[:5]}" for n in "ab")
+    paths = {}
+    for name, other in ((a, b), (b, a)):
+        paths[name] = write_config(tmp_path, name, broker.bootstrap,
+                                   replication=bootstrap_xml(TOPICS, [tmp_path / other]))
+    first = cli("bootstrap", str(paths[a]))
+    assert first.returncode == 1 and f"{tmp_path / b}: no instance there" in first.stderr
+    assert "Traceback" not in first.stderr and len(first.stderr.strip().splitlines()) == 1
+    proc = InstanceProcess(paths[b], tmp_path / "b.log")  # `replication run`: it must not wait for ever
+    code = proc.wait_killed(timeout=300)
+    assert code == 1, proc.log_text()[-2000:]
+    assert (f"{b} and {a} both have empty transaction logs and are configured to bootstrap from each other"
+            in proc.log_text())
+    assert "Fix: start one of them once without <Bootstrap>" in proc.log_text()
+    assert "Traceback" not in proc.log_text()
