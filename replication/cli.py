@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from replication.errors import ConfigError, ReplicationError
+from replication.errors import ConfigError, InputError, ReplicationError
 
 #: subcommand -> (module under replication.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "check every replication link among the given configs"),
     "trace": ("trace", "show where a message published at an instance goes, and why not elsewhere"),
     "topology": ("topology", "draw the fabric as SVG, PNG or Mermaid"),
+    "replay": ("replay", "print a txlog's messages from a bookmark, optionally following new ones"),
 }
 
 
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(_module(COMMANDS[args.command][0]).run(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, InputError) as exc:  # the user's input: say what to change, no traceback
         print(f"replication {args.command}: {exc}", file=sys.stderr)
         return 2
     except ReplicationError as exc:

@@ -1,0 +1,143 @@
+"""Bookmarks: the AMPS forms, and where each is in a txlog, found from file statistics (Delta tables, no Spark)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from replication import replay
+from replication.connectors.delta.tables import IdempotentAppender
+from replication.errors import InputError
+from replication.messages import (
+    BOOKMARK_FORMS,
+    Epoch,
+    MessageBookmark,
+    Now,
+    PersistedAt,
+    bookmark,
+    parse_bookmarks,
+)
+from replication.txlog import TXLOG_SCHEMA
+
+T0 = datetime(2026, 11, 23, 9, 30, 0, 250_000, tzinfo=timezone.utc)
+
+
+def write_batches(path: Path, batches: int, per_publisher: int, publishers=("p0", "p1", "p2")) -> pa.Table:
+    """A txlog as an instance writes it: one commit (one file) per batch, ``per_publisher`` rows of each
+    publisher interleaved, batch ``b`` persisted at ``T0 + b`` seconds. Returns every row."""
+    appender = IdempotentAppender(path, TXLOG_SCHEMA, app_id="ingest", name="txlog")
+    seq, written = 0, []
+    for b in range(batches):
+        rows = []
+        for i in range(per_publisher):
+            for pub in publishers:
+                seq += 1
+                pseq = b * per_publisher + i + 1
+                rows.append({
+                    "seq": seq, "bookmark": bookmark(pub, pseq), "publisher": pub, "publisher_seq": pseq,
+                    "topic": "/orders", "message_type": "json", "command": "publish", "sow_key": None,
+                    "data": json.dumps({"seq": seq}).encode(), "origin": "a", "received_from": None,
+                    "received_from_group": None, "path": ["a"], "publish_time": T0 + timedelta(seconds=b),
+                    "persist_time": T0 + timedelta(seconds=b, microseconds=700),
+                })
+        table = pa.Table.from_pylist(rows, schema=TXLOG_SCHEMA)
+        appender.append(table, b, {"batch": b, "first_seq": seq - len(rows) + 1, "last_seq": seq,
+                                   "publishers": {}, "links": {}})
+        written.append(table)
+    return pa.concat_tables(written)
+
+
+def stamp(moment: datetime) -> str:
+    return moment.strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+# -- the forms -----------------------------------------------------------------------
+
+
+def test_every_form_parses_and_a_list_keeps_its_order():
+    assert parse_bookmarks("0") == (Epoch(),)
+    assert parse_bookmarks("0|1|") == (Now(),)
+    assert parse_bookmarks("123|45|") == (MessageBookmark(123, 45),)
+    assert parse_bookmarks("20261123T093000") == parse_bookmarks("20261123T093000Z") == (
+        PersistedAt(datetime(2026, 11, 23, 9, 30, tzinfo=timezone.utc)),)
+    assert parse_bookmarks("20261123T093000.25Z")[0].time.microsecond == 250_000
+    assert parse_bookmarks(" 7|3| ,0, 20261123T093000Z") == (
+        MessageBookmark(7, 3), Epoch(), PersistedAt(datetime(2026, 11, 23, 9, 30, tzinfo=timezone.utc)))
+
+
+@pytest.mark.parametrize("text", ["", "1|2", "abc", "|1|", "1|x|", "2026-11-23T09:30:00", "20261323T093000Z",
+                                  "20261123T093000.1234567", "0|1|,"])
+def test_a_malformed_bookmark_names_itself_and_the_accepted_forms(text):
+    with pytest.raises(InputError) as err:
+        parse_bookmarks(text)
+    assert BOOKMARK_FORMS in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+# -- where they are in a txlog ----------------------------------------------------------
+
+
+def test_each_form_resolves_to_its_position(tmp_path):
+    rows = write_batches(tmp_path / "txlog", batches=4, per_publisher=5)  # 60 rows, 15 per batch
+    log = replay.open_txlog(tmp_path)
+    mid = rows.slice(22, 1).to_pylist()[0]  # seq 23, batch 1
+    assert log.position("0") == 0
+    assert log.position("0|1|") == 60
+    assert log.position(mid["bookmark"]) == 23, "a bookmark: start after its message"
+    # A time: the first message persisted at or after it (batch 2 starts at seq 31).
+    assert log.position(stamp(T0 + timedelta(seconds=2))) == 30
+    assert log.position(stamp(T0 + timedelta(seconds=1, microseconds=701))) == 30
+    assert log.position(stamp(T0 + timedelta(seconds=1, microseconds=700))) == 15
+    assert log.position(stamp(T0 - timedelta(days=1))) == 0
+    assert log.position(stamp(T0 + timedelta(days=1))) == 60, "after the last message: nothing yet"
+    # A list: the earliest; as an until, the latest.
+    listed = f"{mid['bookmark']},{stamp(T0 + timedelta(seconds=3))},{bookmark('p2', 1)}"
+    assert log.position(listed) == 3
+    assert log.position(listed, last=True) == 45
+    assert log.range(mid["bookmark"], listed) == (23, 45)
+
+
+def test_a_bookmark_this_txlog_does_not_hold_is_an_error_naming_the_forms(tmp_path):
+    write_batches(tmp_path / "txlog", batches=2, per_publisher=3)
+    log = replay.open_txlog(tmp_path)
+    for unknown in (bookmark("p0", 99), bookmark("someone-else", 1)):
+        with pytest.raises(InputError) as err:
+            log.position(unknown)
+        assert "is not in the txlog" in str(err.value) and BOOKMARK_FORMS in str(err.value)
+
+
+def test_seeking_reads_only_the_files_the_statistics_point_to(tmp_path):
+    """40 files: a bookmark or a time is found by reading one file; the others may as well be gone."""
+    path = tmp_path / "txlog"
+    rows = write_batches(path, batches=40, per_publisher=5)
+    target = rows.slice(15 * 27 + 4, 1).to_pylist()[0]  # in batch 27
+    keep = _file_of(path, target["seq"])
+    for data_file in path.glob("*.parquet"):
+        if data_file.name != keep:
+            data_file.unlink()
+    log = replay.open_txlog(tmp_path)
+    assert log.position(target["bookmark"]) == target["seq"]
+    assert log.position(stamp(T0 + timedelta(seconds=27))) == 15 * 27
+    assert log._seeker().files_read == 2
+
+
+def _file_of(path: Path, seq: int) -> str:
+    from deltalake import DeltaTable
+
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).to_pylist()
+    return next(a["path"] for a in actions if a["min.seq"] <= seq <= a["max.seq"])
+
+
+def test_a_source_that_names_no_instance_says_what_to_give(tmp_path):
+    with pytest.raises(InputError, match="does not exist: give an instance's config file"):
+        replay.open_txlog(tmp_path / "nowhere")
+    with pytest.raises(InputError, match="not int"):
+        replay.open_txlog(42)
+    from replication.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="config file not found"):
+        replay.open_txlog(tmp_path / "missing.xml")
