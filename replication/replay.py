@@ -164,8 +164,14 @@ class Txlog:
             end = durable if end is None else min(end, durable)
         return start, end
 
+    def file_uris(self, after: int, through: int) -> list[str]:
+        """The data files of the current snapshot that may hold rows ``after < seq <= through``, in seq order."""
+        self.files.refresh()
+        return [f.uri for f in self.files.overlapping(after, through)] if through > after else []
+
     def read(self, after: int, through: int) -> Iterator[pa.Table]:
         """Rows ``after < seq <= through`` in seq order, about :data:`WINDOW_ROWS` rows (whole files) at a time."""
+        self.files.refresh()
         for part in self.files.plan(after, through, rows_per_partition=WINDOW_ROWS):
             yield self.files.read(part.start, part.end)
 
@@ -301,7 +307,7 @@ def _snapshot(spark: SparkSession, log: Txlog, start: int, end: int) -> DataFram
     """The txlog's rows that may lie in ``(start, end]``: the whole table natively, else the files that overlap."""
     if reads_delta_natively(spark):
         return spark.read.format(DELTA_FORMAT).load(log.path).select(*SCHEMA.fieldNames())
-    uris = [f.uri for f in log.files.overlapping(start, end)] if end > start else []
+    uris = log.file_uris(start, end)
     if not uris:
         return spark.createDataFrame([], SCHEMA)
     return spark.read.schema(SCHEMA).parquet(*uris)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from factories import T0, write_batches
 from replication import replay
-from replication.connectors.delta.tables import IdempotentAppender
 from replication.errors import InputError
 from replication.messages import (
     BOOKMARK_FORMS,
@@ -21,34 +20,6 @@ from replication.messages import (
     bookmark,
     parse_bookmarks,
 )
-from replication.txlog import TXLOG_SCHEMA
-
-T0 = datetime(2026, 11, 23, 9, 30, 0, 250_000, tzinfo=timezone.utc)
-
-
-def write_batches(path: Path, batches: int, per_publisher: int, publishers=("p0", "p1", "p2")) -> pa.Table:
-    """A txlog as an instance writes it: one commit (one file) per batch, ``per_publisher`` rows of each
-    publisher interleaved, batch ``b`` persisted at ``T0 + b`` seconds. Returns every row."""
-    appender = IdempotentAppender(path, TXLOG_SCHEMA, app_id="ingest", name="txlog")
-    seq, written = 0, []
-    for b in range(batches):
-        rows = []
-        for i in range(per_publisher):
-            for pub in publishers:
-                seq += 1
-                pseq = b * per_publisher + i + 1
-                rows.append({
-                    "seq": seq, "bookmark": bookmark(pub, pseq), "publisher": pub, "publisher_seq": pseq,
-                    "topic": "/orders", "message_type": "json", "command": "publish", "sow_key": None,
-                    "data": json.dumps({"seq": seq}).encode(), "origin": "a", "received_from": None,
-                    "received_from_group": None, "path": ["a"], "publish_time": T0 + timedelta(seconds=b),
-                    "persist_time": T0 + timedelta(seconds=b, microseconds=700),
-                })
-        table = pa.Table.from_pylist(rows, schema=TXLOG_SCHEMA)
-        appender.append(table, b, {"batch": b, "first_seq": seq - len(rows) + 1, "last_seq": seq,
-                                   "publishers": {}, "links": {}})
-        written.append(table)
-    return pa.concat_tables(written)
 
 
 def stamp(moment: datetime) -> str:

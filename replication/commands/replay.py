@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{log.name} has no txlog yet ({log.path}): start the instance first, "
                          "or add --follow to wait for its messages")
     start, end = log.range(args.bookmark, args.until)
+    if args.follow:  # the moment from which new messages count (NOW), for the user and for scripts
+        print(f"replication replay: following {log.name} after seq {start}", file=sys.stderr, flush=True)
     printer = Printer(sys.stdout.buffer, args.format)
     try:
         replay(log, selection, start, end, printer, args)
