@@ -43,7 +43,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from replication import config, expressions, routing
 from replication.config.model import InstanceConfig
@@ -63,6 +65,7 @@ from replication.messages import (
 )
 from replication.storage.control import DurableState
 from replication.storage.layout import StorageLayout
+from replication.txlog import REJECTED_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -73,6 +76,7 @@ __all__ = [
     "json_columns",
     "open_txlog",
     "reads_delta_natively",
+    "rejected",
     "sow",
     "subscribe",
     "txlog",
@@ -372,6 +376,25 @@ def sow(source: Source, *, topic: str, filter: str | None = None, spark: SparkSe
         f"replay.sow: {log.name} has no SOW table for {topic!r}: this version of replication does not build SOW "
         "tables yet. Read the topic's history instead: replay.txlog(source, topic=...)"
     )
+
+
+def rejected(source: Source, *, spark: SparkSession | None = None) -> DataFrame:
+    """The messages ``source`` refused (``rejected/``), each with its ``reason``; empty when it refused none.
+
+    Example:
+        >>> replay.rejected("conf/amps-1.xml").groupBy("reason").count().show()  # doctest: +SKIP
+    """
+    log = open_txlog(source)
+    spark = spark or session()
+    path = str(log.layout.rejected)
+    schema = from_arrow_schema(REJECTED_SCHEMA)
+    try:
+        uris = DeltaTable(path).file_uris()
+    except TableNotFoundError:  # the instance has not run yet
+        return spark.createDataFrame([], schema)
+    if reads_delta_natively(spark):
+        return spark.read.format(DELTA_FORMAT).load(path)
+    return spark.read.schema(schema).parquet(*uris) if uris else spark.createDataFrame([], schema)
 
 
 def json_columns(df: DataFrame, schema: str | None = None, *, sample_rows: int = 1000) -> DataFrame:
