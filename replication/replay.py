@@ -174,9 +174,13 @@ class Txlog:
         return [f.uri for f in self.files.overlapping(after, through)] if through > after else []
 
     def read(self, after: int, through: int) -> Iterator[pa.Table]:
-        """Rows ``after < seq <= through`` in seq order, about :data:`WINDOW_ROWS` rows (whole files) at a time."""
+        """Rows ``after < seq <= through`` in seq order: about :data:`WINDOW_ROWS` rows (whole files) at a time,
+        the first file alone."""
         self.files.refresh()
-        for part in self.files.plan(after, through, rows_per_partition=WINDOW_ROWS):
+        parts = self.files.plan(after, through, rows_per_partition=WINDOW_ROWS)
+        if parts:  # the first window file by file: the first rows come out as soon as one file is read
+            parts = self.files.plan(after, parts[0].end, rows_per_partition=1) + parts[1:]
+        for part in parts:
             yield self.files.read(part.start, part.end)
 
     def _position(self, point) -> int:
@@ -227,20 +231,33 @@ class Selection:
             filter = expressions.Filter(filter) if filter.strip() else None
         return cls(topic or None, filter)
 
-    def spark_condition(self) -> Column:
-        """The selection as one native Spark boolean column over the txlog's columns."""
-        out = F.lit(True)
+    def conditions(self) -> list[Column]:
+        """The selection as native Spark boolean columns over the txlog's columns, all of which must hold.
+
+        Separate conditions, cheapest first: Spark evaluates them in turn and
+        compiles each alone, so the filter's parse of the body is shared by
+        all its field reads (inside a CASE or behind an AND it would be
+        repeated per field, ~2.5x slower).
+        """
+        out = []
         if self.topic is not None:
             literal = routing.is_literal(self.topic)
-            out = F.col("topic") == F.lit(self.topic) if literal else F.col("topic").rlike(self.topic)
+            topic = F.col("topic") == F.lit(self.topic) if literal else F.col("topic").rlike(self.topic)
+            out.append(F.coalesce(topic, F.lit(False)))
         if self.filter is not None:
-            # One compiled filter per message type a body can be read as (see FILTERABLE_TYPES).
-            by_type = F.when(F.col("message_type") == "json", expressions.to_spark_column(self.filter.expr, "data"))
-            out = out & by_type
-        return F.coalesce(out, F.lit(False))
+            # A body is read as its message type; only FILTERABLE_TYPES have fields a filter can name.
+            out.append(F.col("message_type").isin(*FILTERABLE_TYPES))
+            out.append(expressions.to_spark_column(self.filter.expr, "data"))
+        return out
+
+    def where(self, df: DataFrame) -> DataFrame:
+        """``df`` (txlog rows) keeping the selected rows."""
+        for condition in self.conditions():
+            df = df.where(condition)
+        return df
 
     def mask(self, rows: pa.Table) -> np.ndarray:
-        """:meth:`spark_condition` evaluated in Python on txlog rows (``topic``, ``message_type``, ``data``)."""
+        """:meth:`where` evaluated in Python on txlog rows (``topic``, ``message_type``, ``data``)."""
         keep = np.ones(rows.num_rows, dtype=bool)
         if self.topic is not None and rows.num_rows:
             topics = pc.dictionary_encode(rows.column("topic").combine_chunks())
@@ -304,7 +321,7 @@ def txlog(
     end = log.committed_seq() if end is None else end
     spark = spark or session()
     rows = _snapshot(spark, log, start, end)
-    return rows.where((F.col("seq") > start) & (F.col("seq") <= end) & selection.spark_condition()).orderBy("seq")
+    return selection.where(rows.where((F.col("seq") > start) & (F.col("seq") <= end))).orderBy("seq")
 
 
 def _snapshot(spark: SparkSession, log: Txlog, start: int, end: int) -> DataFrame:
@@ -361,7 +378,7 @@ def subscribe(
         reader = reader.option("rate", str(speed))
     if max_rows_per_trigger:
         reader = reader.option("maxRowsPerTrigger", int(max_rows_per_trigger))
-    return reader.load().where(selection.spark_condition())
+    return selection.where(reader.load())
 
 
 def sow(source: Source, *, topic: str, filter: str | None = None, spark: SparkSession | None = None) -> DataFrame:

@@ -35,6 +35,8 @@ FIELDS = ("bookmark", "seq", "topic", "message_type", "publisher", "publisher_se
 TABLE = (("seq", 9), ("persist_time", 27), ("publisher", 14), ("topic", 18), ("bookmark", 30), ("data", 0))
 #: ``--format table`` shows this many characters of a body.
 TABLE_DATA_CHARS = 80
+#: Rows formatted and written at a time.
+PRINT_ROWS = 2_000
 #: A replay of more rows than this shows a progress bar (when stderr is a terminal).
 PROGRESS_MIN_ROWS = 200_000
 
@@ -122,15 +124,14 @@ class Printer:
         self._header = fmt == "table"
 
     def write(self, rows: pa.Table) -> None:
-        if not rows.num_rows:
-            return
-        records = _records(rows)
-        if self.fmt == "jsonl":
-            lines = [orjson.dumps(record) for record in records]
-        else:
-            lines = self._table_lines(records)
-        self.out.write(b"\n".join(lines) + b"\n")
-        self.out.flush()
+        for start in range(0, rows.num_rows, PRINT_ROWS):  # slices: the first lines go out before the rest is made
+            records = _records(rows.slice(start, PRINT_ROWS))
+            if self.fmt == "jsonl":
+                lines = [orjson.dumps(record) for record in records]
+            else:
+                lines = self._table_lines(records)
+            self.out.write(b"\n".join(lines) + b"\n")
+            self.out.flush()
 
     def _table_lines(self, records: list[dict]) -> list[bytes]:
         lines = []
