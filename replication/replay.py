@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import functions as F
@@ -51,7 +52,7 @@ from replication import config, expressions, routing
 from replication.config.model import InstanceConfig
 from replication.connectors.delta import txlog_stream
 from replication.connectors.delta.txlog_seek import TxlogSeek
-from replication.connectors.delta.txlog_stream import SCHEMA, TxlogFiles
+from replication.connectors.delta.txlog_stream import SCHEMA, TxlogFiles, local_or_uri
 from replication.connectors.spark.pacing import parse_rate
 from replication.connectors.spark.session import session
 from replication.errors import InputError, ReplicationError
@@ -65,7 +66,7 @@ from replication.messages import (
 )
 from replication.storage.control import DurableState
 from replication.storage.layout import StorageLayout
-from replication.txlog import REJECTED_SCHEMA
+from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -89,6 +90,8 @@ Source = Union[str, os.PathLike, InstanceConfig]
 DELTA_FORMAT = "delta"
 #: Rows per window when the txlog is read without Spark (whole files; ``replication replay``).
 WINDOW_ROWS = 50_000
+#: Rows per batch of the first file, streamed.
+STREAM_ROWS = 2_000
 #: Message types whose bodies a content filter reads; rows of other types never match a filter.
 #: (fix and nvfix join when :mod:`replication.expressions` reads their field paths.)
 FILTERABLE_TYPES = ("json",)
@@ -174,14 +177,42 @@ class Txlog:
         return [f.uri for f in self.files.overlapping(after, through)] if through > after else []
 
     def read(self, after: int, through: int) -> Iterator[pa.Table]:
-        """Rows ``after < seq <= through`` in seq order: about :data:`WINDOW_ROWS` rows (whole files) at a time,
-        the first file alone."""
+        """Rows ``after < seq <= through`` in seq order: the first file streamed in small batches (the first
+        rows come out at once, whatever the file's size), then about :data:`WINDOW_ROWS` rows (whole files,
+        checked complete) at a time."""
         self.files.refresh()
-        parts = self.files.plan(after, through, rows_per_partition=WINDOW_ROWS)
-        if parts:  # the first window file by file: the first rows come out as soon as one file is read
-            parts = self.files.plan(after, parts[0].end, rows_per_partition=1) + parts[1:]
-        for part in parts:
+        position = after
+        for rows in self._stream_first_file(after, through):
+            position = int(rows.column("seq")[-1].as_py())
+            yield rows
+        for part in self.files.plan(position, through, rows_per_partition=WINDOW_ROWS):
             yield self.files.read(part.start, part.end)
+
+    def _stream_first_file(self, after: int, through: int) -> Iterator[pa.Table]:
+        """The rows of the first file that holds ``after + 1``, batch by batch, while they follow on from
+        ``after`` without a gap (the plain case); anything else is left to the checked windows."""
+        first = self.files.overlapping(after, through)[:1]
+        if not first:
+            return
+        try:
+            parquet = pq.ParquetFile(local_or_uri(first[0].uri))
+        except FileNotFoundError:  # compacted and vacuumed since listed: the checked read re-plans
+            return
+        seq_column = parquet.schema_arrow.get_field_index("seq")
+        groups = [g for g in range(parquet.metadata.num_row_groups)
+                  if _may_hold_after(parquet.metadata.row_group(g).column(seq_column).statistics, after)]
+        position = after
+        for batch in parquet.iter_batches(batch_size=STREAM_ROWS, row_groups=groups):
+            seqs = batch.column("seq")
+            rows = pa.Table.from_batches([batch]).filter(
+                pc.and_(pc.greater(seqs, position), pc.less_equal(seqs, through)))
+            if not rows.num_rows:
+                continue
+            got = rows.column("seq").to_numpy()
+            if got[0] != position + 1 or got[-1] - got[0] != len(got) - 1:
+                return
+            yield rows.cast(TXLOG_SCHEMA)
+            position = int(got[-1])
 
     def _position(self, point) -> int:
         if isinstance(point, Epoch):
@@ -440,6 +471,11 @@ def json_columns(df: DataFrame, schema: str | None = None, *, sample_rows: int =
     names = parsed.select("fields.*").columns
     taken = set(df.columns)
     return parsed.select("*", *[F.col("fields")[n].alias(n) for n in names if n not in taken])
+
+
+def _may_hold_after(statistics, after: int) -> bool:
+    """Can a row group with these ``seq`` statistics hold a row after ``after``? (no statistics: yes)"""
+    return statistics is None or not statistics.has_min_max or statistics.max > after
 
 
 def _struct_ddl(variant_type: str) -> str:
