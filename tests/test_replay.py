@@ -203,6 +203,7 @@ def test_now_with_follow_prints_only_messages_committed_later(stored):
             pub.publish("/orders/late", json.dumps({"i": i}).encode())
         pub.flush(timeout=120)
         printed = [json.loads(lines.get(timeout=60)) for _ in range(30)]
+        assert not children_running(proc.pid, "java"), "replication replay reads without starting Spark"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -212,6 +213,30 @@ def test_now_with_follow_prints_only_messages_committed_later(stored):
     assert lines.empty()
 
 
+
+
+def children_running(pid: int, program: str) -> list[int]:
+    """Processes started by ``pid`` (at any depth) whose command line mentions ``program``."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for child in [c for c, ppid in parents.items() if ppid == parent]:
+            todo.append(child)
+            try:
+                if program in (Path("/proc") / str(child) / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(child)
+            except OSError:
+                continue
+    return found
 
 
 def test_subscribe_from_now_delivers_only_later_messages(stored, tmp_path):
