@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,86 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float 
     if value is None:
         raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
     return value
+
+
+# -- synthetic txlogs --------------------------------------------------------------
+
+_BODY_HEAD = '{"id":'
+_BODY_TAIL = (',"symbol":"ACME","side":"buy","qty":500,"price":101.5,"trader":"trader-0007","desk":"equities-nyc",'
+              '"account":"ACC-000123","note":"benchmark order flow with a realistic body size of ~200 B"}')
+
+
+def synthetic_txlog_rows(instance: str, first: int, count: int, publishers: int, now: datetime):
+    """Txlog rows ``first..first+count-1`` (0-based) as the instance would store them.
+
+    Row i belongs to ``pub-(i % publishers)`` with publisher_seq ``i // publishers + 1``.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from replication.messages import publisher_id
+    from replication.txlog import TXLOG_SCHEMA
+
+    i = np.arange(first, first + count, dtype=np.int64)
+    who = pa.array(i % publishers)
+    pub_seq = pa.array(i // publishers + 1)
+    names = pa.array([f"pub-{k}" for k in range(publishers)])
+    ids = pa.array([str(publisher_id(f"pub-{k}")) for k in range(publishers)])
+    now_us = pa.array(np.full(count, int(now.timestamp() * 1e6), dtype=np.int64), pa.timestamp("us", tz="UTC"))
+    const = lambda v: pa.array([v] * count, pa.string())  # noqa: E731
+    columns = {
+        "seq": pa.array(i + 1),
+        "bookmark": pc.binary_join_element_wise(ids.take(who), pub_seq.cast(pa.string()), "", "|"),
+        "publisher": names.take(who),
+        "publisher_seq": pub_seq,
+        "topic": const("/orders"),
+        "message_type": const("json"),
+        "command": const("publish"),
+        "sow_key": pa.nulls(count, pa.string()),
+        "data": pc.binary_join_element_wise(_BODY_HEAD, pa.array(i + 1).cast(pa.string()), _BODY_TAIL, "")
+        .cast(pa.binary()),
+        "origin": const(instance),
+        "received_from": pa.nulls(count, pa.string()),
+        "received_from_group": pa.nulls(count, pa.string()),
+        "path": pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32)), const(instance)),
+        "publish_time": now_us,
+        "persist_time": now_us,
+    }
+    return pa.table(columns).cast(TXLOG_SCHEMA)
+
+
+def build_txlog(cfg, rows: int, publishers: int, chunk: int) -> None:
+    """Write ``rows`` txlog rows in commits of ``chunk``, each with the metadata an ingest commit carries.
+
+    No ``ingest`` app transaction is recorded: the instance starts a new query
+    (batch ids from 0), as after its checkpoint was reset; it recovers
+    ``max_seq`` and the publishers' high-water marks from the snapshot and
+    the commit metadata like from any log of its own.
+    """
+    from deltalake import CommitProperties, write_deltalake
+
+    from replication.connectors.delta.tables import COMMIT_METADATA_KEY, open_or_create
+    from replication.storage.layout import StorageLayout
+    from replication.txlog import TXLOG_SCHEMA, PublisherState
+
+    layout = StorageLayout.of(cfg.storage)
+    table = open_or_create(layout.txlog, TXLOG_SCHEMA, name=f"{cfg.name} txlog")
+    state = PublisherState()
+    now = datetime.now(timezone.utc)
+    for batch, first in enumerate(range(0, rows, chunk)):
+        count = min(chunk, rows - first)
+        last = first + count - 1
+        metadata = {
+            "batch": batch, "first_seq": first + 1, "last_seq": last + 1, "links": {},
+            "publishers": {f"pub-{k}": (last - (last - k) % publishers) // publishers + 1
+                           for k in range(min(publishers, count))},
+        }
+        write_deltalake(table, synthetic_txlog_rows(cfg.name, first, count, publishers, now), mode="append",
+                        commit_properties=CommitProperties(
+                            custom_metadata={COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))}))
+        state.apply(table.version(), metadata)
+    state.save(layout.publishers_json)
 
 
 # -- timing ----------------------------------------------------------------------

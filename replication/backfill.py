@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
 
+from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors import files
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
@@ -149,6 +150,7 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
                 _commit(rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
             if part.inbox is not None:
                 _commit(inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
+            failpoints.hit("backfill.after_part")
             result.stored += part.rows - part.rejected_rows
             result.rejected += part.rejected_rows
             result.last_stored_seq = max(result.last_stored_seq, part.last_good_seq)

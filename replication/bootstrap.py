@@ -45,6 +45,7 @@ topics: bootstrap every topic the instance takes by replication.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -75,8 +76,8 @@ log = logging.getLogger(__name__)
 
 #: App transaction of the bootstrap's txlog commits.
 APP_ID = "bootstrap"
-#: Rows per txlog commit (bounded memory: one chunk at a time).
-CHUNK_ROWS = 200_000
+#: Rows per txlog commit (memory holds one chunk at a time); ``REPLICATION_BOOTSTRAP_CHUNK_ROWS`` sets it.
+CHUNK_ROWS = int(os.environ.get("REPLICATION_BOOTSTRAP_CHUNK_ROWS", "200000"))
 #: Source seqs read at a time.
 READ_SEQS = 200_000
 
@@ -250,7 +251,7 @@ def _copy_txlog(cfg: InstanceConfig, layout: StorageLayout, source: Source, stat
     pending_rows = 0
     while after < through or pending:
         if after < through:
-            end = min(after + READ_SEQS, through)
+            end = min(after + min(READ_SEQS, CHUNK_ROWS), through)
             rows = src.read(after, end)
             rows = rows.filter(_topic_mask(rows, topics))
             after = end

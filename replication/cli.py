@@ -11,7 +11,7 @@ import importlib
 import sys
 from typing import NoReturn
 
-from replication.errors import ConfigError, ReplicationError
+from replication.errors import ConfigError, InputError, ReplicationError
 
 #: subcommand -> (module under replication.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topology": ("topology", "draw the fabric as SVG, PNG or Mermaid"),
     "bootstrap": ("bootstrap", "copy another instance's messages into an empty instance, then exit"),
     "backfill": ("backfill", "publish the rows of files (parquet, jsonl, csv, delta) at an instance"),
+    "replay": ("replay", "print a txlog's messages from a bookmark, optionally following new ones"),
 }
 
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(_module(COMMANDS[args.command][0]).run(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, InputError) as exc:  # the user's input: say what to change, no traceback
         print(f"replication {args.command}: {exc}", file=sys.stderr)
         return 2
     except ReplicationError as exc:

@@ -126,7 +126,9 @@ class Durability:
     batch holds our own rows that the partner has yet to acknowledge. Each
     publisher's and each upstream's positions are released in order.
 
-    ``durable_seq`` is the prefix watermark: every local row through it is durable.
+    ``durable_seq`` is the prefix watermark: every local row through it is
+    durable. ``_control/durable.json`` records it each time it moves (and the
+    acks given), which is what ``fully_durable`` replays read.
 
     Thread-safe: the ingest batch thread calls :meth:`on_commit`; destination
     threads call :meth:`release` when acknowledgements move.
@@ -156,6 +158,7 @@ class Durability:
         self.persisted: dict[str, int] = {k: int(v) for k, v in saved.publishers.items()}
         self.upstream_acks: dict[str, int] = {k: int(v) for k, v in saved.upstreams.items()}
         self.durable_seq = int(saved.durable_seq)
+        self._saved_durable_seq = self.durable_seq
         self.committed_seq = committed_seq
         self.stored = dict(publishers)
         """client -> highest sequence in the txlog, persisted or not (told to publishers at logon)."""
@@ -236,8 +239,11 @@ class Durability:
             upstreams = self._release_in_order(self._upstreams, self.upstream_acks)
             persisted = dict(self.persisted)
             stored = {logon.client: self.stored.get(logon.client, 0) for logon in logons or []}
-            if released or upstreams:
+            # Written when an ack moves and whenever durable_seq does (fully_durable replays read it):
+            # at most once per release.
+            if released or upstreams or self.durable_seq != self._saved_durable_seq:
                 DurableState(self.durable_seq, persisted, dict(self.upstream_acks)).write(self._layout.durable_json)
+                self._saved_durable_seq = self.durable_seq
         for upstream, seq in upstreams.items():
             Ack(seq, time.time()).write(self._layout.ack_file(upstream))
         if self._sender and (released or logons):

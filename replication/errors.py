@@ -36,6 +36,11 @@ def _rebuild_config_error(cls: type[ConfigError], message: str, file: str, line:
     return cls(message, file=file, line=line)
 
 
+class InputError(ReplicationError):
+    """A value a user passed to a command or an API call (a bookmark, a source) is wrong; the message names
+    the value, the accepted forms and the fix. Terminal: the same call fails the same way."""
+
+
 class UnsupportedAddressError(ConfigError):
     """A storage or destination address the engine cannot use (a scheme not supported yet)."""
 

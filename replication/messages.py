@@ -1,15 +1,23 @@
-"""Message identity and the checks a message must pass to be accepted (pure Python).
+"""Message identity, bookmarks, and the checks a message must pass to be accepted (pure Python).
 
 The publish wire format is DESIGN §7: a Kafka record whose headers name the
 client (``amps-client``), its sequence number (``amps-seq``), and optionally
-the AMPS topic, command and message type.
+the AMPS topic, command and message type. A message's bookmark is
+``<publisher_id>|<publisher_seq>|``; a replay names where to start with the
+bookmark forms of :func:`parse_bookmarks`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import lru_cache
+from typing import Union
+
+from replication.errors import InputError
 
 HEADER_CLIENT = "amps-client"
 HEADER_SEQ = "amps-seq"
@@ -50,6 +58,99 @@ def publisher_id(client: str) -> int:
 def bookmark(client: str, publisher_seq: int) -> str:
     """AMPS-style bookmark ``<publisher_id>|<publisher_seq>|``."""
     return f"{publisher_id(client)}|{publisher_seq}|"
+
+
+# -- bookmarks as a replay names them ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """``0``: the beginning of the transaction log."""
+
+
+@dataclass(frozen=True)
+class Now:
+    """``0|1|``: the end of the transaction log when the replay starts (only later messages)."""
+
+
+@dataclass(frozen=True)
+class MessageBookmark:
+    """One message's bookmark, as stored in the txlog's ``bookmark`` column."""
+
+    publisher_id: int
+    publisher_seq: int
+
+    @property
+    def text(self) -> str:
+        """The form the txlog stores (no leading zeros)."""
+        return f"{self.publisher_id}|{self.publisher_seq}|"
+
+
+@dataclass(frozen=True)
+class PersistedAt:
+    """``YYYYMMDDThhmmss[.ffffff][Z]``: the first message persisted at or after this time (UTC)."""
+
+    time: datetime
+
+    @property
+    def micros(self) -> int:
+        """Microseconds since the epoch, as the txlog's timestamps are stored."""
+        delta = self.time - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+#: One point of a bookmark list.
+BookmarkPoint = Union[Epoch, Now, MessageBookmark, PersistedAt]
+
+#: The accepted forms, as every bookmark error lists them.
+BOOKMARK_FORMS = (
+    "0 (EPOCH: the beginning of the txlog), 0|1| (NOW: only messages committed from now on), "
+    "<publisher_id>|<publisher_seq>| (a bookmark from the txlog's bookmark column: the messages after it), "
+    "YYYYMMDDThhmmss[.ffffff][Z] (a UTC time: messages persisted at or after it, e.g. 20261123T093000Z), "
+    "or a comma-separated list of these"
+)
+
+_STORED = re.compile(r"(\d+)\|(\d+)\|")
+_TIME = re.compile(r"(\d{8}T\d{6})(?:\.(\d{1,6}))?Z?")
+
+
+def parse_bookmarks(text: str) -> tuple[BookmarkPoint, ...]:
+    """The points of a bookmark or a comma-separated list of them (AMPS's forms; see :data:`BOOKMARK_FORMS`).
+
+    Raises :class:`~replication.errors.InputError` naming the part that is not
+    a bookmark and the accepted forms.
+
+    Example:
+        >>> parse_bookmarks("0")
+        (Epoch(),)
+        >>> parse_bookmarks("15|3|,20261123T093000Z")[0]
+        MessageBookmark(publisher_id=15, publisher_seq=3)
+    """
+    parts = [part.strip() for part in str(text).split(",")]
+    if not any(parts):
+        raise InputError(f"empty bookmark; write one of: {BOOKMARK_FORMS}")
+    return tuple(_parse_point(part, text) for part in parts)
+
+
+def _parse_point(part: str, whole: str) -> BookmarkPoint:
+    if part == "0":
+        return Epoch()
+    if part == "0|1|":
+        return Now()
+    stored = _STORED.fullmatch(part)
+    if stored:
+        return MessageBookmark(int(stored.group(1)), int(stored.group(2)))
+    when = _TIME.fullmatch(part)
+    if when:
+        try:
+            moment = datetime.strptime(when.group(1), "%Y%m%dT%H%M%S")
+        except ValueError:
+            moment = None  # e.g. month 13: reported below like any malformed part
+        if moment is not None:
+            micros = int((when.group(2) or "0").ljust(6, "0"))
+            return PersistedAt(moment.replace(microsecond=micros, tzinfo=timezone.utc))
+    where = f" in {whole!r}" if part != whole else ""
+    raise InputError(f"{part!r}{where} is not a bookmark; write one of: {BOOKMARK_FORMS}")
 
 
 def body_error(message_type: str, data: bytes) -> str | None:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
+
+from replication.connectors.delta.tables import IdempotentAppender
+from replication.messages import bookmark
+from replication.txlog import TXLOG_SCHEMA
+
+#: When :func:`write_batches`'s first batch was published and persisted.
+T0 = datetime(2026, 11, 23, 9, 30, 0, 250_000, tzinfo=timezone.utc)
 
 
 def instance_xml(
@@ -141,3 +150,53 @@ def bulk_publish(bootstrap: str, kafka_topic: str, client: str, messages, *, fir
     producer.flush()
     producer.close()
     return seq
+
+
+def write_batches(path: Path, batches: int, per_publisher: int, publishers=("p0", "p1", "p2")) -> pa.Table:
+    """A txlog as an instance writes it: one commit (one file) per batch, ``per_publisher`` rows of each
+    publisher interleaved, batch ``b`` persisted at ``T0 + b`` seconds. Returns every row."""
+    appender = IdempotentAppender(path, TXLOG_SCHEMA, app_id="ingest", name="txlog")
+    seq, written = 0, []
+    for b in range(batches):
+        rows = []
+        for i in range(per_publisher):
+            for pub in publishers:
+                seq += 1
+                pseq = b * per_publisher + i + 1
+                rows.append({
+                    "seq": seq, "bookmark": bookmark(pub, pseq), "publisher": pub, "publisher_seq": pseq,
+                    "topic": "/orders", "message_type": "json", "command": "publish", "sow_key": None,
+                    "sow_keys": None, "filter": None,
+                    "data": json.dumps({"seq": seq}).encode(), "origin": "a", "received_from": None,
+                    "received_from_group": None, "path": ["a"], "publish_time": T0 + timedelta(seconds=b),
+                    "persist_time": T0 + timedelta(seconds=b, microseconds=700),
+                })
+        table = pa.Table.from_pylist(rows, schema=TXLOG_SCHEMA)
+        appender.append(table, b, {"batch": b, "first_seq": seq - len(rows) + 1, "last_seq": seq,
+                                   "publishers": {}, "links": {}})
+        written.append(table)
+    return pa.concat_tables(written)
+
+
+# -- replay ---------------------------------------------------------------------------------
+
+
+def spark_seqs(df) -> list[int]:
+    """The ``seq`` column of a DataFrame, in its order."""
+    return [row.seq for row in df.select("seq").collect()]
+
+
+def run_cli(capsys, *args: str) -> tuple[int, list[dict], str]:
+    """``replication replay ...`` in this process: exit code, the jsonl messages printed, stderr."""
+    from replication import cli
+
+    capsys.readouterr()
+    code = cli.main(["replay", *args])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def collecting(df, checkpoint: Path, seen: list[int]):
+    """Start ``df`` (a subscription) into a list of seqs, micro-batch by micro-batch."""
+    return (df.writeStream.trigger(processingTime="200 milliseconds").option("checkpointLocation", str(checkpoint))
+            .foreachBatch(lambda batch, _id: seen.extend(spark_seqs(batch))).start())

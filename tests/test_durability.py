@@ -164,3 +164,16 @@ def test_a_link_answers_for_many_runs_at_once_as_it_does_for_each(tmp_path):
             for chosen in itertools.combinations(rows, size):
                 expected = any(link.holds(s, s) for s in chosen)
                 assert link.holds_any(run_bounds(np.array(chosen))) == expected, (ack, chosen)
+
+
+def test_durable_json_records_the_watermark_whenever_it_moves(tmp_path):
+    """fully_durable replays read durable_seq from durable.json: it must move even when no ack is released
+    (here: rows that carry no publisher's or upstream's position)."""
+    layout, link, dur = tracked(tmp_path, "b")
+    dur.on_commit(3, committed())
+    link.on_sent([(1, 3)], through=3)
+    dur.release()
+    assert (read_json(layout.durable_json) or {}).get("durable_seq", 0) == 0, "rows 1-3 wait for b"
+    link.on_ack(3)
+    dur.release()
+    assert dur.durable_seq == 3 and read_json(layout.durable_json)["durable_seq"] == 3

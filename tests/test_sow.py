@@ -273,3 +273,28 @@ def test_replication_sow_prints_the_records_a_filter_or_keys_select(fabric):
     missing = cli(str(Path(path).with_name("absent.xml")), "--topic", "/orders")
     assert missing.returncode == 2 and "config file not found" in missing.stderr and "Traceback" not in missing.stderr
     assert re.search(r"^replication sow: .*absent\.xml", missing.stderr)
+
+
+def test_replay_sow_gives_the_dataframe_of_what_replication_sow_prints(fabric, spark):
+    from replication import replay
+
+    fabric.configure("a", txlog_topics=TXLOG, sow=SOW.replace("<CompactionInterval>1s", "<CompactionInterval>1h"))
+    fabric.start("a")
+    pub = fabric.publisher("nb", "a")
+    for i in range(40):
+        pub.publish("/quotes", f"35=S\x0155=S{i % 12}\x01132={i * 10}\x01".encode(), message_type="fix")
+    pub.sow_delete("/quotes", keys=["S1"], message_type="fix")
+    pub.flush(timeout=120)
+    fabric.stop("a")  # compacts: the table holds these
+    fabric.start("a")
+    pub.delta_publish("/quotes", b"55=S2\x01133=7\x01", message_type="fix")  # after the table: from the txlog
+    pub.flush(timeout=120)
+    cfg = config.load(str(fabric.paths["a"]))
+    exact = {r["sow_key"]: r["data"] for r in read_current(cfg, "/quotes").to_pylist()}
+    frame = replay.sow(fabric.paths["a"], topic="/quotes", spark=spark)
+    assert {r["sow_key"]: bytes(r["data"]) for r in frame.collect()} == exact
+    assert exact["S2"] == b"35=S\x0155=S2\x01132=380\x01133=7\x01" and "S1" not in exact
+    high = replay.sow(fabric.paths["a"], topic="/quotes", filter="/132 >= 350", spark=spark)
+    tag_132 = {k: int(dict(f.split("=", 1) for f in body.decode().split("\x01") if f)["132"]) for k, body in exact.items()}
+    assert sorted(r["sow_key"] for r in high.collect()) == sorted(k for k, v in tag_132.items() if v >= 350)
+    assert 0 < len(high.collect()) < len(exact)

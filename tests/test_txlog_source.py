@@ -16,6 +16,7 @@ from deltalake.transaction import AddAction
 
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentAppender
 from replication.errors import ConfigError
+from replication.storage.control import DurableState
 from replication.txlog import TXLOG_SCHEMA
 from replication.connectors.delta.txlog_stream import (
     FORMAT,
@@ -134,6 +135,9 @@ def test_options():
     assert TxlogSourceOptions.parse(
         {"path": "/t", "startSeq": "5", "maxRowsPerTrigger": "9", "rowsPerPartition": "3"}
     ) == TxlogSourceOptions("/t", 5, 9, 3)
+    replay = TxlogSourceOptions.parse({"path": "/t", "endSeq": "40", "durableFile": "/r/_control/durable.json",
+                                       "rate": "2x"})
+    assert (replay.end_seq, replay.durable_file, replay.rate) == (40, "/r/_control/durable.json", 2.0)
 
 
 @pytest.mark.parametrize(
@@ -144,6 +148,9 @@ def test_options():
         ({"path": "/t", "maxRowsPerTrigger": "0"}, "maxRowsPerTrigger must be a positive integer"),
         ({"path": "/t", "prefetchRows": "many"}, r"prefetchRows must be an integer >= 0 \(0 reads every"),
         ({"path": "/t", "columns": "seq,body"}, r"columns lists 'body', not a txlog column; choose from seq, "),
+        ({"path": "/t", "endSeq": "soon"}, "endSeq must be an integer >= 0, got 'soon'"),
+        ({"path": "/t", "rate": "fast"}, r"'fast' is not a replay rate; write a positive multiple .* e.g. '2x'"),
+        ({"path": "/t", "rate": "0x"}, "'0x' is not a replay rate"),
     ],
 )
 def test_bad_options_say_what_to_write(options, fix):
@@ -333,6 +340,20 @@ def test_columns_reads_only_those_columns_with_seq_first(spark, tmp_path, prefet
     assert rows.column_names == ["seq", "topic", "path"]
     assert rows.column("seq").to_pylist() == list(range(1, 13))
     assert rows.column("topic").to_pylist() == [f"/orders/{s}" for s in range(1, 13)]
+
+
+def test_end_seq_and_the_durable_watermark_hold_the_stream_back(spark, tmp_path):
+    """A replay's caps: never past endSeq; with durableFile, never past the instance's durable_seq (fully_durable)."""
+    writer = TxlogWriter(tmp_path / "txlog")
+    for _ in range(3):
+        writer.append(10)
+    durable = tmp_path / "_control" / "durable.json"
+    caps = {"endSeq": "24", "durableFile": str(durable)}
+    assert flat(run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", **caps)) == [], "no durable.json yet"
+    DurableState(12).write(durable)
+    assert flat(run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", **caps)) == list(range(1, 13))
+    DurableState(30).write(durable)
+    assert flat(run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", **caps)) == list(range(13, 25))
 
 
 def test_absent_then_growing_log_with_a_processing_time_trigger(spark, tmp_path):

@@ -13,13 +13,13 @@ when not UTF-8). Nothing but records goes to stdout.
 from __future__ import annotations
 
 import argparse
-import base64
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 
 import orjson
 
 from replication import config
+from replication.commands.output import body_value
 from replication.errors import ConfigError
 from replication.expressions import Filter, FilterSyntaxError
 from replication.sow.table import read_current
@@ -90,23 +90,9 @@ def as_json(row: dict) -> dict:
     }
 
 
-def body_value(message_type: str, data: bytes | None) -> object:
-    """A body for JSON output: parsed when json, text when UTF-8, else ``{"base64": ...}``."""
-    if data is None:
-        return None
-    if message_type == "json":
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(data).decode()}
-
-
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    """The same form as :data:`replication.commands.output.TIME_FORMAT`: ISO 8601, UTC, with microseconds."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if value is not None else None
 
 
 def _table(rows: list[dict], out) -> None:

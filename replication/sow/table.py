@@ -231,6 +231,14 @@ def _tail_schema() -> pa.Schema:
     return pa.schema([TXLOG_SCHEMA.field(name) for name in TAIL_COLUMNS])
 
 
+def tail_rows(txlog: TxlogFiles, since: int, through: int | None = None) -> pa.Table:
+    """The txlog rows a SOW fold reads (:data:`TAIL_COLUMNS`) with ``since < seq <= through`` (default: the end)."""
+    if through is None:
+        txlog.refresh()
+        through = txlog.committed_seq
+    return txlog.read(since, max(through, since), schema=_tail_schema())
+
+
 def rebuild_state(state: SowState, tables: list[SowTable], txlog: TxlogFiles, through: int) -> None:
     """Fill ``state`` with every SOW topic's records as of txlog seq ``through``: each table's base, then
     the txlog rows after it."""
@@ -281,10 +289,7 @@ def exact_records(table: SowTable, txlog: TxlogFiles, topics: SowTopics, index: 
         base = base.filter(pc.equal(base["topic"], topic))
     if keys is not None:
         base = base.filter(pc.is_in(base["sow_key"], value_set=pa.array(keys, pa.string())))
-    if through is None:
-        txlog.refresh()
-        through = txlog.committed_seq
-    tail = txlog.read(table.through_seq, max(through, table.through_seq), schema=_tail_schema())
+    tail = tail_rows(txlog, table.through_seq, through)
     if topic is not None:
         tail = tail.filter(pc.equal(tail["topic"], topic))
     records = apply_changes(base, net_changes(tail, topics, index), table.buckets)

@@ -13,8 +13,9 @@ file                        written by                           read by
                                                                  ``replication status``
 ``publishers.json``         the ingest writer, after each        the instance at restart; upstreams at
                             txlog commit                         resync (what it has per publisher)
-``durable.json``            the durability tracker, when acks    the instance at restart
-                            are released
+``durable.json``            the durability tracker, when acks    the instance at restart; ``fully_durable``
+                            are released or ``durable_seq``      replays (``replication.replay``), for
+                            moves                                ``durable_seq``
 ``acks/<upstream>.json``    the durability tracker, once the     ``<upstream>``'s destination manager,
                             rows received from ``<upstream>``    every 50 ms: its link's acknowledged
                             are durable here                     position moves, and with it the

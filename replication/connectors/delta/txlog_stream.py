@@ -23,6 +23,11 @@ Example:
     ...       .option("maxRowsPerTrigger", 50000)  # optional
     ...       .load())
 
+A replay (:mod:`replication.replay`) adds three options: ``endSeq`` (never
+past this seq), ``durableFile`` (never past the ``durable_seq`` of the
+instance's ``_control/durable.json``: ``fully_durable``) and ``rate`` (paced at
+a multiple of the rows' original ``publish_time`` spacing, e.g. ``2x``).
+
 Output columns: :data:`replication.txlog.TXLOG_SCHEMA`, rows in ``seq`` order
 (within a micro-batch, Spark partitions are planned in ``seq`` order too).
 A table that does not exist yet reads as empty until it appears.
@@ -34,6 +39,7 @@ import functools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
@@ -48,12 +54,14 @@ from pyspark.sql.types import StructType
 
 from replication.connectors.delta.log import appends_after, local_log_dir
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY
+from replication.connectors.spark.pacing import Pacer, parse_rate
 from replication.connectors.spark.prefetch import (
     PREFETCH_MAX_ROWS,
     prefetch_rows_option,
     prefetching,
 )
 from replication.errors import ConfigError, StorageError
+from replication.storage.control import DurableState
 from replication.txlog import TXLOG_SCHEMA
 
 if TYPE_CHECKING:
@@ -105,6 +113,13 @@ class TxlogSourceOptions:
             ``columns``, comma separated; default: all). A reader that needs
             only a few columns (the replicator's routing) moves far less data
             through Spark.
+        end_seq: never read rows past this seq (option ``endSeq``; default: no end).
+        durable_file: the instance's ``_control/durable.json`` (option
+            ``durableFile``): never read past its ``durable_seq``, the rows every
+            sync destination has acknowledged; the stream waits while it does not move.
+        rate: replay no faster than this multiple of the pace the rows were
+            published at, by their ``publish_time`` (option ``rate``, e.g. ``2x``;
+            default: as fast as possible). See :mod:`replication.connectors.spark.pacing`.
     """
 
     path: str
@@ -113,6 +128,9 @@ class TxlogSourceOptions:
     rows_per_partition: int = ROWS_PER_PARTITION
     prefetch_rows: int = PREFETCH_MAX_ROWS
     columns: tuple[str, ...] | None = None
+    end_seq: int | None = None
+    durable_file: str | None = None
+    rate: float | None = None
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -135,6 +153,9 @@ class TxlogSourceOptions:
             int_option(opts, "rowsPerPartition", FORMAT, minimum=1, example=ROWS_PER_PARTITION) or ROWS_PER_PARTITION,
             prefetch_rows_option(opts, FORMAT),
             _columns_option(opts.get("columns")),
+            int_option(opts, "endSeq", FORMAT, minimum=0, example=1000),
+            (opts.get("durablefile") or "").strip() or None,
+            parse_rate(opts.get("rate"), where=f"{FORMAT}: rate"),
         )
 
 
@@ -366,19 +387,19 @@ class TxlogFiles:
 
         paths = self._paths.take(pa.array(index)).to_pylist()
         return [
-            TxlogFile(_file_uri(self._root, p), None if lo == _MIN else int(lo), None if hi == _MAX else int(hi))
+            TxlogFile(file_uri(self._root, p), None if lo == _MIN else int(lo), None if hi == _MAX else int(hi))
             for p, lo, hi in zip(paths, self._lo[index], self._hi[index], strict=True)
         ]
 
 
-def _file_uri(root: str, path: str) -> str:
+def file_uri(root: str, path: str) -> str:
     """Where a file of the table is: add-action paths are relative to the table root, or absolute URIs."""
     if "://" in path:
         return path
     return f"{root}/{path}"
 
 
-def _local_or_uri(uri: str) -> str:
+def local_or_uri(uri: str) -> str:
     """pyarrow reads local files by path; keep other URIs (s3://...) as they are."""
     parsed = urlparse(uri)
     return unquote(parsed.path) if parsed.scheme == "file" else uri
@@ -424,7 +445,7 @@ def read_files(
     where = [("seq", ">", start), ("seq", "<=", end)]
     parts = [
         # schema=: a file written before a column was added reads it as null
-        pq.read_table(_local_or_uri(uri), schema=TXLOG_SCHEMA, columns=(schema or TXLOG_SCHEMA).names, filters=where,
+        pq.read_table(local_or_uri(uri), schema=TXLOG_SCHEMA, columns=(schema or TXLOG_SCHEMA).names, filters=where,
                       partitioning=None)
         for uri in files
     ]
@@ -519,6 +540,7 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._view: TxlogFiles | None = None
         self._target: int | None = None
         self._latest: int | None = None
+        self._pacer = Pacer(options.rate) if options.rate else None
 
     def _files(self) -> TxlogFiles:
         if self._view is None:
@@ -542,11 +564,26 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._files().committed_seq
         if self._target is not None:
             latest = min(latest, self._target)
+        if self.options.end_seq is not None:
+            latest = min(latest, self.options.end_seq)
+        if self.options.durable_file:
+            saved = DurableState.read(Path(self.options.durable_file))
+            latest = min(latest, saved.durable_seq if saved else 0)
         latest = max(latest, begin)  # a log behind the start (absent, or startSeq ahead): hold
         self._latest = latest
+        if self._pacer is not None:
+            latest = self._pacer.due_through(begin, latest, self._publish_times)
         if isinstance(limit, ReadMaxRows):
             latest = min(latest, begin + limit.max_rows)
         return {"seq": latest}
+
+    def _publish_times(self, after: int, through: int) -> tuple[np.ndarray, np.ndarray]:
+        """seq and publish_time (microseconds; a missing time takes its neighbour's) of rows ``(after, through]``."""
+        import pyarrow.compute as pc
+
+        rows = self._files().read(after, through, schema=project(("seq", "publish_time")))
+        times = pc.fill_null_backward(pc.fill_null_forward(rows.column("publish_time").cast("int64")))
+        return rows.column("seq").to_numpy(), pc.fill_null(times, 0).to_numpy()
 
     def reportLatestOffset(self) -> dict | None:
         return {"seq": self._latest} if self._latest is not None else None

@@ -1,0 +1,538 @@
+"""Replay for notebooks: an instance's txlog (and SOW) as Spark DataFrames, from a bookmark, as a batch or a stream.
+
+Where a replay starts and ends is a bookmark (AMPS forms, see
+:func:`replication.messages.parse_bookmarks`): ``0`` (EPOCH), ``0|1|`` (NOW),
+a message's bookmark (start after it), a UTC time ``YYYYMMDDThhmmss[.ffffff][Z]``
+(messages persisted at or after it) or a comma-separated list (the earliest;
+as ``until``, the latest). Each resolves to a local ``seq`` position from the
+Delta file statistics, without reading the whole log
+(:mod:`replication.connectors.delta.txlog_seek`). ``until`` is inclusive: a
+bookmark ends with its own message, a time with the last message persisted
+before it.
+
+A replay returns rows in ``seq`` order (the instance's delivery order) that
+match a topic regex (literal names match exactly, regexes are searched, as in
+routing) and an AMPS content filter. In Spark both are native columns: no
+Python UDF runs. The same selection evaluated in Python
+(:meth:`Selection.mask`) serves ``replication replay``, which reads without Spark.
+
+On a Spark that reads Delta itself (Databricks, delta-spark) the txlog is read
+with ``format("delta")``; elsewhere from the snapshot's file list that
+deltalake gives (never a directory glob: files a compaction replaced stay on
+disk until a vacuum). Both read the same snapshot range, so the results are equal.
+
+Example:
+    >>> from replication import replay                                          # doctest: +SKIP
+    >>> df = replay.txlog("conf/amps-1.xml", topic="^/orders", filter="/qty > 100",
+    ...                   bookmark="20261123T093000Z")
+    >>> replay.json_columns(df).groupBy("side").sum("qty").show()
+    >>> stream = replay.subscribe("conf/amps-1.xml", topic="/orders", bookmark="0|1|", rate="2x")
+    >>> stream.writeStream.format("console").start()
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from replication import config, expressions, routing
+from replication.config.model import InstanceConfig
+from replication.connectors.delta import txlog_stream
+from replication.connectors.delta.txlog_seek import TxlogSeek
+from replication.connectors.delta.txlog_stream import SCHEMA, TxlogFiles, local_or_uri
+from replication.connectors.spark.pacing import parse_rate
+from replication.connectors.spark.session import session
+from replication.errors import InputError, ReplicationError
+from replication.messages import (
+    FIELD_TYPES,
+    BOOKMARK_FORMS,
+    Epoch,
+    MessageBookmark,
+    Now,
+    PersistedAt,
+    parse_bookmarks,
+)
+from replication.sow.keys import SowTopics
+from replication.sow.table import SOW_SCHEMA, SowTable, as_records, net_changes, sow_topic_for, tail_rows
+from replication.storage.control import DurableState, read_instance_config
+from replication.storage.layout import StorageLayout
+from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = [
+    "Selection",
+    "Txlog",
+    "json_columns",
+    "open_txlog",
+    "reads_delta_natively",
+    "rejected",
+    "sow",
+    "subscribe",
+    "txlog",
+]
+
+#: What a replay reads: a config file, a parsed config, or an instance's storage root.
+Source = Union[str, os.PathLike, InstanceConfig]
+
+#: The Spark format name of a native Delta reader.
+DELTA_FORMAT = "delta"
+#: Rows per window when the txlog is read without Spark (whole files; ``replication replay``).
+WINDOW_ROWS = 50_000
+#: Rows per batch of the first file, streamed.
+STREAM_ROWS = 2_000
+#: Message types whose bodies a content filter reads; rows of other types never match a filter.
+FILTERABLE_TYPES = FIELD_TYPES
+
+
+# -- where a replay reads, and where bookmarks are --------------------------------------
+
+
+def open_txlog(source: Source) -> Txlog:
+    """The txlog of ``source``: a config file (``.xml``), a parsed config, or an instance's storage root.
+
+    Raises :class:`~replication.errors.ConfigError` for a config that does not
+    load, :class:`~replication.errors.InputError` for anything else that names no instance.
+    """
+    if isinstance(source, InstanceConfig):
+        return Txlog(StorageLayout.of(source.storage), source.name)
+    if not isinstance(source, (str, os.PathLike)):
+        raise InputError(
+            f"a replay source is a config file path, a parsed config or a storage root, not {type(source).__name__}"
+        )
+    text = os.fspath(source)
+    if text.lower().endswith(".xml") or Path(text).is_file():
+        cfg = config.load(text)
+        return Txlog(StorageLayout.of(cfg.storage), cfg.name)
+    layout = StorageLayout.of(text)
+    if not layout.root.is_dir():
+        raise InputError(
+            f"{text!r} does not exist: give an instance's config file (e.g. conf/amps-1.xml), "
+            "a parsed config (replication.config.load(...)) or an instance's storage root"
+        )
+    return Txlog(layout, layout.root.name)
+
+
+class Txlog:
+    """One instance's transaction log, read without Spark: bookmark positions, the durable watermark, rows.
+
+    Positions are local ``seq`` values: a replay from position ``p`` returns
+    the rows with ``seq > p``; one until position ``q`` stops after ``seq = q``.
+    """
+
+    def __init__(self, layout: StorageLayout, name: str) -> None:
+        self.layout = layout
+        self.name = name
+        self.files = TxlogFiles(self.path)
+        self._seek: TxlogSeek | None = None
+
+    @property
+    def path(self) -> str:
+        return str(self.layout.txlog)
+
+    def exists(self) -> bool:
+        self.files.refresh()
+        return self.files.version is not None
+
+    def committed_seq(self) -> int:
+        """The highest seq committed now (0: empty or absent)."""
+        self.files.refresh()
+        return self.files.committed_seq
+
+    def durable_seq(self) -> int:
+        """Every row through this seq is acknowledged by every sync destination (``_control/durable.json``)."""
+        saved = DurableState.read(self.layout.durable_json)
+        return int(saved.durable_seq) if saved else 0
+
+    def position(self, bookmark: str, *, last: bool = False) -> int:
+        """Where ``bookmark`` is: the earliest of a list, or with ``last`` (an ``until``) the latest."""
+        positions = [self._position(point) for point in parse_bookmarks(bookmark)]
+        return max(positions) if last else min(positions)
+
+    def range(self, bookmark: str = "0", until: str | None = None, *,
+              fully_durable: bool = False) -> tuple[int, int | None]:
+        """``(start, end)``: rows ``start < seq <= end``; ``end`` None: no end (a subscription's)."""
+        start = self.position(bookmark)
+        end = self.position(until, last=True) if until is not None else None
+        if fully_durable:
+            durable = self.durable_seq()
+            end = durable if end is None else min(end, durable)
+        return start, end
+
+    def file_uris(self, after: int, through: int) -> list[str]:
+        """The data files of the current snapshot that may hold rows ``after < seq <= through``, in seq order."""
+        self.files.refresh()
+        return [f.uri for f in self.files.overlapping(after, through)] if through > after else []
+
+    def read(self, after: int, through: int) -> Iterator[pa.Table]:
+        """Rows ``after < seq <= through`` in seq order: the first file streamed in small batches (the first
+        rows come out at once, whatever the file's size), then about :data:`WINDOW_ROWS` rows (whole files,
+        checked complete) at a time."""
+        self.files.refresh()
+        position = after
+        for rows in self._stream_first_file(after, through):
+            position = int(rows.column("seq")[-1].as_py())
+            yield rows
+        for part in self.files.plan(position, through, rows_per_partition=WINDOW_ROWS):
+            yield self.files.read(part.start, part.end)
+
+    def _stream_first_file(self, after: int, through: int) -> Iterator[pa.Table]:
+        """The rows of the first file that holds ``after + 1``, batch by batch, while they follow on from
+        ``after`` without a gap (the plain case); anything else is left to the checked windows."""
+        first = self.files.overlapping(after, through)[:1]
+        if not first:
+            return
+        try:
+            parquet = pq.ParquetFile(local_or_uri(first[0].uri))
+        except FileNotFoundError:  # compacted and vacuumed since listed: the checked read re-plans
+            return
+        seq_column = parquet.schema_arrow.get_field_index("seq")
+        groups = [g for g in range(parquet.metadata.num_row_groups)
+                  if _may_hold_after(parquet.metadata.row_group(g).column(seq_column).statistics, after)]
+        position = after
+        for batch in parquet.iter_batches(batch_size=STREAM_ROWS, row_groups=groups):
+            seqs = batch.column("seq")
+            rows = pa.Table.from_batches([batch]).filter(
+                pc.and_(pc.greater(seqs, position), pc.less_equal(seqs, through)))
+            if not rows.num_rows:
+                continue
+            got = rows.column("seq").to_numpy()
+            if got[0] != position + 1 or got[-1] - got[0] != len(got) - 1:
+                return
+            yield rows.cast(TXLOG_SCHEMA)
+            position = int(got[-1])
+
+    def _position(self, point) -> int:
+        if isinstance(point, Epoch):
+            return 0
+        if isinstance(point, Now):
+            return self.committed_seq()
+        if isinstance(point, PersistedAt):
+            first = self._seeker().first_seq_persisted_at(point.micros) if self.exists() else None
+            return first - 1 if first is not None else self.committed_seq()
+        assert isinstance(point, MessageBookmark)
+        seq = self._seeker().seq_of_bookmark(point.text, point.publisher_seq) if self.exists() else None
+        if seq is None:
+            raise InputError(
+                f"bookmark {point.text!r} is not in the txlog of {self.name} ({self.path}): no message has it. "
+                f"Use a bookmark from this instance's txlog (the bookmark column, or the last one "
+                f"`replication replay` printed), or one of: {BOOKMARK_FORMS}"
+            )
+        return seq
+
+    def message_types(self, after: int, through: int) -> set[str] | None:
+        """The message types of rows ``after < seq <= through`` by the files' statistics (None: unknown)."""
+        return self._seeker().message_types(after, through) if self.exists() else None
+
+    def _seeker(self) -> TxlogSeek:
+        if self._seek is None:
+            self._seek = TxlogSeek(DeltaTable(self.path))
+        return self._seek
+
+
+# -- which rows: topic regex and content filter -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows a replay returns: a topic regex and an AMPS content filter, both optional."""
+
+    topic: str | None = None
+    filter: expressions.Filter | None = None
+
+    @classmethod
+    def of(cls, topic: str | None = None, filter: str | expressions.Filter | None = None) -> Selection:
+        """Check both: a regex that does not compile is an InputError; a filter that does not parse a
+        :class:`~replication.expressions.FilterSyntaxError` (with its position)."""
+        if topic is not None:
+            try:
+                re.compile(topic)
+            except re.error as exc:
+                raise InputError(f"topic {topic!r} is not a regular expression ({exc}); e.g. '^/orders/' "
+                                 "or a plain topic name such as '/orders'") from None
+        if isinstance(filter, str):
+            filter = expressions.Filter(filter) if filter.strip() else None
+        return cls(topic or None, filter)
+
+    def conditions(self, message_types: set[str] | None = None) -> list[Column]:
+        """The selection as native Spark boolean columns over the txlog's columns, all of which must hold.
+
+        Separate conditions, cheapest first: Spark evaluates them in turn and
+        compiles each alone, so the filter's one parse of the body is shared
+        by all its field reads (inside a CASE WHEN, Spark's common
+        subexpression elimination leaves it out and each field read parses
+        again). So when the rows are known to be of one message type
+        (``message_types``, e.g. from file statistics) the filter is compiled
+        for that type alone; otherwise it reads each row as its own type.
+        """
+        out = []
+        if self.topic is not None:
+            literal = routing.is_literal(self.topic)
+            topic = F.col("topic") == F.lit(self.topic) if literal else F.col("topic").rlike(self.topic)
+            out.append(F.coalesce(topic, F.lit(False)))
+        if self.filter is not None:
+            # A body is read as its message type; only FILTERABLE_TYPES have fields a filter can name.
+            out.append(F.col("message_type").isin(*FILTERABLE_TYPES))
+            (only,) = message_types if message_types is not None and len(message_types) == 1 else (None,)
+            kind = only if only is not None else F.col("message_type")
+            out.append(expressions.to_spark_column(self.filter.expr, "data", message_type=kind))
+        return out
+
+    def where(self, df: DataFrame, message_types: set[str] | None = None) -> DataFrame:
+        """``df`` (txlog rows) keeping the selected rows (``message_types``: see :meth:`conditions`)."""
+        for condition in self.conditions(message_types):
+            df = df.where(condition)
+        return df
+
+    def mask(self, rows: pa.Table) -> np.ndarray:
+        """:meth:`where` evaluated in Python on txlog rows (``topic``, ``message_type``, ``data``)."""
+        keep = np.ones(rows.num_rows, dtype=bool)
+        if self.topic is not None and rows.num_rows:
+            topics = pc.dictionary_encode(rows.column("topic").combine_chunks())
+            matching = np.array([routing.regex_matches(self.topic, t) for t in topics.dictionary.to_pylist()])
+            keep &= matching[topics.indices.to_numpy(zero_copy_only=False)]
+        if self.filter is not None:
+            types = rows.column("message_type").to_pylist()
+            bodies = rows.column("data").to_pylist()
+            for i in np.flatnonzero(keep):
+                keep[i] = types[i] in FILTERABLE_TYPES and self.filter.matches(bodies[i], types[i])
+        return keep
+
+
+# -- Spark ------------------------------------------------------------------------------
+
+
+def reads_delta_natively(spark: SparkSession) -> bool:
+    """Can this Spark read ``format("delta")`` itself (Databricks, delta-spark)?"""
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return True
+    try:
+        jvm = spark._jvm  # absent with Spark Connect: then only Databricks (above) is known to have Delta
+        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            DELTA_FORMAT, spark._jsparkSession.sessionState().conf()
+        )
+    except Exception:
+        return False
+    return True
+
+
+def txlog(
+    source: Source,
+    *,
+    topic: str | None = None,
+    filter: str | None = None,
+    bookmark: str = "0",
+    until: str | None = None,
+    fully_durable: bool = False,
+    spark: SparkSession | None = None,
+) -> DataFrame:
+    """The txlog's messages after ``bookmark`` through ``until``, in ``seq`` order, as a DataFrame.
+
+    Args:
+        source: a config file path, a parsed config, or an instance's storage root.
+        topic: a topic regex (a name without regex characters matches exactly); None: every topic.
+        filter: an AMPS content filter, e.g. ``"/qty > 100 AND /side = 'buy'"``.
+        bookmark: where to start (see the module doc); default ``"0"``, the beginning.
+        until: where to end, inclusive; default: the log's end at the time of the call.
+        fully_durable: only messages every sync destination (not downgraded) has acknowledged.
+        spark: the session (default: the active one, or a local one).
+
+    Columns: those of the txlog (:data:`replication.txlog.TXLOG_SCHEMA`).
+
+    Example:
+        >>> df = replay.txlog("conf/amps-1.xml", topic="^/orders", bookmark="20261123T093000Z")  # doctest: +SKIP
+        >>> df.groupBy("publisher").count().show()
+    """
+    log = open_txlog(source)
+    selection = Selection.of(topic, filter)
+    start, end = log.range(bookmark, until, fully_durable=fully_durable)
+    end = log.committed_seq() if end is None else end
+    spark = spark or session()
+    rows = _snapshot(spark, log, start, end)
+    types = log.message_types(start, end) if selection.filter is not None else None
+    return selection.where(rows.where((F.col("seq") > start) & (F.col("seq") <= end)), types).orderBy("seq")
+
+
+def _snapshot(spark: SparkSession, log: Txlog, start: int, end: int) -> DataFrame:
+    """The txlog's rows that may lie in ``(start, end]``: the whole table natively, else the files that overlap."""
+    if reads_delta_natively(spark):
+        return spark.read.format(DELTA_FORMAT).load(log.path).select(*SCHEMA.fieldNames())
+    uris = log.file_uris(start, end)
+    if not uris:
+        return spark.createDataFrame([], SCHEMA)
+    return spark.read.schema(SCHEMA).parquet(*uris)
+
+
+def subscribe(
+    source: Source,
+    *,
+    topic: str | None = None,
+    filter: str | None = None,
+    bookmark: str = "0",
+    until: str | None = None,
+    fully_durable: bool = False,
+    rate: str | float | None = None,
+    max_rows_per_trigger: int | None = None,
+    spark: SparkSession | None = None,
+) -> DataFrame:
+    """A bookmark subscription as a streaming DataFrame: the stored messages, then new ones as they commit.
+
+    Arguments as :func:`txlog`, and:
+        until: the subscription ends with this message (resolved now); default: never.
+        fully_durable: a message is delivered once every sync destination (not
+            downgraded) has acknowledged it; the stream waits for that.
+        rate: replay at this multiple of the original publish pace, e.g. ``"2x"``; default: as fast as possible.
+        max_rows_per_trigger: at most this many rows per micro-batch.
+
+    Rows come in ``seq`` order, each once: a query restarted from its
+    checkpoint continues after the last batch it completed (the bookmark
+    applies to a new checkpoint only). Any ``writeStream`` sink works.
+
+    Example:
+        >>> q = (replay.subscribe("conf/amps-1.xml", topic="/orders", bookmark="0|1|")  # doctest: +SKIP
+        ...      .writeStream.option("checkpointLocation", "/tmp/orders-cp").format("console").start())
+    """
+    log = open_txlog(source)
+    selection = Selection.of(topic, filter)
+    start, end = log.range(bookmark, until)
+    speed = parse_rate(rate, where="replay.subscribe: rate")
+    spark = spark or session()
+    txlog_stream.register(spark)
+    reader = spark.readStream.format(txlog_stream.FORMAT).option("path", log.path).option("startSeq", start)
+    if end is not None:
+        reader = reader.option("endSeq", max(end, start))
+    if fully_durable:
+        reader = reader.option("durableFile", str(log.layout.durable_json))
+    if speed:
+        reader = reader.option("rate", str(speed))
+    if max_rows_per_trigger:
+        reader = reader.option("maxRowsPerTrigger", int(max_rows_per_trigger))
+    return selection.where(reader.load())
+
+
+def sow(source: Source, *, topic: str, filter: str | None = None, spark: SparkSession | None = None) -> DataFrame:
+    """Current State-of-the-World records of ``topic`` matching ``filter``: one row per SOW key, exact.
+
+    The topic's SOW table (its records as of some txlog position) is read by
+    Spark, natively on a Spark with Delta, else from deltalake's file list;
+    the txlog rows stored after that position are folded on top (they are few:
+    at most one compaction interval's), so the result is what ``replication
+    sow`` prints. Columns: :data:`replication.sow.table.SOW_SCHEMA`.
+
+    Example:
+        >>> replay.sow("conf/amps-1.xml", topic="/orders", filter="/qty > 100").count()  # doctest: +SKIP
+    """
+    log = open_txlog(source)
+    cfg = _config_of(source, log)
+    selection = Selection.of(None, filter)
+    try:
+        index, sow_topic = sow_topic_for(cfg, topic)
+        table = SowTable(log.layout, sow_topic, create=False)
+    except ValueError as exc:
+        raise InputError(f"replay.sow: {exc}") from None
+    except TableNotFoundError:
+        raise ReplicationError(f"replay.sow: {cfg.name} has no SOW table for {topic!r} yet: the SOW topic's table is "
+                               "made when the instance first runs with it") from None
+    tail = tail_rows(log.files, table.through_seq)
+    changes = net_changes(tail.filter(pc.equal(tail["topic"], topic)), SowTopics.of(cfg), index)
+    spark = spark or session()
+    schema = from_arrow_schema(SOW_SCHEMA)
+    if reads_delta_natively(spark):
+        base = spark.read.format(DELTA_FORMAT).load(str(table.path))
+    else:
+        uris = table.table.file_uris()
+        base = (spark.read.schema(schema).option("basePath", str(table.path)).parquet(*uris) if uris
+                else spark.createDataFrame([], schema))  # bucket comes from the files' partition folders
+    base = base.where(F.col("topic") == F.lit(topic)).select(*SOW_SCHEMA.names)
+    touched = sorted(changes.touched())
+    if touched:
+        base = base.join(spark.createDataFrame(touched, "topic string, sow_key string"), ["topic", "sow_key"],
+                         "left_anti")
+    records = base.unionByName(spark.createDataFrame(as_records(changes.upserts, table.buckets), schema))
+    return selection.where(records, {sow_topic.message_type})
+
+
+def _config_of(source: Source, log: Txlog) -> InstanceConfig:
+    """The instance's config: the one given, or its ``_control/instance.json``."""
+    if isinstance(source, InstanceConfig):
+        return source
+    text = os.fspath(source)
+    if text.lower().endswith(".xml") or Path(text).is_file():
+        return config.load(text)
+    return read_instance_config(log.layout.instance_json)
+
+
+def rejected(source: Source, *, spark: SparkSession | None = None) -> DataFrame:
+    """The messages ``source`` refused (``rejected/``), each with its ``reason``; empty when it refused none.
+
+    Example:
+        >>> replay.rejected("conf/amps-1.xml").groupBy("reason").count().show()  # doctest: +SKIP
+    """
+    log = open_txlog(source)
+    spark = spark or session()
+    path = str(log.layout.rejected)
+    schema = from_arrow_schema(REJECTED_SCHEMA)
+    try:
+        uris = DeltaTable(path).file_uris()
+    except TableNotFoundError:  # the instance has not run yet
+        return spark.createDataFrame([], schema)
+    if reads_delta_natively(spark):
+        return spark.read.format(DELTA_FORMAT).load(path)
+    return spark.read.schema(schema).parquet(*uris) if uris else spark.createDataFrame([], schema)
+
+
+def json_columns(df: DataFrame, schema: str | None = None, *, sample_rows: int = 1000) -> DataFrame:
+    """``df`` with each top-level field of its JSON bodies as a typed column, and all of them as struct ``fields``.
+
+    Args:
+        df: txlog rows (a ``data`` and a ``message_type`` column), e.g. from :func:`txlog`.
+        schema: the bodies' schema as DDL (``"id BIGINT, qty BIGINT, side STRING"``)
+            or a ``StructType``; default: inferred from the first ``sample_rows`` json bodies.
+
+    Rows of other message types get nulls. A body field named like an
+    existing column (``topic``, ``seq``...) is only in ``fields``.
+
+    Example:
+        >>> replay.json_columns(replay.txlog(cfg, topic="/orders")).where("qty > 100")  # doctest: +SKIP
+    """
+    body = F.col("data").cast("string")
+    if schema is None:
+        sample = df.where(F.col("message_type") == "json").select(body.alias("body")).limit(sample_rows)
+        found = sample.select(F.schema_of_variant_agg(F.try_parse_json("body"))).first()
+        if found is None or not found[0] or not found[0].startswith("OBJECT<"):
+            raise InputError("json_columns: no JSON object among the bodies to infer a schema from; "
+                             "pass schema=, e.g. json_columns(df, 'id BIGINT, qty BIGINT')")
+        schema = _struct_ddl(found[0])
+    parsed = df.withColumn("fields", F.when(F.col("message_type") == "json", F.from_json(body, schema)))
+    names = parsed.select("fields.*").columns
+    taken = set(df.columns)
+    return parsed.select("*", *[F.col("fields")[n].alias(n) for n in names if n not in taken])
+
+
+def _may_hold_after(statistics, after: int) -> bool:
+    """Can a row group with these ``seq`` statistics hold a row after ``after``? (no statistics: yes)"""
+    return statistics is None or not statistics.has_min_max or statistics.max > after
+
+
+def _struct_ddl(variant_type: str) -> str:
+    """A VARIANT schema (``OBJECT<a: BIGINT, b: DECIMAL(3,1)>``) as DDL ``from_json`` reads.
+
+    JSON numbers with a fraction come out as decimals sized by the sample: a
+    double keeps values outside it.
+    """
+    ddl = re.sub(r"\bOBJECT<", "STRUCT<", variant_type)
+    return re.sub(r"\bDECIMAL\(\d+,\s*\d+\)", "DOUBLE", ddl)

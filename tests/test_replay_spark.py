@@ -1,0 +1,138 @@
+"""Replay's Spark side on tables of its own: pacing, fully_durable on a sync pair, and the choice of reader."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+
+from factories import collecting, destination_xml, replication_xml, run_cli, spark_seqs, wait_until, write_batches
+from fabric_support import ONE_WAY
+from replication import replay
+
+
+def test_a_paced_subscription_releases_rows_by_their_original_spacing(spark, tmp_path):
+    """Rows published 1 s apart, replayed at 4x: the first micro-batch holds only the first row (it anchors
+    the replay); unpaced, one batch would hold them all."""
+    write_batches(tmp_path / "txlog", batches=4, per_publisher=1, publishers=("p0",))
+    batches: list[list[int]] = []
+    query = (replay.subscribe(tmp_path, rate="4x").writeStream.trigger(processingTime="100 milliseconds")
+             .option("checkpointLocation", str(tmp_path / "cp"))
+             .foreachBatch(lambda df, _id: batches.append(spark_seqs(df))).start())
+    try:
+        wait_until(lambda: sum(map(len, batches)) >= 4 or query.exception(), what="the paced rows")
+    finally:
+        query.stop()
+    delivered = [b for b in batches if b]
+    assert delivered[0] == [1] and [s for b in delivered for s in b] == [1, 2, 3, 4]
+
+
+# -- fully_durable: its own pair ------------------------------------------------------------
+
+
+def test_fully_durable_returns_only_what_the_sync_destination_acknowledged(fabric, capsys, tmp_path):
+    """A -> B sync. B stops: what A stores after that is not fully durable; once B is back, it is."""
+    b = fabric.storage("b")
+    fabric.configure("b")
+    config = fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [b], topics=ONE_WAY)))
+    fabric.start("b")
+    fabric.start("a")
+    pub = fabric.publisher("careful", "a", resend_after=2.0)
+    for i in range(40):
+        pub.publish("/orders", json.dumps({"i": i}).encode())
+    pub.flush(timeout=120)
+    fabric.stop("b")
+    for i in range(40, 80):
+        pub.publish("/orders", json.dumps({"i": i}).encode())
+    wait_until(lambda: fabric.count("a") == 80, what="A to store the messages published after B stopped")
+
+    assert spark_seqs(replay.txlog(config, fully_durable=True)) == list(range(1, 41))
+    assert spark_seqs(replay.txlog(config)) == list(range(1, 81))
+    _, printed, _ = run_cli(capsys, str(config), "--topic", ".*", "--fully-durable")
+    assert [m["seq"] for m in printed] == list(range(1, 41))
+    seen: list[int] = []
+    query = collecting(replay.subscribe(config, fully_durable=True), tmp_path / "cp", seen)
+    try:
+        wait_until(lambda: len(seen) >= 40 or query.exception(), what="the durable messages")
+        time.sleep(1.0)  # several triggers: the subscription holds at the watermark
+        assert seen == list(range(1, 41))
+        fabric.start("b")
+        pub.flush(timeout=240)
+        wait_until(lambda: len(seen) >= 80 or query.exception(), what="the rest, once B acknowledged it")
+    finally:
+        query.stop()
+    assert seen == list(range(1, 81))
+    assert spark_seqs(replay.txlog(config, fully_durable=True)) == list(range(1, 81))
+    _, printed, _ = run_cli(capsys, str(config), "--topic", ".*", "--fully-durable")
+    assert [m["seq"] for m in printed] == list(range(1, 81))
+
+
+# -- which reader ---------------------------------------------------------------------------
+
+
+def test_the_native_delta_reader_is_chosen_where_delta_is_available(spark, monkeypatch):
+    assert replay.reads_delta_natively(spark) is False, "this Spark has no Delta jars"
+
+    class Jvm:  # a JVM whose lookup of the "delta" source succeeds, as with delta-spark on the class path
+        def __getattr__(self, name):
+            return self
+
+        def __call__(self, *args):
+            return self
+
+        def lookupDataSource(self, name, conf):
+            return name
+
+    class WithDelta:
+        _jvm = Jvm()
+        _jsparkSession = Jvm()
+
+    assert replay.reads_delta_natively(WithDelta()) is True
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    assert replay.reads_delta_natively(object()) is True, "Databricks (Spark Connect has no JVM handle)"
+
+
+def test_both_readers_return_the_same_rows(spark, tmp_path, monkeypatch):
+    """The native branch reads format("delta").load(txlog): here a stand-in Delta source (deltalake's
+    snapshot) under another name; the rows equal those read from the file list."""
+    rows = write_batches(tmp_path / "txlog", batches=5, per_publisher=4)
+    mid = rows["bookmark"][17].as_py()
+    by_files = spark_seqs(replay.txlog(tmp_path, bookmark=mid, filter="/seq > 30"))
+    spark.dataSource.register(stand_in_delta())
+    monkeypatch.setattr(replay, "DELTA_FORMAT", "replay-test-delta")
+    monkeypatch.setattr(replay, "reads_delta_natively", lambda _spark: True)
+    natively = replay.txlog(tmp_path, bookmark=mid, filter="/seq > 30")
+    assert spark_seqs(natively) == by_files == list(range(31, 61))
+    assert "replay-test-delta" in natively._jdf.queryExecution().analyzed().toString()
+
+
+def stand_in_delta() -> type[DataSource]:
+    """A Delta reader for the test: the table's current snapshot through deltalake. Defined in a function so
+    that Spark's Python workers get the classes by value (they cannot import this test module)."""
+
+    class StandInReader(DataSourceReader):
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def read(self, partition):
+            from deltalake import DeltaTable
+
+            from replication.connectors.delta.txlog_stream import _spark_arrow_schema
+
+            yield from DeltaTable(self.path).to_pyarrow_table().cast(_spark_arrow_schema()).to_batches()
+
+    class StandInDelta(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "replay-test-delta"
+
+        def schema(self):
+            from replication.connectors.delta.txlog_stream import SCHEMA
+
+            return SCHEMA
+
+        def reader(self, schema):
+            return StandInReader(self.options["path"])
+
+    return StandInDelta
