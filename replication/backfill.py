@@ -51,7 +51,7 @@ from replication.config.model import InstanceConfig
 from replication.connectors import files
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
 from replication.connectors.delta.tables import open_or_create
-from replication.errors import ConfigError
+from replication.errors import InputError
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_error, bookmark
 from replication.storage.layout import StorageLayout
@@ -71,7 +71,7 @@ WAVE_ROWS = 1_000_000
 Progress = Callable[[int, int], None]
 
 
-class BackfillInputError(ConfigError):
+class BackfillInputError(InputError):
     """An input that cannot be backfilled (unreadable, a column missing, bad options); nothing was written."""
 
 
@@ -111,8 +111,8 @@ class Result:
     stored: int = 0
     """Rows written to the inbox (messages the instance will store, unless it has them already)."""
     rejected: int = 0
-    skipped_parts: int = 0
-    """Parts a previous run had committed."""
+    parts: int = 0
+    """Parts this run wrote and committed (a re-run of a finished backfill: 0)."""
     last_seq: int = 0
     """The client's highest sequence (the inputs' row count)."""
     last_stored_seq: int = 0
@@ -151,6 +151,7 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
             if part.inbox is not None:
                 _commit(inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
             failpoints.hit("backfill.after_part")
+            result.parts += 1
             result.stored += part.rows - part.rejected_rows
             result.rejected += part.rejected_rows
             result.last_stored_seq = max(result.last_stored_seq, part.last_good_seq)
@@ -200,7 +201,7 @@ def _plan(spark: SparkSession, paths: list[str], options: Options) -> list[files
 def _describe_or_error(path: str, fmt: str) -> files.InputFile | str:
     try:
         return files.describe(path, fmt)
-    except files.InputError as exc:
+    except InputError as exc:
         return str(exc)
 
 

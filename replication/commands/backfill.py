@@ -19,7 +19,7 @@ import time
 from replication import backfill, config
 from replication.commands.progress import ProgressBar
 from replication.config.model import MESSAGE_TYPES
-from replication.connectors.files import FORMATS
+from replication.connectors.files import FORMATS, expand
 from replication.destination.resync import stored_per_publisher
 from replication.errors import ReplicationError
 from replication.storage.layout import StorageLayout
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from replication.connectors.spark.session import session
 
     cfg = config.load(args.config)
+    expand(args.input, args.fmt)  # a missing input is said before Spark starts (and prints its banner)
     options = backfill.Options(args.client, args.fmt, args.topic, args.topic_column, args.data_column,
                                args.message_type)
     spark = session(f"replication backfill {cfg.name}")
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rejected: ... {result.rejected - len(result.bad or []):,} more (see {cfg.storage}/rejected)",
               file=sys.stderr)
     print(f"{cfg.name}: backfilled {result.rows:,} rows as client {args.client} (sequences 1..{result.last_seq:,}): "
-          f"{result.stored:,} written, {result.rejected:,} rejected")
+          f"{result.stored:,} written, {result.rejected:,} rejected, in {result.parts:,} new commit(s)")
     if args.wait is not None and result.last_stored_seq:
         _wait_stored(cfg, args.client, result.last_stored_seq, args.wait)
     return 1 if result.rejected else 0

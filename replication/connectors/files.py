@@ -15,16 +15,14 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 
+from replication.errors import InputError
+
 FORMATS = ("parquet", "jsonl", "csv", "delta")
 #: Rows per batch read.
 BATCH_ROWS = 20_000
 #: The raw line of a JSON lines row.
 LINE = "_line"
 _SUFFIXES = {"parquet": (".parquet", ".parq"), "jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",)}
-
-
-class InputError(ValueError):
-    """A file that cannot be read, or lacks a column; the message names the file."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,149 @@
+"""Batch backfill from files into an instance (real Spark, broker and Delta; a CLI process for kill -9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from kafka import KafkaConsumer, TopicPartition
+
+from fabric_support import ONE_WAY
+from factories import destination_xml, rejected_rows, replication_xml, wait_until
+from replication import backfill, config
+from replication.destination.resync import stored_per_publisher
+from replication.storage.layout import StorageLayout
+
+
+def persisted_acks(bootstrap: str, instance: str, client: str) -> int:
+    """The highest persisted ack ``instance`` sent ``client`` on ``<instance>.acks`` (0: none)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500)
+    tp = TopicPartition(f"{instance}.acks", 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    best = 0
+    for record in consumer:
+        if record.key == client.encode():
+            ack = json.loads(record.value)
+            if not ack.get("logon"):
+                best = max(best, int(ack["seq"]))
+    consumer.close()
+    return best
+
+
+def stored(fabric, short: str, client: str) -> int:
+    return stored_per_publisher(StorageLayout.of(str(fabric.storage(short)))).get(client, 0)
+
+
+def publisher_rows(fabric, short: str, client: str) -> list[int]:
+    rows = fabric.rows(short)
+    return [s for p, s in zip(rows["publisher"].to_pylist(), rows["publisher_seq"].to_pylist()) if p == client]
+
+
+@pytest.fixture
+def pair(fabric):
+    """A (running) with a sync destination B (running)."""
+    fabric.configure("b")
+    fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [fabric.storage("b")],
+                                                                      topics=ONE_WAY)))
+    fabric.start("b")
+    fabric.start("a")
+    return fabric
+
+
+def test_100k_rows_from_parquet_and_from_json_lines_each_twice_are_stored_once_replicated_and_acked(pair, spark,
+                                                                                                    tmp_path):
+    cfg = config.load(str(pair.paths["a"]))
+    parquet_dir, jsonl_dir = tmp_path / "parquet", tmp_path / "jsonl"
+    parquet_dir.mkdir()
+    jsonl_dir.mkdir()
+    for part, (lo, hi) in enumerate(((0, 40_000), (40_000, 70_000), (70_000, 100_000))):
+        ids = list(range(lo, hi))
+        pq.write_table(pa.table({"id": ids, "qty": [i % 500 for i in ids], "side": ["buy"] * len(ids)}),
+                       parquet_dir / f"orders-{part}.parquet")
+    for part, (lo, hi) in enumerate(((0, 60_000), (60_000, 100_000))):
+        (jsonl_dir / f"trades-{part}.jsonl").write_bytes(
+            b"".join(json.dumps({"trade": i, "px": i / 4}).encode() + b"\n" for i in range(lo, hi)))
+
+    for client, fmt, inputs, topic in (("loader-pq", "parquet", [str(parquet_dir)], "/orders"),
+                                       ("loader-jl", "jsonl", [str(jsonl_dir / "trades-0.jsonl"),
+                                                               str(jsonl_dir / "trades-1.jsonl")], "/trades")):
+        options = backfill.Options(client, fmt, topic=topic)
+        first = backfill.run(spark, cfg, inputs, options)
+        assert (first.rows, first.stored, first.rejected, first.last_seq) == (100_000, 100_000, 0, 100_000)
+        wait_until(lambda c=client: stored(pair, "a", c) == 100_000, timeout=300, what=f"A to store {client}")
+        again = backfill.run(spark, cfg, inputs, options)
+        assert (again.rows, again.stored, again.parts) == (100_000, 0, 0), "a repeated backfill writes nothing"
+        wait_until(lambda c=client: persisted_acks(pair.broker.bootstrap, pair.name("a"), c) == 100_000,
+                   timeout=300, what=f"the persisted ack of {client} (sync: once B has every row)")
+        assert publisher_rows(pair, "b", client) == list(range(1, 100_001)), "replicated to B once, in order"
+        assert publisher_rows(pair, "a", client) == list(range(1, 100_001)), "stored once, in input order"
+
+    rows = pair.rows("a")
+    first_of = {p: i for i, p in reversed(list(enumerate(rows["publisher"].to_pylist())))}
+    parquet_row = rows.slice(first_of["loader-pq"], 1).to_pylist()[0]
+    assert (parquet_row["topic"], json.loads(parquet_row["data"])) == ("/orders", {"id": 0, "qty": 0, "side": "buy"})
+    assert parquet_row["origin"] == pair.name("a") and parquet_row["received_from"] is None
+    jsonl_row = rows.slice(first_of["loader-jl"], 1).to_pylist()[0]
+    assert jsonl_row["data"] == b'{"trade": 0, "px": 0.0}', "a JSON line is stored as written"
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    # its own session: a failpoint kills its whole process group, which must not be pytest's
+    return subprocess.run([sys.executable, "-m", "replication.cli", "backfill", *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def test_a_backfill_killed_mid_run_completes_on_a_rerun_with_no_duplicate(pair, tmp_path):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for part in range(5):  # one commit per file: five parts
+        ids = range(part * 6000, (part + 1) * 6000)
+        pq.write_table(pa.table({"id": list(ids), "kind": ["/fills"] * 6000}), inputs / f"f{part}.parquet")
+    args = [str(pair.paths["a"]), "--input", str(inputs), "--format", "parquet", "--client", "loader",
+            "--topic-column", "kind"]
+    killed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.after_part@2"})
+    assert killed.returncode == -9 and "failpoint backfill.after_part reached" in killed.stderr
+    wait_until(lambda: stored(pair, "a", "loader") == 12_000, timeout=120, what="the two committed parts")
+    rerun = cli(*args, "--wait", "300")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "18,000 written, 0 rejected, in 3 new commit(s)" in rerun.stdout
+    assert "stored every backfilled row (client loader through 30,000)" in rerun.stdout
+    assert "backfill" in rerun.stderr and "rows/s" in rerun.stderr, "the progress bar, with its rate"
+    assert publisher_rows(pair, "a", "loader") == list(range(1, 30_001))
+    wait_until(lambda: publisher_rows(pair, "b", "loader") == list(range(1, 30_001)), timeout=120,
+               what="B to hold every backfilled row once")
+
+
+def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_and_row(pair, spark, tmp_path):
+    cfg = config.load(str(pair.paths["a"]))
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "body": ['{"a": 1}', "not json"]}), good)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(backfill.BackfillInputError, match=f"{broken}: cannot be read as parquet"):
+        backfill.run(spark, cfg, [str(good), str(broken)], backfill.Options("x", "parquet", topic="/t"))
+    with pytest.raises(backfill.BackfillInputError,
+                       match=rf"{good}: no column 'payload' \(its columns: id, body\)"):
+        backfill.run(spark, cfg, [str(good)], backfill.Options("x", "parquet", topic="/t", data_column="payload"))
+    assert DeltaTable(str(pair.storage("a") / "inbox")).transaction_version("backfill:x") is None, "nothing written"
+
+    lines = tmp_path / "lines.jsonl"
+    lines.write_bytes(b'{"v": 1}\n{"v": 2}\n{"v": \n{"v": 4}\n')
+    result = cli(str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
+                 "--topic", "/lines", "--wait", "120")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"rejected: {lines} row 3: body is not valid JSON" in result.stderr
+    assert "3 written, 1 rejected" in result.stdout and "Traceback" not in result.stderr
+    assert publisher_rows(pair, "a", "lines") == [1, 2, 4]
+    (bad,) = [r for r in rejected_rows(pair.root, pair.name("a")) if r["publisher"] == "lines"]
+    assert bad["publisher_seq"] == "3" and bad["reason"].startswith(f"{lines} row 3: body is not valid JSON")
+    missing = cli(str(pair.paths["a"]), "--input", str(tmp_path / "absent"), "--format", "csv", "--client", "c",
+                  "--topic", "/t")
+    assert missing.returncode == 2 and missing.stderr.strip().endswith("absent: no such file or directory")
+    assert len(missing.stderr.strip().splitlines()) == 1
