@@ -175,6 +175,8 @@ def synthetic_txlog_rows(instance: str, first: int, count: int, publishers: int,
         "message_type": const("json"),
         "command": const("publish"),
         "sow_key": pa.nulls(count, pa.string()),
+        "sow_keys": pa.nulls(count, pa.string()),
+        "filter": pa.nulls(count, pa.string()),
         "data": pc.binary_join_element_wise(_BODY_HEAD, pa.array(i + 1).cast(pa.string()), _BODY_TAIL, "")
         .cast(pa.binary()),
         "origin": const(instance),
