@@ -60,10 +60,12 @@ def bootstrap_phase(spark, workdir: Path, bootstrap: str, args) -> list[str]:
 
     from replication import bootstrap as boot
     from replication import config
+    from replication.storage.control import write_instance_config
     from replication.storage.layout import StorageLayout
 
     source = config.load(str(write_config(workdir, "source", bootstrap)))
     build_txlog(source, args.rows, 4, 200_000)
+    write_instance_config(source, StorageLayout.of(source.storage).instance_json)  # what a started instance has
     files = [uri.removeprefix("file://") for uri in DeltaTable(str(StorageLayout.of(source.storage).txlog)).file_uris()]
     baseline = baseline_copy(spark, files, workdir / "baseline-txlog")
     target = config.load(str(write_config(

@@ -53,7 +53,7 @@ from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
 from replication.connectors.delta.tables import open_or_create
 from replication.errors import InputError
 from replication.ingest.classify import TopicRecorder
-from replication.messages import BACKFILL_LINK, body_error, bookmark
+from replication.messages import BACKFILL_LINK, body_errors, bookmark
 from replication.storage.layout import StorageLayout
 from replication.txlog import REJECTED_SCHEMA
 
@@ -64,8 +64,9 @@ log = logging.getLogger(__name__)
 
 #: Rows per inbox commit: the ingest takes at least one commit per micro-batch, so this bounds its batches.
 CHUNK_ROWS = 100_000
-#: Input rows handed to Spark tasks per wave (the driver commits a wave, then plans the next).
-WAVE_ROWS = 1_000_000
+#: Input rows handed to Spark tasks per wave: the instance ingests one wave's commits while Spark's tasks
+#: write the next.
+WAVE_ROWS = 400_000
 
 #: ``(rows done, rows in all)`` after each committed part.
 Progress = Callable[[int, int], None]
@@ -260,20 +261,20 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
     n = rows.num_rows
     first_seq = work.first_seq + position
     topics = [options.topic] * n if options.topic is not None else rows[options.topic_column].cast(pa.string()).to_pylist()
-    bodies = _bodies(rows, options)
-    good, bad = [], []
-    for i, (topic, body) in enumerate(zip(topics, bodies, strict=True)):
-        if not topic:
-            why = f"no topic (column {options.topic_column!r} is empty)"
-        elif not recorded(topic, options.message_type):
-            why = (f"topic {topic!r} ({options.message_type}) is not recorded in {cfg.name}'s TransactionLog: add a "
-                   "matching <TransactionLog><Topic>")
-        else:
-            why = body_error(options.message_type, body or b"")
+    bodies, generated = _bodies(rows, options)
+    reasons: dict[int, str] = {}
+    for topic in set(topics):  # few distinct topics: one check each
+        why = (f"no topic (column {options.topic_column!r} is empty)" if not topic else
+               None if recorded(topic, options.message_type) else
+               f"topic {topic!r} ({options.message_type}) is not recorded in {cfg.name}'s TransactionLog: add a "
+               "matching <TransactionLog><Topic>")
         if why:
-            bad.append((i, f"{work.path} row {position + i + 1}: {why}"))
-        else:
-            good.append(i)
+            reasons.update({i: why for i, t in enumerate(topics) if t == topic})
+    if not generated:  # a body made from the row is valid JSON; one given is checked for its message type
+        for i, why in body_errors(options.message_type, bodies).items():
+            reasons.setdefault(i, why)
+    good = [i for i in range(n) if i not in reasons]
+    bad = [(i, f"{work.path} row {position + i + 1}: {reasons[i]}") for i in sorted(reasons)]
     seqs = list(range(first_seq, first_seq + n))
     inbox_add = _write(inbox, _inbox_rows(cfg, options, good, topics, bodies, seqs, now)) if good else None
     rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, seqs, now)) if bad else None
@@ -281,17 +282,18 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
                 seqs[good[-1]] if good else 0)
 
 
-def _bodies(rows: pa.Table, options: Options) -> list[bytes | None]:
-    """Each row's message body: its data column as text or bytes, the JSON line as written, or the row as a
-    JSON object."""
+def _bodies(rows: pa.Table, options: Options) -> tuple[list[bytes | None], bool]:
+    """Each row's message body (its data column as text or bytes, the JSON line as written, or the row as a
+    JSON object), and whether the backfill generated them (the row as JSON: valid by construction)."""
     if options.data_column is not None:
         column = rows[options.data_column]
         if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-            return column.to_pylist()
-        return [None if v is None else v.encode() for v in column.cast(pa.string()).to_pylist()]
+            return column.to_pylist(), False
+        return [None if v is None else v.encode() for v in column.cast(pa.string()).to_pylist()], False
     if files.LINE in rows.column_names:
-        return rows[files.LINE].to_pylist()
-    return [orjson.dumps(row, default=str) for row in rows.to_pylist()]
+        return rows[files.LINE].to_pylist(), False
+    dumps = orjson.dumps
+    return [dumps(row, default=str) for row in rows.to_pylist()], options.message_type == "json"
 
 
 def _inbox_rows(cfg: InstanceConfig, options: Options, good: list[int], topics: list, bodies: list, seqs: list,

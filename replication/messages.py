@@ -10,12 +10,13 @@ bookmark forms of :func:`parse_bookmarks`.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Union
+
+import orjson
 
 from replication.errors import InputError
 
@@ -157,8 +158,8 @@ def body_error(message_type: str, data: bytes) -> str | None:
     """Why ``data`` does not parse as ``message_type``, or None when it does."""
     if message_type == "json":
         try:
-            json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+            orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
             return f"body is not valid JSON ({exc})"
         return None
     if message_type in ("fix", "nvfix"):
@@ -172,6 +173,23 @@ def body_error(message_type: str, data: bytes) -> str | None:
             return f"body is not well-formed XML ({exc})"
         return None
     return None  # binary: any bytes
+
+
+def body_errors(message_type: str, bodies: list[bytes | None]) -> dict[int, str]:
+    """:func:`body_error` of many bodies of one type: position -> reason, for those that do not parse.
+
+    JSON, the common case, takes one bare loop: two Python calls per body cost more than orjson itself.
+    """
+    if message_type != "json":
+        return {k: why for k, body in enumerate(bodies) if (why := body_error(message_type, body or b""))}
+    out = {}
+    loads, error = orjson.loads, orjson.JSONDecodeError
+    for k, body in enumerate(bodies):
+        try:
+            loads(body or b"")
+        except error as exc:
+            out[k] = f"body is not valid JSON ({exc})"
+    return out
 
 
 def tag_value_fields(data: bytes | str) -> list[tuple[str, str]]:

@@ -177,18 +177,18 @@ def test_kill_9_between_the_txlog_commit_and_the_sow_and_during_compaction_then_
     """The SOW is derived from the txlog: whatever step a kill -9 hits, after a restart the SOW equals the fold
     of the txlog's rows in seq order, and the plain table catches up with it."""
     name = f"sowcrash{uuid.uuid4().hex[:6]}"
-    path = write_config(tmp_path, name, broker.bootstrap, max_offsets=300,
+    path = write_config(tmp_path, name, broker.bootstrap, max_offsets=150,
                         sow=SOW.split("<Topic><Name>/quotes")[0])
     cfg = config.load(str(path))
     crash_points = ["ingest.after_txlog_commit@4", "sow.before_compaction_commit@2", "sow.after_compaction_commit@2"]
     rng = random.Random(3)
-    ops = order_ops("crash", list(range(300)), 4500, rng)
+    ops = order_ops("crash", list(range(200)), 2400, rng)
     proc = InstanceProcess(path, tmp_path / "run0.log", failpoints=crash_points[0])
     pub = Publisher("crash", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
                     store_path=tmp_path / "pub.store", resend_after=3, logon_timeout=180)
     try:
         for stage, failpoint in enumerate(crash_points):
-            for op in ops[stage * 1500:(stage + 1) * 1500]:
+            for op in ops[stage * 800:(stage + 1) * 800]:
                 send(pub, op)
             assert proc.wait_killed(timeout=300) < 0, proc.log_text()[-3000:]
             assert f"failpoint {failpoint.split('@')[0]} reached" in proc.log_text()
