@@ -33,6 +33,7 @@ class DowngradePolicy:
     downgrade_age: float | None
     upgrade_age: float | None
     minimum_sync: int = 0
+    grace_period: float = 0.0
 
 
 def policy_of(cfg: "InstanceConfig") -> DowngradePolicy | None:
@@ -48,7 +49,8 @@ def policy_of(cfg: "InstanceConfig") -> DowngradePolicy | None:
             every=action.on.every or 1.0,
             downgrade_age=downgrade.age if downgrade else None,
             upgrade_age=upgrade.age if upgrade else None,
-            minimum_sync=(downgrade.minimum_sync_destinations or 0) if downgrade else 0,
+            minimum_sync=cfg.minimum_sync_destinations,
+            grace_period=(downgrade.grace_period or 0.0) if downgrade else 0.0,
         )
     return None
 

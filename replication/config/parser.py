@@ -8,12 +8,13 @@ environment after parsing, so a value can never inject XML and line numbers stay
 those of the file.
 
 Storage locations (``<Storage>``, the ``<InetAddr>`` of replication transports,
-destinations and bootstrap) may be ``file:///abs/path``, an absolute path, a
-relative path, or a remote URI such as ``s3://bucket/prefix``. A relative path
-is resolved against the directory of the config file (not the working
-directory), so a config means the same wherever the instance is started from.
-Local locations come back as normalised absolute paths, remote ones as written
-(without a trailing ``/``).
+destinations and bootstrap) may be ``file:///abs/path``, an absolute path or a
+relative path; they come back as normalised absolute paths. A relative path is
+resolved against the directory of the config file (not the working directory),
+so a config means the same wherever the instance is started from. Remote URIs
+(``s3://``, ``abfss://``...) are refused as not supported yet: an instance's
+control files (heartbeat, acks, link state) need a local or mounted filesystem,
+and a location the engine cannot use must stop the start, not a link later.
 
 Example::
 
@@ -79,6 +80,7 @@ _KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 _URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # AMPS configs address instances by host:port or a bare port; ours by storage root.
 _NETWORK_ADDR = re.compile(r"(\d+|[\w.-]+:\d+)\Z")
+# Recognised, to say "not supported yet" rather than "unknown scheme".
 _REMOTE_SCHEMES = frozenset(
     {"s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "hdfs", "lakefs", "memory"}
 )
@@ -244,7 +246,7 @@ def _comma_list(node: Node) -> list[str]:
 
 
 def _location(node: Node) -> str:
-    """A storage root: file URI, absolute or config-relative path, or remote URI."""
+    """A storage root: file URI, absolute or config-relative path (remote URIs: not supported yet)."""
     value = node.text()
     scheme_match = _URI.match(value)
     if scheme_match:
@@ -258,13 +260,17 @@ def _location(node: Node) -> str:
                 )
             return os.path.normpath(unquote(parts.path))
         if scheme in _REMOTE_SCHEMES:
-            return value.rstrip("/")
+            node.fail(
+                f"'{value}': {scheme}:// locations are not supported yet (an instance's control files, "
+                "its heartbeat, acknowledgements and link state, need a local or mounted filesystem)",
+                "use file:///absolute/path, an absolute path, or a path relative to this config file "
+                "(a mounted bucket works as a local path)",
+            )
         guess = suggest(scheme, tuple(sorted(_REMOTE_SCHEMES | {"file"})))
         hint = f"; did you mean '{guess}://'?" if guess else ""
         node.fail(
             f"'{value}' uses the unsupported scheme '{scheme}://'{hint}",
-            "use file:///path, a plain path, or one of "
-            + ", ".join(f"{s}://" for s in sorted(_REMOTE_SCHEMES)),
+            "use file:///absolute/path, an absolute path, or a path relative to this config file",
         )
     if _NETWORK_ADDR.match(value):
         node.fail(
@@ -330,7 +336,9 @@ _ROOT_SCHEMA = {
     "Replication": OPT,
     "Bootstrap": OPT,
     "Actions": OPT,
+    "Tuning": OPT,
 }
+_TUNING_SCHEMA = {"MinimumSyncDestinations": OPT}
 _TRANSPORT_COMMON = {
     "Name": one("<Name>json-kafka</Name>"),
     "Type": one("<Type>kafka</Type> (or amps-replication)"),
@@ -356,7 +364,7 @@ _QUEUE_SCHEMA = {
     "Filter": OPT,
 }
 _DESTINATION_SCHEMA = {
-    "Name": one("<Name>amps-2</Name>"),
+    "Name": OPT,  # AMPS allows a destination named only by its <Group> (the cascading mesh's)
     "Group": OPT,
     "SyncType": one("<SyncType>sync</SyncType> (or async)"),
     "PassThrough": OPT,
@@ -395,7 +403,7 @@ _STEP_SCHEMA = {"Module": one("<Module>amps-action-on-schedule</Module>"), "Opti
 @dataclass(frozen=True)
 class _Option:
     field: str  # the ActionStep field it fills
-    kind: str  # "interval", "interval0" (zero allowed) or "count" (non-negative int)
+    kind: str  # "interval", "interval0" (zero allowed), "count" (non-negative int), "moved" (refused)
     required: bool = False
 
 
@@ -408,8 +416,8 @@ _DO_MODULES: dict[str, dict[str, _Option]] = {
     "amps-action-do-downgrade-replication": {
         "Age": _Option("age", "interval", required=True),
         "GracePeriod": _Option("grace_period", "interval0"),
-        # AMPS sets this as an instance-level tuning parameter; here it lives with the action.
-        "MinimumSyncDestinations": _Option("minimum_sync_destinations", "count"),
+        # AMPS sets this at instance level; written here it is refused with where it goes.
+        "MinimumSyncDestinations": _Option("", "moved"),
     },
     "amps-action-do-upgrade-replication": {"Age": _Option("age", "interval", required=True)},
 }
@@ -449,6 +457,7 @@ def _instance(root: Node) -> InstanceConfig:
             )
     actions_node = kids.opt("Actions")
     actions = _actions(actions_node) if actions_node is not None else ()
+    minimum_sync = _tuning(kids.opt("Tuning"))
     return InstanceConfig(
         name=name,
         group=group,
@@ -461,8 +470,24 @@ def _instance(root: Node) -> InstanceConfig:
         destinations=destinations,
         bootstrap=bootstrap,
         actions=actions,
+        minimum_sync_destinations=minimum_sync,
         source=root.source(),
     )
+
+
+def _tuning(node: Node | None) -> int:
+    """``<Tuning>``: instance-level parameters; today ``MinimumSyncDestinations`` (default 0)."""
+    if node is None:
+        return 0
+    value_node = node.children(_TUNING_SCHEMA).opt("MinimumSyncDestinations")
+    return _count(value_node) if value_node is not None else 0
+
+
+def _count(node: Node) -> int:
+    value = node.text()
+    if not value.isdigit():
+        node.fail(f"'{value}' is not a whole number", f"write e.g. <{node.tag}>1</{node.tag}>")
+    return int(value)
 
 
 def _transport_schema(node: Node) -> dict[str, Card]:
@@ -503,9 +528,16 @@ def _transports(
                 "keep a single <Transport> with <Type>amps-replication</Type>",
             )
         addr = kids.opt("InetAddr")
-        inbox = ReplicationTransport(
-            name=name, inet_addr=_location(addr) if addr is not None else storage, source=tnode.source()
-        )
+        if addr is not None and _location(addr) != storage:
+            # Upstreams find an instance's inbox, heartbeat, instance.json and ack files under one
+            # root; an inbox elsewhere would never be written to (nothing would connect).
+            addr.fail(
+                f"an incoming replication address '{_location(addr)}' that differs from <Storage> "
+                f"'{storage}' is not supported yet: upstreams write this instance's inbox and read its "
+                "heartbeat and acknowledgements under its storage root",
+                f"write <InetAddr>{storage}</InetAddr> (the <Storage> location), or leave <InetAddr> out",
+            )
+        inbox = ReplicationTransport(name=name, inet_addr=storage, source=tnode.source())
     return tuple(kafka), inbox
 
 
@@ -637,16 +669,30 @@ def _replication(
     addresses: dict[str, str] = {}
     for dnode in node.children({"Destination": MANY}).all("Destination"):
         kids = dnode.children(_DESTINATION_SCHEMA)
-        name_node = kids.one("Name")
-        name = _name(name_node, "destination name")
+        name_node = kids.opt("Name")
+        if name_node is None:
+            name_node = kids.opt("Group")
+        if name_node is None:
+            dnode.fail(
+                "a <Destination> needs a <Name> or a <Group> (AMPS identifies a destination written "
+                "without a <Name> by its group)",
+                "add the destination's <Group>, e.g. <Group>LiveProdSubscriptions</Group>, or a <Name>, "
+                "e.g. <Name>amps-2</Name>",
+            )
+        by_group = name_node.tag == "Group"
+        name = _name(name_node, "destination group (it names the destination, which has no <Name>)"
+                     if by_group else "destination name")
         if name == instance:
             name_node.fail(
                 f"destination '{name}' is this instance itself",
-                "name another instance in <Destination><Name>; an instance never replicates to itself",
+                "name another instance in <Destination><Name>; an instance never replicates to itself"
+                if not by_group else f"add a <Name> to this destination: its <Group> '{name}' is this "
+                "instance's name",
             )
         if name in names:
             name_node.fail(
-                f"destination '{name}' is already defined at line {names[name]}",
+                f"destination '{name}' is already defined at line {names[name]}"
+                + (" (a destination with no <Name> is named by its <Group>)" if by_group else ""),
                 "give each <Destination> a distinct <Name>, or merge their <Topic> lists",
             )
         names[name] = dnode.line
@@ -781,11 +827,15 @@ def _step(node: Node, modules: dict[str, dict[str, _Option]]) -> ActionStep:
                     f"add <Options><{name}>15s</{name}></Options> to <{node.tag}>",
                 )
             continue
+        if opt.kind == "moved":
+            onode.fail(
+                f"<{name}> is an instance-level setting (AMPS: an instance-level tuning parameter), "
+                f"not an option of {module}",
+                f"remove it here and write <Tuning><{name}>{onode.text()}</{name}></Tuning> "
+                "directly under <AMPSConfig>",
+            )
         if opt.kind == "count":
-            value = onode.text()
-            if not value.isdigit():
-                onode.fail(f"'{value}' is not a whole number", f"write e.g. <{name}>1</{name}>")
-            values[opt.field] = int(value)
+            values[opt.field] = _count(onode)
         else:
             values[opt.field] = _interval(onode, allow_zero=opt.kind == "interval0")
     return ActionStep(module=module, source=node.source(), **values)
