@@ -17,16 +17,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "run one or several instances in one Spark application"),
     "demo": ("demo", "run the local demo: embedded broker, instances from conf/, a publisher"),
     "publish": ("publish", "publish messages to an instance (HA publisher with a publish store)"),
-    "status": ("status", "show each instance's links: address, state, sent/acked positions, lag"),
+    "status": ("status", "show each instance's links: address, state, sent/acked positions, lag (--check: monitor)"),
     "validate": ("validate", "check every replication link among the given configs"),
     "trace": ("trace", "show where a message published at an instance goes, and why not elsewhere"),
     "topology": ("topology", "draw the fabric as SVG, PNG or Mermaid"),
+    "verify": ("verify", "check that each link's destination holds what it acknowledged, and groups agree"),
 }
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr naming the problem (``--help`` gives the usage), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replication", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = _OneLineParser(prog="replication", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_OneLineParser)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if only is None or only == name:
