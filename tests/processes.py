@@ -12,7 +12,7 @@ from pathlib import Path
 class InstanceProcess:
     """``replication run CONFIG`` in its own process group (so kill -9 takes its JVM too)."""
 
-    def __init__(self, config_path: Path, log_path: Path, *, failpoints: str | None = None) -> None:
+    def __init__(self, config_path: Path | list[Path], log_path: Path, *, failpoints: str | None = None) -> None:
         env = dict(os.environ)
         env.pop("REPLICATION_FAILPOINTS", None)
         if failpoints:
@@ -20,7 +20,8 @@ class InstanceProcess:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replication.cli", "run", str(config_path), "--log-level", "INFO"],
+            [sys.executable, "-m", "replication.cli", "run",
+             *map(str, config_path if isinstance(config_path, list) else [config_path]), "--log-level", "INFO"],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -38,6 +39,10 @@ class InstanceProcess:
         except ProcessLookupError:
             pass
         self.wait_killed()
+
+    def terminate_group(self) -> None:
+        """SIGTERM to the whole process group, as systemd or a supervisor stopping a service does."""
+        os.killpg(self.proc.pid, signal.SIGTERM)
 
     def stop(self, timeout: float = 60) -> int:
         """Ctrl-C, as a user would; kill -9 if it does not stop in time."""
