@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
+import pyarrow.compute as pc
 
 from replication import failpoints
 from replication.storage.control import Ack, DurableState
@@ -212,13 +213,17 @@ class Durability:
         upstreams: dict[str, int],
         destinations: Mapping[str, "Link"] | None = None,
         rows_since: Callable[[int, int], "pa.Table"] | None = None,
+        received_since: Callable[[str, int, int], "pa.Table"] | None = None,
         now: Callable[[], float] = time.time,
     ) -> None:
         """``publishers``/``upstreams``: the txlog's positions at start. ``destinations``: the instance's
         outgoing links (read live: sync ones hold rows, every one has an age). ``rows_since(after,
-        through)`` reads the txlog's ``seq``, ``publisher`` and ``received_from`` of rows ``after < seq
-        <= through``: after a restart, the rows not yet known durable are matched to their keys again
-        (without it, every key waits for the whole range)."""
+        through)`` reads the txlog's ``seq``, ``publisher``, ``publisher_seq`` and ``received_from`` of
+        rows ``after < seq <= through``: after a restart, the rows not yet known durable are matched to
+        their keys again (without it, every key waits for the whole range). ``received_since(upstream,
+        after, through)`` reads the inbox's ``publisher``, ``publisher_seq`` and ``upstream_seq`` of the
+        rows ``upstream`` sent with ``after < upstream_seq <= through``: with it, those rows are
+        acknowledged one by one after a restart too (without it, together)."""
         self._sender = sender
         self._layout = layout
         self._lock = threading.Lock()
@@ -239,16 +244,17 @@ class Durability:
         self._firsts: list[int] = [1]
         self._times: list[float] = [started]
         if committed_seq > self.durable_seq or publishers != self.persisted or upstreams != self.upstream_acks:
-            self._recover(publishers, upstreams, rows_since)
+            self._recover(publishers, upstreams, rows_since, received_since)
 
     def _recover(self, publishers: dict[str, int], upstreams: dict[str, int],
-                 rows_since: Callable[[int, int], "pa.Table"] | None) -> None:
+                 rows_since: Callable[[int, int], "pa.Table"] | None,
+                 received_since: Callable[[str, int, int], "pa.Table"] | None) -> None:
         """After a restart: what was committed but not known durable waits again."""
         after, through = self.durable_seq, self.committed_seq
         whole = _span(after + 1, through)
         by_publisher: dict[str, Runs] = {}
         by_upstream: dict[str, Runs] = {}
-        exact = False
+        rows = None
         if rows_since is not None and through > after:
             try:
                 rows = rows_since(after, through)
@@ -259,19 +265,23 @@ class Durability:
                 seqs = rows["seq"].to_numpy()
                 by_publisher = runs_by_value(rows["publisher"], seqs)
                 by_upstream = runs_by_value(rows["received_from"], seqs)
-                exact = True
         for client, seq in publishers.items():
             if seq > self.persisted.get(client, 0):
-                runs = by_publisher.get(client, _NO_ROWS) if exact else whole
+                runs = by_publisher.get(client, _NO_ROWS) if rows is not None else whole
                 self._publishers[client] = deque([_Position(seq, runs)])
         for upstream, seq in upstreams.items():
             acked = self.upstream_acks.get(upstream, 0)
-            if seq > acked:
-                runs = by_upstream.get(upstream, _NO_ROWS) if exact else whole
-                # which of its seqs each row had is not in the txlog: they wait together
+            if seq <= acked:
+                continue
+            entry = None
+            if rows is not None and received_since is not None:
+                entry = _received_rows(rows, upstream, acked, seq, received_since, through)
+            if entry is None:  # which of its seqs each row had is not known: they wait together
+                runs = by_upstream.get(upstream, _NO_ROWS) if rows is not None else whole
                 entry = _UpstreamRows(_NONE, _NONE, runs, _NONE, 0, span=(acked, seq))
-                state = self._upstreams.setdefault(upstream, _Upstream())
-                state.top = max(state.top, seq)
+            state = self._upstreams.setdefault(upstream, _Upstream())
+            state.top = max(state.top, seq)
+            if not entry.empty():
                 state.waiting.append(entry)
 
     def announce(self) -> None:
@@ -442,6 +452,30 @@ class Durability:
             return
         entry.runs = run_bounds(entry.local)
         entry.waiting = None
+
+
+def _received_rows(rows: "pa.Table", upstream: str, acked: int, top: int,
+                   received_since: Callable[[str, int, int], "pa.Table"], through: int) -> _UpstreamRows | None:
+    """After a restart, the rows ``upstream`` sent after ``acked``, matched to our txlog rows by
+    (publisher, publisher_seq): stored ones wait for their local rows, the others (duplicates, rejects)
+    for everything committed to be handed over. None when the inbox cannot be read."""
+    try:
+        sent = received_since(upstream, acked, top)
+    except Exception as exc:  # acknowledged together instead: slower, never too early
+        log.warning("the inbox rows from %s after %d could not be read (%s); they are acknowledged together",
+                    upstream, acked, exc)
+        return None
+    mine = rows.filter(pc.fill_null(pc.equal(rows["received_from"], upstream), False))
+    mine = mine.select(["publisher", "publisher_seq", "seq"])
+    sent = sent.select(["publisher", "publisher_seq", "upstream_seq"]).group_by(
+        ["publisher", "publisher_seq"]).aggregate([("upstream_seq", "min")])
+    joined = sent.join(mine, keys=["publisher", "publisher_seq"], join_type="left outer")
+    stored = pc.is_valid(joined["seq"])
+    pairs = joined.filter(stored).sort_by("seq")
+    ups = pairs["upstream_seq_min"].to_numpy().astype(np.int64)
+    local = pairs["seq"].to_numpy().astype(np.int64)
+    others = np.sort(joined.filter(pc.invert(stored))["upstream_seq_min"].to_numpy().astype(np.int64))
+    return _UpstreamRows(ups, local, run_bounds(local), others, through)
 
 
 def _acknowledged(state: _Upstream) -> tuple[int, tuple]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
 
 from replication.actions import DowngradeController
 from replication.config.model import InstanceConfig
@@ -44,7 +46,7 @@ STALL_REPORT_S = 30.0
 #: An ingest batch (or the planning of one) taking longer than this is reported, and again each time this passes.
 SLOW_BATCH_REPORT_S = 30.0
 #: The txlog columns that say whose ack a row holds back (see ``Durability``).
-TXLOG_KEYS = pa.schema([TXLOG_SCHEMA.field(name) for name in ("seq", "publisher", "received_from")])
+TXLOG_KEYS = pa.schema([TXLOG_SCHEMA.field(name) for name in ("seq", "publisher", "publisher_seq", "received_from")])
 
 
 @dataclass
@@ -113,6 +115,7 @@ class Instance:
             upstreams=state.links,
             destinations=self.links,
             rows_since=self._txlog_keys,
+            received_since=self._received_keys,
         )
         self.durability.announce()
         self.writer = IngestWriter(
@@ -173,8 +176,17 @@ class Instance:
         self._start_ingest()
 
     def _txlog_keys(self, after: int, through: int):
-        """``seq``, ``publisher`` and ``received_from`` of the txlog rows ``after < seq <= through``."""
+        """``seq``, ``publisher``, ``publisher_seq`` and ``received_from`` of the txlog rows ``after < seq <=
+        through``."""
         return read_range(str(self.layout.txlog), after, through, schema=TXLOG_KEYS)
+
+    def _received_keys(self, upstream: str, after: int, through: int):
+        """``publisher``, ``publisher_seq`` and ``upstream_seq`` of the inbox rows ``upstream`` sent with
+        ``after < upstream_seq <= through`` (inbox files are written in upstream order: their statistics
+        keep this read to the last few)."""
+        wanted = (ds.field("link") == upstream) & (ds.field("upstream_seq") > after) & (ds.field("upstream_seq") <= through)
+        return DeltaTable(str(self.layout.inbox)).to_pyarrow_dataset().to_table(
+            columns=["publisher", "publisher_seq", "upstream_seq"], filter=wanted)
 
     def status(self) -> Heartbeat:
         """What the heartbeat file says: liveness, positions, counters."""

@@ -293,3 +293,29 @@ def test_minimum_sync_destinations_and_grace_period_keep_a_late_link_sync(tmp_pa
     assert sorted(name for name, link in links.items() if link.downgraded) == ["b"], \
         "one of the two goes async; the other stays: MinimumSyncDestinations is 1"
     assert not ctl.tick(clock[0] + 100) and not links["c"].downgraded
+
+
+def test_after_a_restart_an_upstream_is_acknowledged_row_by_row_again(tmp_path):
+    """Which upstream seq each stored row had comes back from the inbox: a restarted member of a sync ring
+    acknowledges the rows that are durable without waiting for the one that is not."""
+    import pyarrow as pa
+
+    def rows_since(after, through):
+        return pa.table({"seq": [1, 2], "publisher": ["p", "q"], "publisher_seq": [5, 6],
+                         "received_from": ["up", "up"]})
+
+    def received_since(upstream, after, through):
+        assert (upstream, after, through) == ("up", 0, 12)
+        return pa.table({"publisher": ["p", "q", "r"], "publisher_seq": [5, 6, 1], "upstream_seq": [10, 11, 12]})
+
+    layout, to_c, dur = tracked(tmp_path, "c", committed_seq=2, publishers={"p": 5, "q": 6}, upstreams={"up": 12},
+                                rows_since=rows_since, received_since=received_since)
+    to_c.on_sent([(1, 1)], through=1)  # row 1 goes to c; row 2 is not decided yet
+    dur.announce()
+    assert ack_of(layout, "up") == (9, []), "10 and 11 wait for c; 12 (not stored: a duplicate) for row 2"
+    to_c.on_sent([], through=2)  # row 2 is not for c
+    dur.release()
+    assert ack_of(layout, "up") == (9, [[11, 12]]), "row 1 (upstream seq 10) alone still waits"
+    to_c.on_ack(1)
+    dur.release()
+    assert ack_of(layout, "up") == (12, [])

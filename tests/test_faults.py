@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 
 from fabric_support import ONE_WAY, AckRecorder, PacedPublisher, cli, publish_orders
 from factories import assert_exactly_once, destination_xml, downgrade_xml, replication_xml, wait_until
+from replication import instance as instance_module
 from replication.commands import trace as trace_command
 from replication.config.fabric import Fabric
 
@@ -34,7 +35,9 @@ def link_of(fabric, short: str, dest: str) -> dict:
     return fabric.running[short].status().links[dest]
 
 
-def test_a_stopped_sync_destination_is_downgraded_after_its_age_then_upgraded_once_caught_up(fabric):
+def test_a_stopped_sync_destination_is_downgraded_after_its_age_then_upgraded_once_caught_up(fabric, monkeypatch,
+                                                                                            caplog):
+    monkeypatch.setattr(instance_module, "STALL_REPORT_S", 2.0)  # the heartbeat's own stall report (30 s)
     b_name, c_name = fabric.name("b"), fabric.name("c")
     fabric.configure("b")
     fabric.configure("c")
@@ -78,6 +81,8 @@ def test_a_stopped_sync_destination_is_downgraded_after_its_age_then_upgraded_on
         assert f"LAGGING: {fabric.name('a')} -> {b_name}: lagging" in out, out
         beat = fabric.running["a"].status()
         assert beat.links[b_name]["waiting_since"] is not None and beat.links[b_name]["lag_seconds"] > AGE
+        assert beat.stalled[b_name] == beat.links[b_name]["waiting_since"], "the heartbeat says stalled, since when"
+        assert any(f"destination {b_name} stalled" in r.getMessage() for r in caplog.records)
 
         # C stops too: downgrading it would leave no sync destination (MinimumSyncDestinations 1).
         fabric.stop("c")
