@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from replication.client import Publisher
 from replication.destination.resync import heartbeat_fresh
 from replication.storage.control import Heartbeat
 from replication.storage.layout import StorageLayout
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def running(storage) -> bool:
@@ -122,16 +125,19 @@ def test_kill_9_inside_durability_and_of_both_halves_of_a_sync_pair_loses_and_du
         assert_exactly_once(txlog_rows(tmp_path, name), expected)
 
 
-def test_sigterm_to_the_process_group_stops_busy_instances_cleanly(broker, tmp_path):
+@pytest.mark.parametrize("launcher", ["replication run", pytest.param("spark-submit.sh", marks=pytest.mark.slow)])
+def test_sigterm_to_the_process_group_stops_busy_instances_cleanly(broker, tmp_path, launcher):
     """What systemd (or a supervisor killing a process group) does. The JVM must not stop under running
-    queries: exit 0, no traceback, no ERROR line, and each instance's last heartbeat says it stopped."""
+    queries: exit 0, no traceback, no ERROR line, and each instance's last heartbeat says it stopped.
+    (Under spark-submit.sh the JVM is the parent of the Python driver: it must not take the signal either.)"""
     suffix = str(int(time.time() * 1000) % 100000)
     names = [f"ta{suffix}", f"tb{suffix}"]
     a_cfg = write_config(tmp_path, names[0], broker.bootstrap, group="t", replication=replication_xml(
         destination_xml(names[1], [tmp_path / names[1]])))
     b_cfg = write_config(tmp_path, names[1], broker.bootstrap, group="t", replication=replication_xml(
         destination_xml(names[0], [tmp_path / names[0]])))
-    proc = InstanceProcess([a_cfg, b_cfg], tmp_path / "run.log")
+    proc = InstanceProcess([a_cfg, b_cfg], tmp_path / "run.log",
+                           command=[str(REPO / "spark-submit.sh")] if launcher == "spark-submit.sh" else None)
     pubs = []
     try:
         wait_until(lambda: all(running(tmp_path / n) for n in names), timeout=240, what="both instances to run")
