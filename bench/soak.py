@@ -163,9 +163,11 @@ def soak(workdir: Path, bootstrap: str, *, minutes: float, kill_every: float = 3
             t.start()
         started = time.monotonic()
         end = started + minutes * 60
+        # no kill in the last half interval: the last side restarted is up and resyncing when publishing ends
+        last_kill = end - kill_every / 2
         while True:
             pause = kill_every * rng.uniform(0.7, 1.3)
-            if time.monotonic() + pause > end:
+            if time.monotonic() + pause > last_kill:
                 time.sleep(max(0.0, end - time.monotonic()))
                 break
             time.sleep(pause)

@@ -201,7 +201,7 @@ def test_a_ring_of_three_sync_instances_named_by_group_delivers_once_and_never_l
         fabric.start(short)
     pubs = {s: fabric.publisher(f"ring-{s}", s, resend_after=60) for s in "abc"}
     feeds = [PacedPublisher(pub, rate=60) for pub in pubs.values()]
-    time.sleep(15)
+    time.sleep(8)
     published = {f"ring-{s}": feed.stop() for s, feed in zip("abc", feeds)}
     for pub in pubs.values():
         pub.flush(timeout=240)  # with no downgrade configured, acks that waited on each other never come
