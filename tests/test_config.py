@@ -468,6 +468,11 @@ BAD: list[tuple[str, str, str]] = [
         "needs a <Name> or a <Group>",
     ),
     (
+        "a nameless destination whose group cannot name it",
+        mutate("      <Group>Archive</Group>", "      <Group>Archive NYC</Group>" + MARK),
+        "add a <Name>",
+    ),
+    (
         "a nameless destination whose group is another destination's name",
         mutate("      <Group>Archive</Group>", "      <Group>amps-3</Group>" + MARK),
         "named by its <Group>",

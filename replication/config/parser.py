@@ -680,8 +680,13 @@ def _replication(
                 "e.g. <Name>amps-2</Name>",
             )
         by_group = name_node.tag == "Group"
-        name = _name(name_node, "destination group (it names the destination, which has no <Name>)"
-                     if by_group else "destination name")
+        if by_group and not _NAME.match(name_node.text()):
+            name_node.fail(
+                f"this destination has no <Name>, so its <Group> '{name_node.text()}' would name it, and a "
+                "destination's name must be usable in file names",
+                "add a <Name> of letters, digits, '.', '_' and '-' to this <Destination>, e.g. <Name>dr-site</Name>",
+            )
+        name = _name(name_node, "destination name")
         if name == instance:
             name_node.fail(
                 f"destination '{name}' is this instance itself",
