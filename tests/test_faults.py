@@ -167,8 +167,10 @@ def test_a_link_refused_by_validation_connects_once_the_destination_is_fixed_wit
                       timeout=60, what="the link to be refused")
     assert "txlog" in link["detail"] and "TransactionLog" in link["detail"], link["detail"]
     assert any("replication validation failed" in r.getMessage() for r in caplog.records)
-    code, out = cli("status", fabric.paths["a"], "--check")
-    assert code == 1 and f"REFUSED: {a_name} -> {b_name}: validation failed" in out, out
+    refused = f"REFUSED: {a_name} -> {b_name}: validation failed"
+    out = wait_until(lambda: (lambda r: r[1] if r[0] == 1 and refused in r[1] else None)(
+        cli("status", fabric.paths["a"], "--check")), timeout=30, what="status --check to see the heartbeat")
+    assert "txlog check failed" in out, out
 
     pub = fabric.publisher("refused", "a")
     publish_orders(pub, 30)
@@ -184,8 +186,9 @@ def test_a_link_refused_by_validation_connects_once_the_destination_is_fixed_wit
     wait_until(lambda: fabric.count("b") == 30, what="B to receive what A held")
     assert_exactly_once(fabric.rows("b"), {"refused": 30})
     wait_until(lambda: link_of(fabric, "a", b_name)["lag_seconds"] == 0, what="the link to catch up")
-    code, out = cli("status", fabric.paths["a"], fabric.paths["b"], "--check")
-    assert code == 0 and out.startswith("OK: 2 instances running"), out
+    out = wait_until(lambda: (lambda r: r[1] if r[0] == 0 else None)(
+        cli("status", fabric.paths["a"], fabric.paths["b"], "--check")), timeout=30, what="status --check: OK")
+    assert out.startswith("OK: 2 instances running"), out
 
 
 def test_a_ring_of_three_sync_instances_named_by_group_delivers_once_and_never_loops(fabric):
