@@ -67,46 +67,36 @@ def test_a_destination_killed_with_kill_9_fails_over_with_growing_back_off_that_
         b1_proc.stop()
 
 
-#: Each half of the sync pair receives from the other over a sync link; the crash points of that role:
-#: before recording what it acknowledges, before telling its upstream, while writing its own link file.
-FIRST = {"a": "durability.before_upstream_ack@4", "b": "durability.before_persisted_state@4"}
-THEN = {"a": "link.before_write@30", "b": None}
+#: B receives from A over a sync link (and A from B); its crash points in that role, one per life: before
+#: recording what it acknowledges, before telling its upstream, while writing its own link file.
+CRASH_POINTS = ["durability.before_persisted_state@4", "durability.before_upstream_ack@4", "link.before_write@30"]
 
 
 @pytest.mark.slow
 def test_kill_9_inside_durability_and_of_both_halves_of_a_sync_pair_loses_and_duplicates_nothing(broker, tmp_path):
     suffix = str(int(time.time() * 1000) % 100000)
-    names = {"a": f"cpa{suffix}", "b": f"cpb{suffix}"}
-    cfgs = {side: write_config(tmp_path, names[side], broker.bootstrap, group="pair", max_offsets=100,
-                               replication=replication_xml(destination_xml(names[other], [tmp_path / names[other]])))
-            for side, other in (("a", "b"), ("b", "a"))}
-    procs = {side: InstanceProcess(cfgs[side], tmp_path / f"{side}0.log", failpoints=FIRST[side]) for side in "ab"}
-    wait_until(lambda: all(running(tmp_path / n) for n in names.values()), timeout=240, what="both halves to run")
+    a_name, b_name = f"cpa{suffix}", f"cpb{suffix}"
+    a_cfg, b_cfg = (write_config(tmp_path, name, broker.bootstrap, group="pair", max_offsets=100,
+                                 replication=replication_xml(destination_xml(other, [tmp_path / other])))
+                    for name, other in ((a_name, b_name), (b_name, a_name)))
+    a = InstanceProcess(a_cfg, tmp_path / "a0.log")
+    b = InstanceProcess(b_cfg, tmp_path / "b0.log", failpoints=CRASH_POINTS[0])
+    wait_until(lambda: running(tmp_path / a_name) and running(tmp_path / b_name), timeout=240,
+               what="both halves to run")
     pubs = [Publisher(f"{n}-pub", bootstrap=broker.bootstrap, topic=f"{n}.publish", instance=n,
-                      store_path=tmp_path / f"{n}.store", resend_after=3, logon_timeout=240) for n in names.values()]
+                      store_path=tmp_path / f"{n}.store", resend_after=3, logon_timeout=240) for n in (a_name, b_name)]
     feeds = [PacedPublisher(pub, rate=100) for pub in pubs]
     try:
-        # each half dies at its first crash point, and is started again armed with the next one, if any
-        armed = {side: FIRST[side] for side in "ab"}
-        runs = {side: 0 for side in "ab"}
-        while any(armed.values()):
-            for side in "ab":
-                if armed[side] and procs[side].proc.poll() is not None:
-                    assert procs[side].wait_killed() == -signal.SIGKILL, procs[side].log_text()[-3000:]
-                    assert f"failpoint {armed[side].split('@')[0]} reached" in procs[side].log_text()
-                    armed[side] = THEN[side] if runs[side] == 0 else None
-                    runs[side] += 1
-                    procs[side] = InstanceProcess(cfgs[side], tmp_path / f"{side}{runs[side]}.log",
-                                                  failpoints=armed[side])
-            time.sleep(0.2)
-        wait_until(lambda: all(running(tmp_path / n) for n in names.values()), timeout=240, what="both to run again")
-        before = [pub.persisted_seq for pub in pubs]
-        wait_until(lambda: all(p.persisted_seq > s for p, s in zip(pubs, before)), timeout=240,
-                   what="acks to flow again on both sides")
-        for side in "ab":  # both halves at once, mid-stream
-            procs[side].kill9()
-        procs = {side: InstanceProcess(cfgs[side], tmp_path / f"{side}9.log") for side in "ab"}
-        wait_until(lambda: all(running(tmp_path / n) for n in names.values()), timeout=240,
+        for stage, failpoint in enumerate(CRASH_POINTS):
+            assert b.wait_killed(timeout=300) == -signal.SIGKILL, b.log_text()[-3000:]
+            assert f"failpoint {failpoint.split('@')[0]} reached" in b.log_text()
+            if stage + 1 < len(CRASH_POINTS):
+                b = InstanceProcess(b_cfg, tmp_path / f"b{stage + 1}.log", failpoints=CRASH_POINTS[stage + 1])
+        # B's last crash, mid-stream, and A killed with kill -9 at once: both halves down together
+        a.kill9()
+        a = InstanceProcess(a_cfg, tmp_path / "a1.log")
+        b = InstanceProcess(b_cfg, tmp_path / "b9.log")
+        wait_until(lambda: running(tmp_path / a_name) and running(tmp_path / b_name), timeout=240,
                    what="both halves to run again")
         time.sleep(2)
     finally:
@@ -117,10 +107,10 @@ def test_kill_9_inside_durability_and_of_both_halves_of_a_sync_pair_loses_and_du
     finally:
         for pub in pubs:
             pub.close()
-        for proc in procs.values():
-            proc.stop()
-    expected = {f"{names['a']}-pub": published[0], f"{names['b']}-pub": published[1]}
-    for name in names.values():
+        a.stop()
+        b.stop()
+    expected = {f"{a_name}-pub": published[0], f"{b_name}-pub": published[1]}
+    for name in (a_name, b_name):
         assert_exactly_once(txlog_rows(tmp_path, name), expected)
 
 
