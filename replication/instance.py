@@ -263,7 +263,9 @@ class Instance:
             self._progress.pop(name, None)
             self._report_moving(name, previous, now)
             return None
-        positions = (link["sent_seq"], link["acked_seq"], tuple(map(tuple, link["unacked"]))[:1], link["state"])
+        # any acknowledgement (the prefix or runs above it), any send, any change of state is progress
+        unacked_rows = sum(last - first + 1 for first, last in link["unacked"])
+        positions = (link["sent_seq"], link["acked_seq"], unacked_rows, link["state"])
         if previous is None or previous.positions != positions:
             self._report_moving(name, previous, now)
             self._progress[name] = _Progress(positions, now)
