@@ -33,7 +33,6 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from replication import routing
 from replication.config.fabric import Fabric
