@@ -65,4 +65,8 @@ spark_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/conf/l
 job="$here/jobs/demo.py"
 [ "$configs" = 1 ] && job="$here/jobs/instance.py"
 [ "$bootstrap" = 1 ] && job="$here/jobs/bootstrap.py"
+# SIGTERM to the whole process group (systemd, a supervisor) must stop the Python driver's queries
+# before the JVM goes: spark-submit's JVM inherits SIGTERM ignored and keeps it so; the driver it
+# starts installs its own handler (replication.runner) and the JVM exits when the driver has.
+trap '' TERM
 exec "$venv/bin/spark-submit" "${spark_args[@]}" "$job" "${job_args[@]+"${job_args[@]}"}"

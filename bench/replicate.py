@@ -195,7 +195,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
         (replicator.ReplicatorWriter, "_inbox_rows",
          lambda w, *_a: f"{r(w.cfg.name)}->{r(w.dest.name)} replicator / inbox rows"),
         (Link, "on_sent", lambda link, *_a: f"{link_of(link)} replicator / link on_sent (link file)"),
-        (manager, "downstream_ack",
+        (manager, "read_ack",
          lambda layout, upstream: f"{r(upstream)}->{r(layout.root.name)} ack watch / read ack file"),
         (Link, "on_ack", lambda link, *_a: f"{link_of(link)} ack watch / link on_ack"),
         (LinkState, "write", control_file("link")),
@@ -528,7 +528,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
     marks.hook(b.writer, "on_commit", before="B txlog commit", after="B ack file", seq=lambda last, _result: last)
     link = next(iter(a.links.values()))
     marks.hook(link, "on_sent", after="B inbox commit", seq=lambda _runs, through: through)
-    marks.hook(link, "on_ack", after="A reads ack", seq=lambda ack: ack)
+    marks.hook(link, "on_ack", after="A reads ack", seq=lambda ack, _runs=(): ack)
     out = workdir / "steady-publisher.json"
     timer.reset()
     try:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
 
 from replication import bootstrap
 from replication.actions import DowngradeController
@@ -34,7 +37,7 @@ from replication.sow.state import SowState
 from replication.sow.table import SowTable, rebuild_state
 from replication.storage.control import Heartbeat, write_instance_config
 from replication.storage.layout import INGEST_QUERY, StorageLayout
-from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, Runs, recover_state
+from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,10 +46,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
+#: A link with rows waiting and no progress for this long is reported stalled (log, heartbeat ``stalled``).
+STALL_REPORT_S = 30.0
 #: An ingest batch (or the planning of one) taking longer than this is reported, and again each time this passes.
 SLOW_BATCH_REPORT_S = 30.0
 #: The txlog columns that say whose ack a row holds back (see ``Durability``).
-TXLOG_KEYS = pa.schema([TXLOG_SCHEMA.field(name) for name in ("seq", "publisher", "received_from")])
+TXLOG_KEYS = pa.schema([TXLOG_SCHEMA.field(name) for name in ("seq", "publisher", "publisher_seq", "received_from")])
+
+
+@dataclass
+class _Progress:
+    """A destination's positions and since when they have not moved while rows wait for it."""
+
+    positions: tuple
+    since: float
+    reported: bool = False
+    """Its stall was logged (its recovery will be too)."""
 
 
 class Instance:
@@ -76,6 +91,7 @@ class Instance:
         """Current records of the SOW topics (None: no SOW topics)."""
         self.compactor: Compactor | None = None
         self.restarts = 0
+        self._progress: dict[str, _Progress] = {}
         self._next_restart = 0.0
         self._next_slow_report = 0.0
         self._next_bootstrap_log = 0.0
@@ -109,9 +125,10 @@ class Instance:
             layout=self.layout,
             committed_seq=state.max_seq,
             publishers=state.publishers,
-            links=state.links,
-            holds=self._held_by_sync_destination,
+            upstreams=state.links,
+            destinations=self.links,
             rows_since=self._txlog_keys,
+            received_since=self._received_keys,
         )
         self.durability.announce()
         self.writer = IngestWriter(
@@ -136,7 +153,8 @@ class Instance:
             ).start()
             for dest in self.cfg.destinations
         ]
-        self.controller = DowngradeController.from_config(self.cfg, self.links, self.durability)
+        self.controller = DowngradeController.from_config(self.cfg, self.links, self.durability,
+                                                          started=self.started_at)
         if self.controller is not None:
             self.controller.start()
         self.status().write(self.layout.heartbeat_json)
@@ -194,17 +212,24 @@ class Instance:
         self._start_ingest()
 
     def _txlog_keys(self, after: int, through: int):
-        """``seq``, ``publisher`` and ``received_from`` of the txlog rows ``after < seq <= through``."""
+        """``seq``, ``publisher``, ``publisher_seq`` and ``received_from`` of the txlog rows ``after < seq <=
+        through``."""
         return read_range(str(self.layout.txlog), after, through, schema=TXLOG_KEYS)
 
-    def _held_by_sync_destination(self, runs: Runs) -> bool:
-        """Does a sync destination (not downgraded) still hold a row of ``runs``?"""
-        return any(link.holds_any(runs) for link in self.links.values() if link.sync and not link.downgraded)
+    def _received_keys(self, upstream: str, after: int, through: int):
+        """``publisher``, ``publisher_seq`` and ``upstream_seq`` of the inbox rows ``upstream`` sent with
+        ``after < upstream_seq <= through`` (inbox files are written in upstream order: their statistics
+        keep this read to the last few)."""
+        wanted = (ds.field("link") == upstream) & (ds.field("upstream_seq") > after) & (ds.field("upstream_seq") <= through)
+        return DeltaTable(str(self.layout.inbox)).to_pyarrow_dataset().to_table(
+            columns=["publisher", "publisher_seq", "upstream_seq"], filter=wanted)
 
     def status(self) -> Heartbeat:
         """What the heartbeat file says: liveness, positions, counters."""
         writer = self.writer
         state = writer.state if writer else None
+        links = {name: self._link_status(name, link) for name, link in self.links.items()}
+        now = time.time()
         return Heartbeat(
             instance=self.name,
             group=self.cfg.group,
@@ -216,12 +241,14 @@ class Instance:
             publishers=len(state.publishers) if state else 0,
             durable_seq=self.durability.durable_seq if self.durability else 0,
             counters=dict(writer.stats) if writer else {},
-            links={name: self._link_status(link) for name, link in self.links.items()},
+            links=links,
             input_rows_per_second=writer.stats["input_rows_per_second"] if writer else None,
             error=self._query_error(),
             restarts=self.restarts,
             batch=self._batch_step(),
             sow=self._sow_status(),
+            stalled={name: link["waiting_since"] for name, link in links.items()
+                     if link["waiting_since"] is not None and now - link["waiting_since"] > STALL_REPORT_S},
         )
 
     def _sow_status(self) -> dict[str, dict]:
@@ -262,12 +289,40 @@ class Instance:
                         now - self.writer.idle_since, status.get("message"))
         self._next_slow_report = now + SLOW_BATCH_REPORT_S
 
-    def _link_status(self, link: Link) -> dict:
+    def _link_status(self, name: str, link: Link) -> dict:
         out = link.snapshot().to_json()
         committed = self.durability.committed_seq if self.durability else 0
         out["lag_messages"] = max(0, committed - out["acked_seq"])
-        out["lag_seconds"] = self.durability.oldest_waiting_age(link.holds) if self.durability else 0.0
+        out["lag_seconds"] = round(self.durability.link_age(link), 3) if self.durability else 0.0
+        out["waiting_since"] = self._waiting_since(name, out)
         return out
+
+    def _waiting_since(self, name: str, link: dict) -> float | None:
+        """Since when rows have waited for this link with none of its positions moving (None: none waits).
+
+        Says so in the log once when that passes :data:`STALL_REPORT_S`, and again when it moves."""
+        now = time.time()
+        previous = self._progress.get(name)
+        if link["lag_seconds"] <= 0:
+            self._progress.pop(name, None)
+            self._report_moving(name, previous, now)
+            return None
+        # any acknowledgement (the prefix or runs above it), any send, any change of state is progress
+        unacked_rows = sum(last - first + 1 for first, last in link["unacked"])
+        positions = (link["sent_seq"], link["acked_seq"], unacked_rows, link["state"])
+        if previous is None or previous.positions != positions:
+            self._report_moving(name, previous, now)
+            self._progress[name] = _Progress(positions, now)
+            return now
+        if now - previous.since > STALL_REPORT_S and not previous.reported:
+            previous.reported = True
+            log.warning("%s: destination %s stalled: rows have waited for it with no progress since %s (%s)",
+                        self.name, name, time.strftime("%H:%M:%S", time.localtime(previous.since)), link["state"])
+        return previous.since
+
+    def _report_moving(self, name: str, previous: "_Progress | None", now: float) -> None:
+        if previous is not None and previous.reported:
+            log.warning("%s: destination %s moves again after %.0fs", self.name, name, now - previous.since)
 
     def _query_error(self) -> str | None:
         if self.query is None:

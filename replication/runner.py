@@ -1,4 +1,4 @@
-"""Run instances in one Spark application until Ctrl-C, with a live progress line."""
+"""Run instances in one Spark application until Ctrl-C or SIGTERM (to the process or its group), with a live progress line."""
 
 from __future__ import annotations
 
@@ -14,6 +14,16 @@ from replication.connectors.spark.session import session
 from replication.instance import Instance
 
 log = logging.getLogger(__name__)
+
+
+def stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
+    """An event SIGTERM sets (in the main thread; elsewhere Python cannot take signals): the clean stop of
+    :func:`run_until_stopped`, whether the signal came to this process alone or to its whole group (the
+    JVM ignores it: :func:`replication.connectors.spark.session.session`)."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
 
 
 def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds") -> list[Instance]:
@@ -66,9 +76,7 @@ def run_until_stopped(
 ) -> int:
     """Print progress until Ctrl-C / SIGTERM, ``stop`` is set, ``until()`` is true, or a query fails."""
     out = out or sys.stdout
-    stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = stop_on_sigterm(stop)
     previous: dict[str, tuple[float, int]] = {}
     tty = out.isatty()
     code = 0

@@ -86,3 +86,75 @@ class TestFabric:
                 pass
         for short in list(self.running):
             self.stop(short)
+
+
+def cli(*args) -> tuple[int, str]:
+    """Run a ``replication`` subcommand in this process: its exit code and what it printed on stdout."""
+    import contextlib
+    import io
+
+    from replication.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([str(a) for a in args])
+    return code, out.getvalue()
+
+
+class AckRecorder:
+    """Samples a publisher's persisted position every 20 ms: when each advance was seen."""
+
+    def __init__(self, pub) -> None:
+        import threading
+        import time
+
+        self.pub = pub
+        self.advances: list[tuple[float, int]] = []  # (monotonic time, persisted seq)
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            last = -1
+            while not self._stop.wait(0.02):
+                seq = pub.persisted_seq
+                if seq != last:
+                    self.advances.append((time.monotonic(), seq))
+                    last = seq
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def first_covering(self, seq: int) -> float | None:
+        """When the persisted position first reached ``seq``."""
+        return next((t for t, s in self.advances if s >= seq), None)
+
+    def largest_gap(self, start: float, end: float) -> float:
+        """The longest time in [start, end] with no advance."""
+        times = [start] + [t for t, _ in self.advances if start < t < end] + [end]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PacedPublisher:
+    """Publishes small orders at a steady rate in a thread until stopped; ``published`` is the last seq."""
+
+    def __init__(self, pub, rate: float) -> None:
+        import threading
+
+        self.pub = pub
+        self.published = 0
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.wait(1.0 / rate):
+                self.published = pub.publish("/orders", json.dumps({"qty": self.published % 300}).encode())
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.published

@@ -106,7 +106,7 @@ def raw_publish(producer, topic: str, body: bytes, **headers: str | None) -> Non
 
 
 def destination_xml(
-    name: str,
+    name: str | None,
     addresses: list[Path],
     *,
     sync: str = "sync",
@@ -115,18 +115,33 @@ def destination_xml(
     topics: str = '<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>',
     compression: str | None = None,
 ) -> str:
-    """One ``<Destination>``; wrap several in ``replication_xml``."""
+    """One ``<Destination>`` (``name`` None: written with no ``<Name>``, named by its group); wrap several in
+    ``replication_xml``."""
     inet = "".join(f"<InetAddr>{a}</InetAddr>" for a in addresses)
     grp = f"<Group>{group}</Group>" if group else ""
     if compression:
         grp += f"<Compression>{compression}</Compression>"
     pt = f"<PassThrough>{passthrough}</PassThrough>" if passthrough is not None else ""
-    return (f"<Destination><Name>{name}</Name>{grp}<SyncType>{sync}</SyncType>{pt}{topics}"
+    named = f"<Name>{name}</Name>" if name is not None else ""
+    return (f"<Destination>{named}{grp}<SyncType>{sync}</SyncType>{pt}{topics}"
             f"<Transport><Type>amps-replication</Type>{inet}</Transport></Destination>")
 
 
 def replication_xml(*destinations: str, actions: str = "") -> str:
     return f"<Replication>{''.join(destinations)}</Replication>{actions}"
+
+
+def downgrade_xml(*, every: str, downgrade_age: str, upgrade_age: str, minimum_sync: int | None = None) -> str:
+    """``<Actions>`` with the downgrade and upgrade modules (and ``<Tuning>`` when ``minimum_sync`` is given)."""
+    tuning = (f"<Tuning><MinimumSyncDestinations>{minimum_sync}</MinimumSyncDestinations></Tuning>"
+              if minimum_sync is not None else "")
+    return (
+        "<Actions><Action>"
+        f"<On><Module>amps-action-on-schedule</Module><Options><Every>{every}</Every></Options></On>"
+        f"<Do><Module>amps-action-do-downgrade-replication</Module><Options><Age>{downgrade_age}</Age></Options></Do>"
+        f"<Do><Module>amps-action-do-upgrade-replication</Module><Options><Age>{upgrade_age}</Age></Options></Do>"
+        f"</Action></Actions>{tuning}"
+    )
 
 
 def inbox_codecs(storage: Path) -> set[str]:

@@ -12,15 +12,20 @@ from pathlib import Path
 class InstanceProcess:
     """``replication run CONFIG`` in its own process group (so kill -9 takes its JVM too)."""
 
-    def __init__(self, config_path: Path, log_path: Path, *, failpoints: str | None = None) -> None:
+    def __init__(self, config_path: Path | list[Path], log_path: Path, *, failpoints: str | None = None,
+                 command: list[str] | None = None) -> None:
+        """``command``: what runs the configs (default ``replication run ... --log-level INFO``)."""
         env = dict(os.environ)
         env.pop("REPLICATION_FAILPOINTS", None)
         if failpoints:
             env["REPLICATION_FAILPOINTS"] = failpoints
         self.log_path = log_path
         self._log = open(log_path, "ab")
+        configs = [str(p) for p in (config_path if isinstance(config_path, list) else [config_path])]
+        argv = [*command, *configs] if command else [sys.executable, "-m", "replication.cli", "run", *configs,
+                                                    "--log-level", "INFO"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replication.cli", "run", str(config_path), "--log-level", "INFO"],
+            argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -38,6 +43,10 @@ class InstanceProcess:
         except ProcessLookupError:
             pass
         self.wait_killed()
+
+    def terminate_group(self) -> None:
+        """SIGTERM to the whole process group, as systemd or a supervisor stopping a service does."""
+        os.killpg(self.proc.pid, signal.SIGTERM)
 
     def stop(self, timeout: float = 60) -> int:
         """Ctrl-C, as a user would; kill -9 if it does not stop in time."""

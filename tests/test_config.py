@@ -88,7 +88,13 @@ FULL = """\
       <SyncType>async</SyncType>
       <Compression>lz4</Compression>
       <Topic><Name>.*</Name><MessageType>json</MessageType></Topic>
-      <Transport><Type>amps-replication</Type><InetAddr>s3://bucket/amps-3/</InetAddr></Transport>
+      <Transport><Type>amps-replication</Type><InetAddr>file:///var/lib/replication/amps-3/</InetAddr></Transport>
+    </Destination>
+    <Destination>
+      <Group>Archive</Group>
+      <SyncType>async</SyncType>
+      <Topic><Name>.*</Name><MessageType>json</MessageType></Topic>
+      <Transport><Type>amps-replication</Type><InetAddr>/var/lib/replication/archive-a</InetAddr></Transport>
     </Destination>
   </Replication>
   <Bootstrap>
@@ -99,10 +105,11 @@ FULL = """\
   <Actions>                               <!-- automatic downgrade / upgrade -->
     <Action>
       <On><Module>amps-action-on-schedule</Module><Options><Every>15s</Every></Options></On>
-      <Do><Module>amps-action-do-downgrade-replication</Module><Options><Age>300s</Age></Options></Do>
+      <Do><Module>amps-action-do-downgrade-replication</Module><Options><Age>300s</Age><GracePeriod>1m</GracePeriod></Options></Do>
       <Do><Module>amps-action-do-upgrade-replication</Module><Options><Age>10s</Age></Options></Do>
     </Action>
   </Actions>
+  <Tuning><MinimumSyncDestinations>1</MinimumSyncDestinations></Tuning>
 </AMPSConfig>
 """
 
@@ -172,8 +179,15 @@ def test_full_config_parses_into_dataclasses(tmp_path):
                 group="amps-3",  # defaults to the name
                 sync_type="async",
                 topics=(DestinationTopic(".*", "json"),),
-                inet_addrs=("s3://bucket/amps-3",),
+                inet_addrs=("/var/lib/replication/amps-3",),
                 compression="lz4",
+            ),
+            Destination(
+                name="Archive",  # no <Name>: named by its group, as AMPS identifies it
+                group="Archive",
+                sync_type="async",
+                topics=(DestinationTopic(".*", "json"),),
+                inet_addrs=("/var/lib/replication/archive-a",),
             ),
         ),
         bootstrap=Bootstrap(
@@ -186,11 +200,12 @@ def test_full_config_parses_into_dataclasses(tmp_path):
             Action(
                 on=ActionStep("amps-action-on-schedule", every=15.0),
                 do=(
-                    ActionStep("amps-action-do-downgrade-replication", age=300.0),
+                    ActionStep("amps-action-do-downgrade-replication", age=300.0, grace_period=60.0),
                     ActionStep("amps-action-do-upgrade-replication", age=10.0),
                 ),
             ),
         ),
+        minimum_sync_destinations=1,
     )
     # Every element remembers where it was written.
     assert cfg.destination("amps-2").source.file == str(path)
@@ -230,12 +245,62 @@ def test_relative_storage_is_relative_to_the_config_file(tmp_path, monkeypatch):
         ("file://localhost/data/x/", "/data/x"),
         ("file:///data/with%20space", "/data/with space"),
         ("/data/./x/../y", "/data/y"),
-        ("s3://bucket/prefix/", "s3://bucket/prefix"),
     ],
 )
 def test_storage_locations(written, expected):
     cfg = parse_string(f"<AMPSConfig><Name>a</Name><Storage>{written}</Storage></AMPSConfig>")
     assert cfg.storage == expected
+
+
+def test_the_cascading_mesh_blog_destinations_without_a_name_are_named_by_their_group():
+    """The blog's Incoming-A, as written: its inter-tier destination has a <Group> and no <Name>."""
+    cfg = parse_string(
+        """<AMPSConfig><Name>Incoming-A</Name><Group>IncomingMessages</Group><Storage>/s/Incoming-A</Storage>
+        <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+        <Replication>
+        <Destination>
+        <Name>Incoming-B</Name>
+        <Group>IncomingMessages</Group>
+        <PassThrough>.*</PassThrough>
+        <Topic>
+        <Name>.*</Name>
+        <MessageType>json</MessageType>
+        <ExcludeValidation>cascade</ExcludeValidation>
+        </Topic>
+        <SyncType>sync</SyncType>
+        <Transport>
+        <InetAddr>/s/Incoming-B</InetAddr> <!-- Incoming-B -->
+        <Type>amps-replication</Type>
+        </Transport>
+        </Destination>
+        <Destination>
+        <Group>LiveProdSubscriptions</Group>
+        <PassThrough>.*</PassThrough>
+        <Topic>
+        <Name>.*</Name>
+        <MessageType>json</MessageType>
+        <ExcludeValidation>replicate,cascade</ExcludeValidation>
+        </Topic>
+        <SyncType>async</SyncType>
+        <Transport>
+        <InetAddr>/s/Live-A</InetAddr> <!-- Live-A -->
+        <InetAddr>/s/Live-B</InetAddr> <!-- Live-B -->
+        <Type>amps-replication</Type>
+        </Transport>
+        </Destination>
+        </Replication></AMPSConfig>"""
+    )
+    inter_tier = cfg.destinations[1]
+    assert (inter_tier.name, inter_tier.group, inter_tier.sync_type) == ("LiveProdSubscriptions",
+                                                                        "LiveProdSubscriptions", "async")
+    assert inter_tier.inet_addrs == ("/s/Live-A", "/s/Live-B")
+
+
+def test_minimum_sync_destinations_is_an_instance_level_tuning_parameter():
+    cfg = parse_string("<AMPSConfig><Name>a</Name><Storage>/s</Storage>"
+                       "<Tuning><MinimumSyncDestinations>2</MinimumSyncDestinations></Tuning></AMPSConfig>")
+    assert cfg.minimum_sync_destinations == 2
+    assert parse_string("<AMPSConfig><Name>a</Name><Storage>/s</Storage></AMPSConfig>").minimum_sync_destinations == 0
 
 
 def test_group_local_queue_and_downgrade_options():
@@ -246,14 +311,14 @@ def test_group_local_queue_and_downgrade_options():
         <Actions><Action>
           <On><Module>amps-action-on-schedule</Module><Options><Every>500ms</Every></Options></On>
           <Do><Module>amps-action-do-downgrade-replication</Module>
-              <Options><GracePeriod>0s</GracePeriod><Age>5m</Age><MinimumSyncDestinations>1</MinimumSyncDestinations></Options></Do>
+              <Options><GracePeriod>0s</GracePeriod><Age>5m</Age></Options></Do>
         </Action></Actions></AMPSConfig>"""
     )
     assert cfg.queues == (
         QueueTopic("q", "json", "q", kind="GroupLocalQueue", filter=Filter("/x = 1"), initial_owner="a"),)
     assert cfg.actions[0].on.every == 0.5
     downgrade = cfg.actions[0].do[0]
-    assert (downgrade.grace_period, downgrade.age, downgrade.minimum_sync_destinations) == (0.0, 300.0, 1)
+    assert (downgrade.grace_period, downgrade.age) == (0.0, 300.0)
 
 
 # ---------------------------------------------------------------------------
@@ -325,7 +390,7 @@ BAD: list[tuple[str, str, str]] = [
         "<Storage>",
     ),
     ("duplicate Storage", mutate("/amps-1</Storage>\n", "/amps-1</Storage>\n  <Storage>/other</Storage>" + MARK + "\n"), "<Storage>"),
-    ("bad SyncType", mutate("<SyncType>async</SyncType>", "<SyncType>snyc</SyncType>" + MARK), "'snyc'"),
+    ("bad SyncType", mutate("<SyncType>async</SyncType>\n      <Compression>", "<SyncType>snyc</SyncType>" + MARK + "\n      <Compression>"), "'snyc'"),
     (
         "bad MessageType",
         mutate("<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>\n  </TransactionLog>",
@@ -354,7 +419,7 @@ BAD: list[tuple[str, str, str]] = [
     ("destination is the instance", mutate("<Name>amps-3</Name>", "<Name>amps-1</Name>" + MARK), "'amps-1'"),
     (
         "destination without InetAddr",
-        mutate("<Transport><Type>amps-replication</Type><InetAddr>s3://bucket/amps-3/</InetAddr></Transport>",
+        mutate("<Transport><Type>amps-replication</Type><InetAddr>file:///var/lib/replication/amps-3/</InetAddr></Transport>",
                "<Transport><Type>amps-replication</Type></Transport>" + MARK),
         "<InetAddr>",
     ),
@@ -397,6 +462,43 @@ BAD: list[tuple[str, str, str]] = [
         "<TransactionLog>",
     ),
     ("attribute", mutate("    <Destination>\n      <Name>amps-3", '    <Destination id="3">' + MARK + "\n      <Name>amps-3"), "id='3'"),
+    (
+        "destination with neither Name nor Group",
+        mutate("    <Destination>\n      <Name>amps-3</Name>\n", "    <Destination>" + MARK + "\n"),
+        "needs a <Name> or a <Group>",
+    ),
+    (
+        "a nameless destination whose group cannot name it",
+        mutate("      <Group>Archive</Group>", "      <Group>Archive NYC</Group>" + MARK),
+        "add a <Name>",
+    ),
+    (
+        "a nameless destination whose group is another destination's name",
+        mutate("      <Group>Archive</Group>", "      <Group>amps-3</Group>" + MARK),
+        "named by its <Group>",
+    ),
+    (
+        "MinimumSyncDestinations in the downgrade action",
+        mutate("<Age>300s</Age><GracePeriod>1m</GracePeriod>",
+               "<Age>300s</Age><MinimumSyncDestinations>1</MinimumSyncDestinations>" + MARK),
+        "<Tuning><MinimumSyncDestinations>1</MinimumSyncDestinations></Tuning>",
+    ),
+    (
+        "incoming replication address not the storage",
+        mutate("      <InetAddr>file:///var/lib/replication/amps-1</InetAddr>",
+               "      <InetAddr>file:///var/lib/replication/elsewhere</InetAddr>" + MARK),
+        "not supported yet",
+    ),
+    (
+        "remote storage",
+        mutate("<Storage>file:///var/lib/replication/amps-1</Storage>", "<Storage>s3://bucket/amps-1/</Storage>" + MARK),
+        "s3:// locations are not supported yet",
+    ),
+    (
+        "remote destination address",
+        mutate("<InetAddr>file:///var/lib/replication/amps-3/</InetAddr>", "<InetAddr>abfss://c@acct.dfs.core.windows.net/amps-3</InetAddr>" + MARK),
+        "file:///absolute/path",
+    ),
 ]
 
 
@@ -427,7 +529,7 @@ def test_unknown_element_lists_the_allowed_names(tmp_path):
 
 
 def test_error_names_the_element_path(tmp_path):
-    text = mutate("<SyncType>async</SyncType>", "<SyncType>snyc</SyncType>")
+    text = mutate("<SyncType>async</SyncType>\n      <Compression>", "<SyncType>snyc</SyncType>\n      <Compression>")
     with pytest.raises(ConfigError, match=r"AMPSConfig/Replication/Destination\[2\]/SyncType: 'snyc'.*valid values are: sync, async"):
         load(str(write(tmp_path, text)))
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from replication.actions import DowngradeController, DowngradePolicy
 from replication.destination.link import Link
 from replication.durability import Durability
 from replication.ingest.classify import Classified
@@ -10,13 +13,18 @@ from replication.storage.layout import StorageLayout
 from replication.txlog import run_bounds, runs_of
 
 
-def committed(publishers=None, links=None, *, rows=None, link_rows=None) -> Classified:
-    """A committed batch's result; ``rows``/``link_rows``: the local seqs of each key (default: the whole batch)."""
+def committed(publishers=None, links=None, *, rows=None, link_rows=None, link_seqs=None, duplicates=None) -> Classified:
+    """A committed batch's result; ``rows``/``link_rows``: the local seqs of each key (default: the whole batch);
+    ``link_seqs``: upstream -> [(its seq, our seq), ...] of rows received; ``duplicates``: upstream -> its seqs
+    of copies dropped as duplicates."""
     result = Classified.empty([])
     result.publishers = publishers or {}
     result.links = links or {}
     result.publisher_rows = {key: run_bounds(seqs) for key, seqs in (rows or {}).items()}
     result.link_rows = {key: run_bounds(seqs) for key, seqs in (link_rows or {}).items()}
+    result.link_seqs = {key: (np.array([u for u, _ in pairs], np.int64), np.array([s for _, s in pairs], np.int64))
+                        for key, pairs in (link_seqs or {}).items()}
+    result.link_duplicates = {key: np.array(ups, np.int64) for key, ups in (duplicates or {}).items()}
     return result
 
 
@@ -24,8 +32,14 @@ def tracked(tmp_path, destination: str, **kwargs) -> tuple[StorageLayout, Link, 
     """A Durability whose rows wait for one sync destination."""
     layout = StorageLayout(tmp_path)
     link = Link(layout.link_file(destination), destination, "sync")
-    kwargs = {"committed_seq": 0, "publishers": {}, "links": {}, **kwargs}
-    return layout, link, Durability(None, layout=layout, holds=link.holds_any, **kwargs)
+    kwargs = {"committed_seq": 0, "publishers": {}, "upstreams": {}, **kwargs}
+    return layout, link, Durability(None, layout=layout, destinations={destination: link}, **kwargs)
+
+
+def ack_of(layout: StorageLayout, upstream: str) -> tuple[int, list] | None:
+    """What ``<upstream>`` reads in our ack file for it: (prefix, runs above it)."""
+    payload = read_json(layout.ack_file(upstream))
+    return (payload["seq"], payload["runs"]) if payload else None
 
 
 def test_runs_of_groups_consecutive_seqs():
@@ -77,11 +91,12 @@ def test_two_way_sync_pair_does_not_wait_on_itself(tmp_path):
 
 def test_restart_keeps_what_was_durable_and_waits_for_the_rest(tmp_path):
     layout = StorageLayout(tmp_path)
-    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, links={})
+    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, upstreams={})
     dur.on_commit(5, committed({"p": 5}))
     assert dur.persisted == {"p": 5}
-    held = Durability(None, layout=layout, committed_seq=9, publishers={"p": 9}, links={},
-                      holds=lambda runs: True)
+    waiting = Link(tmp_path / "b.json", "b", "sync")  # has decided nothing yet: holds every row
+    held = Durability(None, layout=layout, committed_seq=9, publishers={"p": 9}, upstreams={},
+                      destinations={"b": waiting})
     held.announce()
     assert held.persisted == {"p": 5}, "after a restart, persisted positions come back; new ones still wait"
 
@@ -126,7 +141,7 @@ def test_after_a_restart_rows_are_matched_to_their_keys_again(tmp_path):
                          "received_from": [None, "partner", None, "partner"]})
 
     layout, to_partner, dur = tracked(tmp_path, "partner", committed_seq=4, publishers={"mine": 2, "theirs": 2},
-                                      links={"partner": 9}, rows_since=rows_since)
+                                      upstreams={"partner": 9}, rows_since=rows_since)
     to_partner.on_sent([(1, 1), (3, 3)], through=4)  # rows 2 and 4 came from the partner
     dur.announce()
     assert dur.persisted == {"theirs": 2}
@@ -141,7 +156,7 @@ def test_after_a_restart_without_the_rows_every_key_waits_for_the_whole_range(tm
         raise FileNotFoundError("vacuumed")
 
     layout, to_partner, dur = tracked(tmp_path, "partner", committed_seq=2, publishers={"mine": 1, "theirs": 1},
-                                      links={"partner": 5}, rows_since=unreadable)
+                                      upstreams={"partner": 5}, rows_since=unreadable)
     to_partner.on_sent([(1, 1)], through=2)
     dur.announce()
     assert dur.persisted == {} and read_json(layout.ack_file("partner")) is None
@@ -177,3 +192,143 @@ def test_durable_json_records_the_watermark_whenever_it_moves(tmp_path):
     link.on_ack(3)
     dur.release()
     assert dur.durable_seq == 3 and read_json(layout.durable_json)["durable_seq"] == 3
+
+
+def test_a_link_takes_acknowledged_runs_above_the_prefix(tmp_path):
+    link = Link(tmp_path / "l.json", "b", "sync")
+    link.on_sent([(1, 10)], through=10)
+    link.on_ack(2, [(4, 5), (8, 8)])
+    assert link.snapshot().unacked == ((3, 3), (6, 7), (9, 10))
+    assert link.acked_seq == 2 and not link.holds(4, 5) and link.holds(3, 3)
+    link.on_ack(2, [(4, 5), (8, 8)])  # the same file read again changes nothing
+    assert link.snapshot().unacked == ((3, 3), (6, 7), (9, 10))
+    link.on_ack(7, [(9, 10)])
+    assert link.snapshot().unacked == () and link.acked_seq == 10
+    assert list(Link(tmp_path / "l.json", "b", "sync").held_mask(np.arange(1, 12))) == [False] * 10 + [True]
+
+
+def test_an_upstream_row_waiting_for_our_sync_destination_does_not_hold_back_the_rows_after_it(tmp_path):
+    """The ring A -> B -> C -> A: B's row from A that waits for C must not hold back the acknowledgement of
+    B's later rows from A that do not go to C. With only a prefix, each instance's acks wait on the next
+    one's round the ring (see replication.durability)."""
+    layout, to_c, dur = tracked(tmp_path, "c")
+    # batch: upstream seqs 10, 11, 12 of A became our rows 1, 2, 3; only row 1 goes to C
+    dur.on_commit(3, committed({"p": 1, "q": 1, "r": 1}, {"a": 12}, rows={"p": [1], "q": [2], "r": [3]},
+                               link_seqs={"a": [(10, 1), (11, 2), (12, 3)]}))
+    to_c.on_sent([(1, 1)], through=3)
+    dur.release()
+    assert ack_of(layout, "a") == (9, [[11, 12]]), "10 waits for C; 11 and 12 are durable here"
+    to_c.on_ack(1)
+    dur.release()
+    assert ack_of(layout, "a") == (12, [])
+
+
+def test_a_duplicate_is_acknowledged_once_the_original_is_handed_to_our_sync_destinations(tmp_path):
+    """A copy from ``a`` of a message stored here earlier (it came another way, row 1) waits until row 1 is
+    written to our sync destination's inbox, not until that destination acknowledges it."""
+    layout, to_c, dur = tracked(tmp_path, "c")
+    dur.on_commit(1, committed({"p": 1}, rows={"p": [1]}))
+    dur.on_commit(1, committed({}, {"a": 20}, link_seqs={"a": []}, duplicates={"a": [20]}))
+    dur.release()
+    assert ack_of(layout, "a") == (19, []), "20 waits: row 1 is not yet handed to c"
+    to_c.on_sent([(1, 1)], through=1)
+    dur.release()
+    assert ack_of(layout, "a") == (20, [])
+    assert dur.persisted == {}, "the publisher of row 1 still waits for c's acknowledgement"
+
+
+def test_ages_count_the_rows_a_link_still_waits_for_even_once_downgraded(tmp_path):
+    clock = [1000.0]
+    layout = StorageLayout(tmp_path)
+    to_b = Link(layout.link_file("b"), "b", "sync")
+    to_c = Link(layout.link_file("c"), "c", "async")
+    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, upstreams={},
+                     destinations={"b": to_b, "c": to_c}, now=lambda: clock[0])
+    dur.on_commit(2, committed({"p": 2}))
+    clock[0] = 1010.0
+    dur.on_commit(4, committed({"p": 4}))
+    to_b.on_sent([(1, 4)], through=4)
+    to_c.on_sent([(1, 4)], through=4)
+    to_c.on_ack(2)
+    clock[0] = 1030.0
+    assert (dur.link_age(to_b), dur.link_age(to_c)) == (30.0, 20.0), "async links have an age too"
+    to_b.set(downgraded=True)
+    dur.release()
+    assert dur.persisted == {"p": 4} and dur.durable_seq == 4, "downgraded: its rows no longer hold acks"
+    assert dur.link_age(to_b) == 30.0, "but they keep their age: the link is still behind"
+    to_b.on_ack(4)
+    to_c.on_ack(4)
+    dur.release()
+    assert (dur.link_age(to_b), dur.link_age(to_c)) == (0.0, 0.0)
+
+
+def controller(tmp_path, *, sync_links=("b",), minimum_sync=0, grace_period=0.0):
+    clock = [1000.0]
+    layout = StorageLayout(tmp_path)
+    links = {name: Link(layout.link_file(name), name, "sync") for name in sync_links}
+    dur = Durability(None, layout=layout, committed_seq=0, publishers={}, upstreams={}, destinations=links,
+                     now=lambda: clock[0])
+    policy = DowngradePolicy(every=1.0, downgrade_age=30.0, upgrade_age=10.0, minimum_sync=minimum_sync,
+                             grace_period=grace_period)
+    return clock, links, dur, DowngradeController(policy, links, dur, started=clock[0])
+
+
+def test_a_downgraded_destination_is_upgraded_only_once_connected_and_caught_up(tmp_path):
+    clock, links, dur, ctl = controller(tmp_path)
+    b = links["b"]
+    b.set(state="connected")
+    dur.on_commit(1, committed({"p": 1}))
+    b.on_sent([(1, 1)], through=1)
+    clock[0] += 31
+    assert ctl.tick(clock[0]) and b.downgraded
+    b.set(state="waiting")  # b is down; more rows come and are acknowledged to publishers at once
+    for seq in range(2, 6):
+        clock[0] += 15
+        dur.on_commit(seq, committed({"p": seq}))
+        assert not ctl.tick(clock[0]) and b.downgraded, "still behind: no upgrade (no flapping)"
+    assert dur.persisted == {"p": 5}
+    clock[0] += 15
+    b.set(state="connected")
+    b.on_sent([(2, 5)], through=5)
+    b.on_ack(4)
+    assert not ctl.tick(clock[0]) and b.downgraded, "row 5 is 15 s old: not within the upgrade Age yet"
+    b.on_ack(5)
+    assert ctl.tick(clock[0]) and not b.downgraded
+
+
+def test_minimum_sync_destinations_and_grace_period_keep_a_late_link_sync(tmp_path):
+    clock, links, dur, ctl = controller(tmp_path, sync_links=("b", "c"), minimum_sync=1, grace_period=60.0)
+    dur.on_commit(1, committed({"p": 1}))
+    clock[0] += 45
+    assert not ctl.tick(clock[0]), "within the grace period after start nothing is downgraded"
+    clock[0] += 20
+    assert ctl.tick(clock[0])
+    assert sorted(name for name, link in links.items() if link.downgraded) == ["b"], \
+        "one of the two goes async; the other stays: MinimumSyncDestinations is 1"
+    assert not ctl.tick(clock[0] + 100) and not links["c"].downgraded
+
+
+def test_after_a_restart_an_upstream_is_acknowledged_row_by_row_again(tmp_path):
+    """Which upstream seq each stored row had comes back from the inbox: a restarted member of a sync ring
+    acknowledges the rows that are durable without waiting for the one that is not."""
+    import pyarrow as pa
+
+    def rows_since(after, through):
+        return pa.table({"seq": [1, 2], "publisher": ["p", "q"], "publisher_seq": [5, 6],
+                         "received_from": ["up", "up"]})
+
+    def received_since(upstream, after, through):
+        assert (upstream, after, through) == ("up", 0, 12)
+        return pa.table({"publisher": ["p", "q", "r"], "publisher_seq": [5, 6, 1], "upstream_seq": [10, 11, 12]})
+
+    layout, to_c, dur = tracked(tmp_path, "c", committed_seq=2, publishers={"p": 5, "q": 6}, upstreams={"up": 12},
+                                rows_since=rows_since, received_since=received_since)
+    to_c.on_sent([(1, 1)], through=1)  # row 1 goes to c; row 2 is not decided yet
+    dur.announce()
+    assert ack_of(layout, "up") == (9, []), "10 and 11 wait for c; 12 (not stored: a duplicate) for row 2"
+    to_c.on_sent([], through=2)  # row 2 is not for c
+    dur.release()
+    assert ack_of(layout, "up") == (9, [[11, 12]]), "row 1 (upstream seq 10) alone still waits"
+    to_c.on_ack(1)
+    dur.release()
+    assert ack_of(layout, "up") == (12, [])

@@ -141,3 +141,7 @@ def test_each_publisher_and_upstream_knows_the_local_rows_its_ack_waits_on():
     assert runs(result.publisher_rows) == {"a": [(101, 101), (103, 104)], "b": [(102, 102)]}
     assert runs(result.link_rows) == {"up": [(102, 102), (104, 104)]}
     assert result.links == {"up": 9}
+    # per row: which of the upstream's seqs became which local row, and which copies were duplicates
+    ups, local = result.link_seqs["up"]
+    assert list(zip(ups.tolist(), local.tolist())) == [(7, 102), (8, 104)]
+    assert result.link_duplicates["up"].tolist() == [9]

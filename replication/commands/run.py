@@ -18,10 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the engine (Spark, Kafka clients) loads only when this command runs: `replication --help` stays fast
-    from replication.runner import run_until_stopped, start_instances
+    from replication.runner import run_until_stopped, start_instances, stop_on_sigterm
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     configs = [config.load(path) for path in args.configs]  # all configs checked before Spark starts
+    stop = stop_on_sigterm()  # from now on: a SIGTERM during start-up stops the instances once started
     instances = start_instances(configs, trigger_interval=args.trigger)
     print("running " + ", ".join(i.name for i in instances) + " (Ctrl-C to stop)", flush=True)
-    return run_until_stopped(instances)
+    return run_until_stopped(instances, stop=stop)

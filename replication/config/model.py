@@ -157,7 +157,9 @@ class Destination:
     """A ``<Replication><Destination>``: one outgoing replication link."""
 
     name: str
-    """Instance name of the destination."""
+    """``<Name>``; a destination written without one (as AMPS allows, e.g. the cascading mesh's
+    inter-tier destinations) is named by its ``<Group>``. The name labels the link (its state file,
+    thread, status line); the instance actually reached is the one found at the address in use."""
     group: str
     """``<Group>`` of the destination (default: its name)."""
     sync_type: SyncType
@@ -198,9 +200,8 @@ class ActionStep:
     age: float | None = None
     """``<Age>`` of the downgrade (oldest unacknowledged message) and upgrade (behind by less) modules."""
     grace_period: float | None = None
-    """``<GracePeriod>`` of the downgrade module."""
-    minimum_sync_destinations: int | None = None
-    """``<MinimumSyncDestinations>`` of the downgrade module."""
+    """``<GracePeriod>`` of the downgrade module: no downgrade in the first this many seconds after start,
+    while the other instances start and links connect (AMPS)."""
     source: Source = field(default_factory=Source, compare=False)
 
 
@@ -230,6 +231,9 @@ class InstanceConfig:
     destinations: tuple[Destination, ...] = ()
     bootstrap: Bootstrap | None = None
     actions: tuple[Action, ...] = ()
+    minimum_sync_destinations: int = 0
+    """``<Tuning><MinimumSyncDestinations>``: the downgrade action never leaves fewer sync destinations
+    than this (an instance-level setting, as in AMPS)."""
     source: Source = field(default_factory=Source, compare=False)
 
     def destination(self, name: str) -> Destination:

@@ -8,12 +8,13 @@ environment after parsing, so a value can never inject XML and line numbers stay
 those of the file.
 
 Storage locations (``<Storage>``, the ``<InetAddr>`` of replication transports,
-destinations and bootstrap) may be ``file:///abs/path``, an absolute path, a
-relative path, or a remote URI such as ``s3://bucket/prefix``. A relative path
-is resolved against the directory of the config file (not the working
-directory), so a config means the same wherever the instance is started from.
-Local locations come back as normalised absolute paths, remote ones as written
-(without a trailing ``/``).
+destinations and bootstrap) may be ``file:///abs/path``, an absolute path or a
+relative path; they come back as normalised absolute paths. A relative path is
+resolved against the directory of the config file (not the working directory),
+so a config means the same wherever the instance is started from. Remote URIs
+(``s3://``, ``abfss://``...) are refused as not supported yet: an instance's
+control files (heartbeat, acks, link state) need a local or mounted filesystem,
+and a location the engine cannot use must stop the start, not a link later.
 
 Example::
 
@@ -80,6 +81,7 @@ _KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 _URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # AMPS configs address instances by host:port or a bare port; ours by storage root.
 _NETWORK_ADDR = re.compile(r"(\d+|[\w.-]+:\d+)\Z")
+# Recognised, to say "not supported yet" rather than "unknown scheme".
 _REMOTE_SCHEMES = frozenset(
     {"s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "hdfs", "lakefs", "memory"}
 )
@@ -245,7 +247,7 @@ def _comma_list(node: Node) -> list[str]:
 
 
 def _location(node: Node) -> str:
-    """A storage root: file URI, absolute or config-relative path, or remote URI."""
+    """A storage root: file URI, absolute or config-relative path (remote URIs: not supported yet)."""
     value = node.text()
     try:
         return parse_location(value, base_dir=node.ctx.base_dir)
@@ -260,8 +262,9 @@ class _BadLocation(ConfigError):
 
 
 def parse_location(value: str, *, base_dir: str) -> str:
-    """A storage location as configs take it (``file:///abs/path``, a path relative to ``base_dir``, or a
-    remote URI), normalised; a :class:`ConfigError` naming the problem and the fix otherwise."""
+    """A storage location as configs take it (``file:///abs/path`` or a path relative to ``base_dir``),
+    normalised; a :class:`ConfigError` naming the problem and the fix otherwise (remote URIs: not
+    supported yet)."""
     scheme_match = _URI.match(value)
     if scheme_match:
         scheme = scheme_match.group(1).lower()
@@ -272,12 +275,18 @@ def parse_location(value: str, *, base_dir: str) -> str:
                                    "write file:///absolute/path (three slashes, no host, no ? or #)")
             return os.path.normpath(unquote(parts.path))
         if scheme in _REMOTE_SCHEMES:
-            return value.rstrip("/")
+            raise _BadLocation(
+                f"'{value}': {scheme}:// locations are not supported yet (an instance's control files, "
+                "its heartbeat, acknowledgements and link state, need a local or mounted filesystem)",
+                "use file:///absolute/path, an absolute path, or a path relative to this config file "
+                "(a mounted bucket works as a local path)",
+            )
         guess = suggest(scheme, tuple(sorted(_REMOTE_SCHEMES | {"file"})))
         hint = f"; did you mean '{guess}://'?" if guess else ""
-        raise _BadLocation(f"'{value}' uses the unsupported scheme '{scheme}://'{hint}",
-                           "use file:///path, a plain path, or one of "
-                           + ", ".join(f"{s}://" for s in sorted(_REMOTE_SCHEMES)))
+        raise _BadLocation(
+            f"'{value}' uses the unsupported scheme '{scheme}://'{hint}",
+            "use file:///absolute/path, an absolute path, or a path relative to this config file",
+        )
     if _NETWORK_ADDR.match(value):
         raise _BadLocation(f"'{value}' looks like an AMPS network address (host:port); instances are "
                            "addressed here by their storage root",
@@ -340,7 +349,9 @@ _ROOT_SCHEMA = {
     "Replication": OPT,
     "Bootstrap": OPT,
     "Actions": OPT,
+    "Tuning": OPT,
 }
+_TUNING_SCHEMA = {"MinimumSyncDestinations": OPT}
 _TRANSPORT_COMMON = {
     "Name": one("<Name>json-kafka</Name>"),
     "Type": one("<Type>kafka</Type> (or amps-replication)"),
@@ -366,7 +377,7 @@ _QUEUE_SCHEMA = {
     "Filter": OPT,
 }
 _DESTINATION_SCHEMA = {
-    "Name": one("<Name>amps-2</Name>"),
+    "Name": OPT,  # AMPS allows a destination named only by its <Group> (the cascading mesh's)
     "Group": OPT,
     "SyncType": one("<SyncType>sync</SyncType> (or async)"),
     "PassThrough": OPT,
@@ -405,7 +416,7 @@ _STEP_SCHEMA = {"Module": one("<Module>amps-action-on-schedule</Module>"), "Opti
 @dataclass(frozen=True)
 class _Option:
     field: str  # the ActionStep field it fills
-    kind: str  # "interval", "interval0" (zero allowed) or "count" (non-negative int)
+    kind: str  # "interval", "interval0" (zero allowed), "count" (non-negative int), "moved" (refused)
     required: bool = False
 
 
@@ -418,8 +429,8 @@ _DO_MODULES: dict[str, dict[str, _Option]] = {
     "amps-action-do-downgrade-replication": {
         "Age": _Option("age", "interval", required=True),
         "GracePeriod": _Option("grace_period", "interval0"),
-        # AMPS sets this as an instance-level tuning parameter; here it lives with the action.
-        "MinimumSyncDestinations": _Option("minimum_sync_destinations", "count"),
+        # AMPS sets this at instance level; written here it is refused with where it goes.
+        "MinimumSyncDestinations": _Option("", "moved"),
     },
     "amps-action-do-upgrade-replication": {"Age": _Option("age", "interval", required=True)},
 }
@@ -459,6 +470,7 @@ def _instance(root: Node) -> InstanceConfig:
             )
     actions_node = kids.opt("Actions")
     actions = _actions(actions_node) if actions_node is not None else ()
+    minimum_sync = _tuning(kids.opt("Tuning"))
     return InstanceConfig(
         name=name,
         group=group,
@@ -471,8 +483,24 @@ def _instance(root: Node) -> InstanceConfig:
         destinations=destinations,
         bootstrap=bootstrap,
         actions=actions,
+        minimum_sync_destinations=minimum_sync,
         source=root.source(),
     )
+
+
+def _tuning(node: Node | None) -> int:
+    """``<Tuning>``: instance-level parameters; today ``MinimumSyncDestinations`` (default 0)."""
+    if node is None:
+        return 0
+    value_node = node.children(_TUNING_SCHEMA).opt("MinimumSyncDestinations")
+    return _count(value_node) if value_node is not None else 0
+
+
+def _count(node: Node) -> int:
+    value = node.text()
+    if not value.isdigit():
+        node.fail(f"'{value}' is not a whole number", f"write e.g. <{node.tag}>1</{node.tag}>")
+    return int(value)
 
 
 def _transport_schema(node: Node) -> dict[str, Card]:
@@ -513,9 +541,16 @@ def _transports(
                 "keep a single <Transport> with <Type>amps-replication</Type>",
             )
         addr = kids.opt("InetAddr")
-        inbox = ReplicationTransport(
-            name=name, inet_addr=_location(addr) if addr is not None else storage, source=tnode.source()
-        )
+        if addr is not None and _location(addr) != storage:
+            # Upstreams find an instance's inbox, heartbeat, instance.json and ack files under one
+            # root; an inbox elsewhere would never be written to (nothing would connect).
+            addr.fail(
+                f"an incoming replication address '{_location(addr)}' that differs from <Storage> "
+                f"'{storage}' is not supported yet: upstreams write this instance's inbox and read its "
+                "heartbeat and acknowledgements under its storage root",
+                f"write <InetAddr>{storage}</InetAddr> (the <Storage> location), or leave <InetAddr> out",
+            )
+        inbox = ReplicationTransport(name=name, inet_addr=storage, source=tnode.source())
     return tuple(kafka), inbox
 
 
@@ -665,16 +700,35 @@ def _replication(
     addresses: dict[str, str] = {}
     for dnode in node.children({"Destination": MANY}).all("Destination"):
         kids = dnode.children(_DESTINATION_SCHEMA)
-        name_node = kids.one("Name")
+        name_node = kids.opt("Name")
+        if name_node is None:
+            name_node = kids.opt("Group")
+        if name_node is None:
+            dnode.fail(
+                "a <Destination> needs a <Name> or a <Group> (AMPS identifies a destination written "
+                "without a <Name> by its group)",
+                "add the destination's <Group>, e.g. <Group>LiveProdSubscriptions</Group>, or a <Name>, "
+                "e.g. <Name>amps-2</Name>",
+            )
+        by_group = name_node.tag == "Group"
+        if by_group and not _NAME.match(name_node.text()):
+            name_node.fail(
+                f"this destination has no <Name>, so its <Group> '{name_node.text()}' would name it, and a "
+                "destination's name must be usable in file names",
+                "add a <Name> of letters, digits, '.', '_' and '-' to this <Destination>, e.g. <Name>dr-site</Name>",
+            )
         name = _name(name_node, "destination name")
         if name == instance:
             name_node.fail(
                 f"destination '{name}' is this instance itself",
-                "name another instance in <Destination><Name>; an instance never replicates to itself",
+                "name another instance in <Destination><Name>; an instance never replicates to itself"
+                if not by_group else f"add a <Name> to this destination: its <Group> '{name}' is this "
+                "instance's name",
             )
         if name in names:
             name_node.fail(
-                f"destination '{name}' is already defined at line {names[name]}",
+                f"destination '{name}' is already defined at line {names[name]}"
+                + (" (a destination with no <Name> is named by its <Group>)" if by_group else ""),
                 "give each <Destination> a distinct <Name>, or merge their <Topic> lists",
             )
         names[name] = dnode.line
@@ -817,11 +871,15 @@ def _step(node: Node, modules: dict[str, dict[str, _Option]]) -> ActionStep:
                     f"add <Options><{name}>15s</{name}></Options> to <{node.tag}>",
                 )
             continue
+        if opt.kind == "moved":
+            onode.fail(
+                f"<{name}> is an instance-level setting (AMPS: an instance-level tuning parameter), "
+                f"not an option of {module}",
+                f"remove it here and write <Tuning><{name}>{onode.text()}</{name}></Tuning> "
+                "directly under <AMPSConfig>",
+            )
         if opt.kind == "count":
-            value = onode.text()
-            if not value.isdigit():
-                onode.fail(f"'{value}' is not a whole number", f"write e.g. <{name}>1</{name}>")
-            values[opt.field] = int(value)
+            values[opt.field] = _count(onode)
         else:
             values[opt.field] = _interval(onode, allow_zero=opt.kind == "interval0")
     return ActionStep(module=module, source=node.source(), **values)

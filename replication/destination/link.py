@@ -5,7 +5,9 @@ reports each batch as the *runs* of seqs it wrote to the destination (rows
 filtered out are not in any run) and ``through``, the last seq the batch
 covered. The destination acknowledges in the same seq space
 (``_control/acks/<this instance>.json`` under its storage): an ack of N means
-every row sent through N is durable there.
+every row sent through N is durable there, and its ``runs`` name rows above N
+that are durable too (a row held up at the destination does not hold back the
+acknowledgement of the rows after it; see :mod:`replication.durability`).
 
 A local row waits for this link only if it was sent on it and is not yet
 acknowledged. Rows the link filtered out never wait, which is what keeps a
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from replication import failpoints
 from replication.storage.control import LinkState
 from replication.txlog import Runs
 
@@ -41,6 +44,7 @@ class Link:
         self._lock = threading.Lock()
         self.version = 0
         self._unacked_arrays: tuple[int, np.ndarray, np.ndarray] = (-1, np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._last_ack: tuple[int, tuple] | None = None
 
     @property
     def sync(self) -> bool:
@@ -69,6 +73,51 @@ class Link:
             # the first run that ends at or after ``first``
             i = bisect.bisect_left(runs, first, key=lambda run: run[1])
             return i < len(runs) and runs[i][0] <= last
+
+    def oldest_waiting(self) -> int:
+        """The first local seq this link still waits for: its first unacknowledged row, or the first
+        row its replicator has not decided yet (``sent_seq + 1``)."""
+        with self._lock:
+            unacked = self.state.unacked
+            return unacked[0][0] if unacked else self.state.sent_seq + 1
+
+    def decided_through(self) -> int:
+        """The last local seq the replicator has decided (every later row waits for this link)."""
+        with self._lock:
+            return self.state.sent_seq
+
+    def holds_all(self, first: int, last: int) -> bool:
+        """Does every local row in [first, last] still wait for this link? (A cheap answer for a batch
+        in flight: then no row of it can be acknowledged yet.)"""
+        with self._lock:
+            sent = self.state.sent_seq
+            if first > sent:
+                return True
+            runs = self.state.unacked
+            i = bisect.bisect_left(runs, first, key=lambda run: run[1])  # the first run ending at or after first
+            return i < len(runs) and runs[i][0] <= first and (last <= runs[i][1] or runs[i][1] >= sent)
+
+    def handed_through(self, seq: int) -> bool:
+        """Has the replicator decided every row through ``seq``, writing the routed ones to the
+        destination's inbox (its storage; an acknowledgement may still be pending)?"""
+        with self._lock:
+            return self.state.sent_seq >= seq
+
+    def held_mask(self, seqs: np.ndarray) -> np.ndarray:
+        """For each local seq of ``seqs``: does it still wait for this link? (:meth:`holds`, per row.)"""
+        with self._lock:
+            sent = self.state.sent_seq
+            unacked = self.state.unacked
+            if unacked and self._unacked_arrays[0] != self.version:
+                self._unacked_arrays = (self.version, np.array([r[0] for r in unacked], dtype=np.int64),
+                                        np.array([r[1] for r in unacked], dtype=np.int64))
+            _, run_firsts, run_lasts = self._unacked_arrays if unacked else (0, None, None)
+        held = seqs > sent
+        if run_firsts is not None and run_firsts.size:
+            i = np.searchsorted(run_lasts, seqs, side="left")  # the first run ending at or after each seq
+            inside = i < run_lasts.size
+            held[inside] |= run_firsts[i[inside]] <= seqs[inside]
+        return held
 
     def holds_any(self, runs: Runs) -> bool:
         """Does any local row of ``runs`` still wait for this link? (:meth:`holds` for many runs at once.)"""
@@ -107,17 +156,27 @@ class Link:
                         unacked.append((first, last))
             self._change_locked(sent_seq=through, unacked=_trimmed(unacked, self.state.downstream_ack))
 
-    def on_ack(self, downstream_ack: int) -> None:
-        """The destination acknowledged every row sent through local seq ``downstream_ack``."""
+    def on_ack(self, downstream_ack: int, runs: tuple[tuple[int, int], ...] | list = ()) -> None:
+        """The destination acknowledged every row sent through local seq ``downstream_ack``, and the
+        rows in ``runs`` (``(first, last)``, above it)."""
         with self._lock:
-            if downstream_ack <= self.state.downstream_ack:
+            key = (downstream_ack, tuple(map(tuple, runs)))
+            if key == self._last_ack:
+                return  # the same file read again (every 50 ms)
+            self._last_ack = key
+            unacked = self.state.unacked
+            if downstream_ack > self.state.downstream_ack:
+                unacked = _trimmed(list(unacked), downstream_ack)
+            if runs and unacked:
+                unacked = _without(unacked, key[1])
+            if downstream_ack <= self.state.downstream_ack and unacked == self.state.unacked:
                 return
-            self._change_locked(downstream_ack=downstream_ack,
-                                unacked=_trimmed(list(self.state.unacked), downstream_ack))
+            self._change_locked(downstream_ack=max(downstream_ack, self.state.downstream_ack), unacked=unacked)
 
     def reset(self, *, start_seq: int, epoch: int, address: str, downstream: str, txlog_id: str | None) -> None:
         """A resync: the link starts over after ``start_seq`` toward a (possibly new) downstream."""
         with self._lock:
+            self._last_ack = None
             self._change_locked(
                 epoch=epoch, incarnation=f"{epoch}-{uuid.uuid4().hex[:12]}", address=address, downstream=downstream,
                 downstream_txlog_id=txlog_id, sent_seq=start_seq, unacked=(), downstream_ack=0,
@@ -136,6 +195,7 @@ class Link:
     def _change_locked(self, **changes) -> None:
         self.state = dataclasses.replace(self.state, updated=time.time(), **changes)
         self.version += 1
+        failpoints.hit("link.before_write")
         self.state.write(self.path)
 
 
@@ -148,3 +208,23 @@ def _trimmed(runs: list[tuple[int, int]], ack: int) -> tuple[tuple[int, int], ..
     if kept and kept[0][0] <= ack:
         kept[0] = (ack + 1, kept[0][1])
     return tuple(kept)
+
+
+def _without(runs: tuple[tuple[int, int], ...], acked: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """``runs`` minus the rows of ``acked`` (both ascending, non-overlapping)."""
+    out: list[tuple[int, int]] = []
+    j = 0
+    for first, last in runs:
+        while j < len(acked) and acked[j][1] < first:
+            j += 1
+        k = j
+        while first <= last:
+            if k >= len(acked) or acked[k][0] > last:
+                out.append((first, last))
+                break
+            a_first, a_last = acked[k]
+            if a_first > first:
+                out.append((first, a_first - 1))
+            first = max(first, a_last + 1)
+            k += 1
+    return tuple(out)

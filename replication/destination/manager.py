@@ -38,6 +38,7 @@ from replication.destination.link import Link
 from replication.destination.resync import (
     downstream_ack,
     heartbeat_fresh,
+    read_ack,
     resync_start,
     stored_per_publisher,
     txlog_id,
@@ -173,7 +174,7 @@ class DestinationManager:
         self.query, self.writer = replicator.start_query(
             self.spark, self.cfg, self.dest,
             txlog=self.layout.txlog, inbox=down.inbox, checkpoint=self._checkpoint(state.incarnation),
-            start_seq=state.sent_seq, incarnation=state.incarnation, link=self.link,
+            start_seq=state.sent_seq, incarnation=state.incarnation, link=self.link, target=down_cfg.name,
             trigger_interval=self.trigger_interval,
         )
         self.link.set(state="connected" if index == 0 else "failed over", detail="")
@@ -189,7 +190,8 @@ class DestinationManager:
         while not self._stop.wait(ACK_POLL_S):
             # The acknowledged position moves on downstream acks, and also when a
             # batch was entirely filtered out (nothing to wait for).
-            self.link.on_ack(downstream_ack(down, self.cfg.name))
+            ack = read_ack(down, self.cfg.name)
+            self.link.on_ack(ack.seq, ack.runs)
             if self.link.version != reported:
                 reported = self.link.version
                 self.on_ack()

@@ -2,7 +2,8 @@
 
 Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 
-1. mark each row routed or not with the routing rules. A small batch (the live
+1. mark each row routed or not with the routing rules (the loop rule asks whether the instance
+   actually reached, by its ``instance.json``, is on the row's path). A small batch (the live
    stream) is read here from the txlog's Parquet files, its seq range taken
    from the query's offset log (:mod:`replication.connectors.spark.planned_batch`), and routed
    with :func:`replication.routing.route_mask`: no Spark job. A larger one (a
@@ -57,12 +58,15 @@ class ReplicatorWriter:
     """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: Path, inbox: Path, incarnation: str,
-                 link: "Link", checkpoint: Path | None = None) -> None:
+                 link: "Link", target: str, checkpoint: Path | None = None) -> None:
         from deltalake import WriterProperties
 
         self.cfg = cfg
         self.dest = dest
         self.link = link
+        self.target = target
+        """The instance at the address in use (its ``instance.json`` name): the loop rule's subject. A
+        destination named by its group, or failing over, reaches an instance of another name."""
         self.inbox = IdempotentAppender(
             inbox,
             INBOX_SCHEMA,
@@ -71,7 +75,7 @@ class ReplicatorWriter:
             configuration=INBOX_TABLE_CONFIGURATION,
             writer_properties=WriterProperties(compression=_CODECS[dest.compression]),
         )
-        self.condition = routing.spark_condition(cfg, dest)
+        self.condition = routing.spark_condition(cfg, dest, target=target)
         self.txlog = TxlogFiles(str(txlog))
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
         """Where small batches' seq ranges are found, to read them here (see replication.connectors.spark.planned_batch)."""
@@ -117,7 +121,7 @@ class ReplicatorWriter:
         (routed rows, their seqs, through); None when it could not be read here (Spark routes it)."""
         try:
             rows = self.txlog.read(after, through)
-            mask = routing.route_mask(self.cfg, self.dest, rows)
+            mask = routing.route_mask(self.cfg, self.dest, rows, target=self.target)
         except Exception:
             log.warning("%s->%s: seqs %d-%d could not be read here; Spark reads them instead",
                         self.cfg.name, self.dest.name, after + 1, through, exc_info=True)
@@ -154,14 +158,16 @@ def start_query(
     start_seq: int,
     incarnation: str,
     link: "Link",
+    target: str,
     trigger_interval: str = "0 seconds",
 ) -> "tuple[StreamingQuery, ReplicatorWriter]":
-    """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``); it and its writer."""
+    """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``, where the instance
+    ``target`` runs); it and its writer."""
     txlog_stream.register(spark)
     stream = (
         spark.readStream.format(txlog_stream.FORMAT)
         .option("path", str(txlog))
-        .option("columns", ",".join(routing.spark_condition_columns(cfg, dest)))
+        .option("columns", ",".join(routing.spark_condition_columns(cfg, dest, target=target)))
         .option("startSeq", str(start_seq))
         .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS))
         # Batches up to DIRECT_MAX_ROWS are read by the writer: the planner need not read them too.
@@ -169,7 +175,7 @@ def start_query(
         .load()
     )
     writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link,
-                              checkpoint=checkpoint)
+                              target=target, checkpoint=checkpoint)
     query = (
         stream.writeStream.queryName(link_name(cfg.name, dest.name, incarnation))
         .foreachBatch(writer)

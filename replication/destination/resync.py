@@ -27,12 +27,17 @@ def heartbeat_fresh(layout: StorageLayout, *, now: float | None = None) -> bool:
 
 
 def downstream_ack(layout: StorageLayout, upstream: str) -> int:
-    """What the instance at ``layout`` acknowledges to ``upstream`` (in the upstream's seq space)."""
+    """What the instance at ``layout`` acknowledges to ``upstream``: the prefix (in the upstream's seq space)."""
+    return read_ack(layout, upstream).seq
+
+
+def read_ack(layout: StorageLayout, upstream: str) -> Ack:
+    """The instance at ``layout``'s acknowledgement to ``upstream``: prefix and runs above it."""
     try:
         ack = Ack.read(layout.ack_file(upstream))
     except Exception:  # unreadable for now: nothing acknowledged yet
-        return 0
-    return int(ack.seq) if ack else 0
+        return Ack(0)
+    return ack or Ack(0)
 
 
 def stored_per_publisher(layout: StorageLayout) -> dict[str, int]:

@@ -36,8 +36,8 @@ from replication.txlog import (
     TXLOG_SCHEMA,
     PublisherState,
     Runs,
+    run_bounds,
     runs_by_code,
-    runs_by_value,
 )
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,10 @@ class Classified:
     """client -> runs of the local seqs its accepted rows got: what its persisted ack waits on."""
     link_rows: dict[str, Runs] = field(default_factory=dict)
     """upstream -> runs of the local seqs of the rows accepted from it: what the ack to it waits on."""
+    link_seqs: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """upstream -> (its seqs, our local seqs) of the rows accepted from it, aligned: the ack to it is per row."""
+    link_duplicates: dict[str, np.ndarray] = field(default_factory=dict)
+    """upstream -> its seqs of the copies dropped here as duplicates (the original came another way)."""
     sow: SowChanges | None = None
     """What the batch does to the SOW, applied once the txlog commit is done (None: no SOW row)."""
 
@@ -212,13 +216,37 @@ def classify(
         publishers = {names[c]: int(top[c]) for c in np.nonzero(top >= 0)[0]}
     local = txlog_rows["seq"].to_numpy()
     publisher_rows = {names[c]: runs for c, runs in runs_by_code(codes[kept_idx], local).items()}
-    link_rows = {}
+    link_rows: dict[str, Runs] = {}
+    link_seqs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    link_duplicates: dict[str, np.ndarray] = {}
     if links:
-        sources = _rows_at(batch.select(["source"]), kept_idx)["source"]
-        link_rows = {source[len("inbox:"):]: runs for source, runs in runs_by_value(sources, local).items()
-                     if source.startswith("inbox:")}
+        link_seqs = _per_upstream(batch, kept_idx, local)
+        for upstream in links:  # every upstream of the batch, even with no row stored: per-row detail known
+            link_seqs.setdefault(upstream, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        link_rows = {upstream: run_bounds(seqs) for upstream, (_, seqs) in link_seqs.items()}
+        dropped = np.nonzero(valid & ~keep)[0]
+        if dropped.size:
+            link_duplicates = {upstream: ups for upstream, (ups, _) in
+                               _per_upstream(batch, dropped, np.zeros(dropped.size, np.int64)).items()}
     return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links, publisher_rows, link_rows,
-                      sow_changes)
+                      link_seqs, link_duplicates, sow=sow_changes)
+
+
+def _per_upstream(batch: pa.Table, idx: np.ndarray, local: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """For the batch rows ``idx`` that came from an inbox: per upstream, (upstream seqs, ``local``) of them."""
+    rows = _rows_at(batch.select(["source", "upstream_seq"]), idx)
+    if rows.num_rows == 0:
+        return {}
+    encoded = pc.dictionary_encode(rows["source"]).combine_chunks()
+    labels = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+    ups = pc.fill_null(rows["upstream_seq"], -1).to_numpy(zero_copy_only=False)
+    out = {}
+    for code, label in enumerate(labels):
+        if label.startswith("inbox:"):
+            mask = codes == code
+            out[label[len("inbox:"):]] = (ups[mask].astype(np.int64), local[mask])
+    return out
 
 
 def _sow_indexes(batch: pa.Table, topics: SowTopics) -> np.ndarray:

@@ -91,6 +91,7 @@ class IngestWriter:
     def catch_up(self) -> None:
         """Fold in txlog commits this writer did not see (a batch that failed after its commit)."""
         before = dict(self.state.publishers)
+        before_links = dict(self.state.links)
         records = commit_metadata_since(self.txlog.table, self.state.txlog_version) or []
         for version, record in records:
             self.state.apply(version, record)
@@ -101,6 +102,8 @@ class IngestWriter:
             self.save_state(self.state)
             missed = Classified.empty([])
             missed.publishers = {c: s for c, s in self.state.publishers.items() if s > before.get(c, 0)}
+            # and the upstreams whose rows they hold: their acknowledgement waits for those rows too
+            missed.links = {u: s for u, s in self.state.links.items() if s > before_links.get(u, 0)}
             self.on_commit(self.state.max_seq, missed)
 
     def __call__(self, df, batch_id: int) -> None:

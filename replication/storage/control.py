@@ -117,7 +117,9 @@ class Heartbeat(ControlFile):
     durable_seq: int = 0
     counters: dict[str, Any] = field(default_factory=dict)
     links: dict[str, dict] = field(default_factory=dict)
-    """Destination name -> its :class:`LinkState` as JSON, plus ``lag_messages`` and ``lag_seconds``."""
+    """Destination name -> its :class:`LinkState` as JSON, plus ``lag_messages``, ``lag_seconds`` (age of the
+    oldest row it has not acknowledged, sync or async) and ``waiting_since`` (since when rows have waited for
+    it with no progress; None when none waits)."""
     input_rows_per_second: float | None = None
     error: str | None = None
     restarts: int = 0
@@ -125,6 +127,10 @@ class Heartbeat(ControlFile):
     """The ingest batch in progress: id, step, seconds (None when idle)."""
     sow: dict[str, dict] = field(default_factory=dict)
     """Per ``<SOW><Topic>``: ``records`` held now, and the txlog seq its table is ``compacted_through``."""
+    stalled: dict[str, float] = field(default_factory=dict)
+    """Destination -> since when (epoch seconds) it has had rows waiting for it and made no progress, for
+    each destination stalled longer than the instance's stall report threshold (``replication status
+    --check`` applies its own threshold to each link's ``waiting_since``)."""
 
     def fresh(self, stale_after: float, *, now: float | None = None) -> bool:
         """Is the instance running, by this heartbeat?"""
@@ -158,10 +164,26 @@ class DurableState(ControlFile):
 
 @dataclass(frozen=True)
 class Ack(ControlFile):
-    """``acks/<upstream>.json``: every row ``<upstream>`` sent through its seq ``seq`` is durable here."""
+    """``acks/<upstream>.json``: every row ``<upstream>`` sent through its seq ``seq`` is durable here, and so
+    are the rows in ``runs`` above it.
+
+    Acknowledging per row, not only a prefix, is what keeps a ring of sync links from stalling: a row that
+    waits for this instance's own sync destinations must not hold back the rows received after it, whose
+    acknowledgement the ring may need first (see :mod:`replication.durability`).
+    """
 
     seq: int
     time: float = 0.0
+    runs: tuple[tuple[int, int], ...] = ()
+    """``(first, last)`` runs of ``<upstream>``'s seqs above ``seq`` that are durable here, ascending."""
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "runs": [list(run) for run in self.runs]}
+
+    @classmethod
+    def from_json(cls, payload: dict) -> "Ack":
+        ack = super().from_json(payload)
+        return dataclasses.replace(ack, runs=tuple((int(a), int(b)) for a, b in ack.runs))
 
 
 @dataclass(frozen=True)

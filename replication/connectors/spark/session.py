@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from replication.connectors.spark import local_fs
 from replication.connectors.spark.worker_python import interpreter
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+T = TypeVar("T")
 
 #: Settings that suit a streaming job of many small micro-batches on few cores.
 DEFAULT_CONF: dict[str, str] = {
@@ -41,6 +45,26 @@ def _launches_jvm() -> bool:
     from pyspark import SparkContext
 
     return SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+
+
+def _without_sigterm(launch: Callable[[], T]) -> T:
+    """Run ``launch`` (which starts Spark's JVM) with SIGTERM ignored, so that the JVM and every process
+    it starts (Python workers, source runners) keep ignoring it.
+
+    A supervisor stopping a service signals the whole process group (systemd: the whole cgroup). The
+    driver must stop the streaming queries first and let the JVM go last; a JVM that took the signal
+    itself would stop under running queries, and the driver would log py4j tracebacks. An ignored
+    signal stays ignored across ``exec`` and HotSpot keeps it so (as PySpark does for Ctrl-C, SIGINT);
+    the driver's own handler (:mod:`replication.runner`) is put back at once. Off the main thread
+    Python cannot change handlers: the JVM is then started as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return launch()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        return launch()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def session(app_name: str = "replication", *, master: str | None = None) -> "SparkSession":
@@ -74,6 +98,6 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
         extra = given.get("spark.driver.extraClassPath", None)
         for key, value in local_fs.spark_conf(master or given.get("spark.master", ""), extra).items():
             builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = _without_sigterm(builder.getOrCreate) if _launches_jvm() else builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))
     return spark
