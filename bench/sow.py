@@ -262,7 +262,7 @@ def compaction_cost(workdir: Path, cfg, args) -> list[str]:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from replication.connectors.delta.txlog_stream import TxlogFiles
+    from replication.connectors.delta.txlog_files import TxlogFiles
     from replication.sow.keys import SowTopics
     from replication.sow.table import SowTable, as_records
     from replication.storage.layout import StorageLayout

@@ -63,7 +63,7 @@ from replication import failpoints
 from replication.config.fabric import addresses_of, normalize_address
 from replication.config.model import InstanceConfig, TopicSpec
 from replication.connectors.delta.tables import IdempotentAppender, commit_metadata_since
-from replication.connectors.delta.txlog_stream import TxlogFiles
+from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.errors import ReplicationError
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics

@@ -24,7 +24,7 @@ from replication import bootstrap
 from replication.actions import DowngradeController
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
-from replication.connectors.delta.txlog_stream import TxlogFiles, read_range
+from replication.connectors.delta.txlog_files import TxlogFiles, read_range
 from replication.connectors.kafka.broker import ensure_topics
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager

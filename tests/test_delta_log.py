@@ -5,7 +5,7 @@ from __future__ import annotations
 from deltalake import DeltaTable
 
 from replication.connectors.delta.log import appends_after, local_log_dir
-from replication.connectors.delta.txlog_stream import TxlogFiles, read_files
+from replication.connectors.delta.txlog_files import TxlogFiles, read_files
 from test_txlog_source import TxlogWriter
 
 

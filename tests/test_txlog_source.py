@@ -18,17 +18,14 @@ from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentA
 from replication.errors import ConfigError
 from replication.storage.control import DurableState
 from replication.txlog import TXLOG_SCHEMA
-from replication.connectors.delta.txlog_stream import (
-    FORMAT,
+from replication.connectors.delta.txlog_files import (
     ROWS_PER_PARTITION,
     TxlogFiles,
     TxlogSourceError,
-    TxlogSourceOptions,
     read_files,
-    read_partition,
     read_range,
-    register,
 )
+from replication.connectors.delta.txlog_stream import FORMAT, TxlogSourceOptions, read_partition, register
 
 # -- helpers -------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from replication.connectors.delta.inbox_stream import (
     INBOX_TABLE_CONFIGURATION,
 )
 from replication.connectors.delta.tables import IdempotentAppender
-from replication.connectors.delta.txlog_stream import TxlogFiles
+from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.storage.layout import link_name

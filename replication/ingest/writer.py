@@ -14,7 +14,7 @@ import pyarrow as pa
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
-from replication.connectors.delta.txlog_stream import TxlogFiles
+from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.ingest.classify import Classified, TopicRecorder, classify, logons_in
 from replication.sow.state import SowState
 from replication.sow.table import fold_tail

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from replication.connectors.delta.txlog_stream import TxlogFiles
+from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.sow.keys import SowTopics
 from replication.sow.table import SowTable
 

@@ -37,7 +37,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from replication import failpoints
 from replication.config.model import InstanceConfig, SowTopic
-from replication.connectors.delta.txlog_stream import TxlogFiles
+from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.expressions import Filter
 from replication.sow.keys import SowTopics, bucket_of, split_keys
 from replication.sow.state import SowState
