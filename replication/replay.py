@@ -52,7 +52,8 @@ from replication import config, expressions, routing
 from replication.config.model import InstanceConfig
 from replication.connectors.delta import txlog_stream
 from replication.connectors.delta.txlog_seek import TxlogSeek
-from replication.connectors.delta.txlog_stream import SCHEMA, TxlogFiles, local_or_uri
+from replication.connectors.delta.txlog_files import TxlogFiles, local_or_uri
+from replication.connectors.delta.txlog_stream import SCHEMA
 from replication.connectors.spark.pacing import parse_rate
 from replication.connectors.spark.session import session
 from replication.errors import InputError, ReplicationError
@@ -362,12 +363,12 @@ def txlog(
     start, end = log.range(bookmark, until, fully_durable=fully_durable)
     end = log.committed_seq() if end is None else end
     spark = spark or session()
-    rows = _snapshot(spark, log, start, end)
+    rows = snapshot(spark, log, start, end)
     types = log.message_types(start, end) if selection.filter is not None else None
     return selection.where(rows.where((F.col("seq") > start) & (F.col("seq") <= end)), types).orderBy("seq")
 
 
-def _snapshot(spark: SparkSession, log: Txlog, start: int, end: int) -> DataFrame:
+def snapshot(spark: SparkSession, log: Txlog, start: int, end: int) -> DataFrame:
     """The txlog's rows that may lie in ``(start, end]``: the whole table natively, else the files that overlap."""
     if reads_delta_natively(spark):
         return spark.read.format(DELTA_FORMAT).load(log.path).select(*SCHEMA.fieldNames())

@@ -20,9 +20,11 @@ from factories import rejected_rows, raw_publish, txlog_rows, wait_until, write_
 from processes import InstanceProcess
 from replication import config
 from replication.client import Publisher
+from replication.config.fabric import Fabric
 from replication.sow.keys import split_keys
 from replication.sow.table import read_current, table_path
 from replication.storage.layout import StorageLayout
+from replication.verify import verify
 from sow_reference import Reference, fold, key_of, matches, order_ops, parsed, quote_ops, send, txlog_fold
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,6 +167,10 @@ def test_a_sync_pair_of_the_shipped_configs_with_a_sow_topic_ends_with_equal_sow
                       if r["publisher"] == "left" and r["command"] == "sow_delete"]
         assert replicated and all(r["received_from"] == instances[0].name for r in replicated), \
             "sow_deletes reached the other side as commands, which it applied to its own SOW"
+        # `replication verify` while both run: the links, the group and the two SOWs (key by key) agree
+        report = verify(Fabric.load(paths))
+        assert report.ok and [(s.topic, s.messages) for s in report.sows] == [("/orders", len(want))], \
+            [f.message for f in report.findings]
     finally:
         for pub in pubs.values():
             pub.close()
