@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills, ±30%% (default 30)")
     parser.add_argument("--rate", type=float, default=20.0, help="messages per second per publisher (default 20)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (which side is killed when)")
-    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: an embedded broker)")
+    parser.add_argument("--bootstrap", default=None,
+                        help="Kafka bootstrap servers whose Incoming-A/B.publish topics are empty "
+                             "(default: an embedded broker)")
     parser.add_argument("--workdir", default=None, help="storage root (default: a temporary directory)")
     args = parser.parse_args(argv)
     from replication.connectors.kafka.broker import EmbeddedBroker

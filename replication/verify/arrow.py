@@ -99,12 +99,16 @@ def _compare(expected: pa.Table, held: pa.Table) -> tuple[pa.Table, pa.Table]:
     """(rows of ``expected`` whose bookmark ``held`` lacks, rows whose body differs there)."""
     if expected.num_rows == 0:
         return expected.select(["bookmark", "publisher", "publisher_seq"]), expected.select(["bookmark"])
+    # presence by a marker column: a sow_delete by keys or filter has no body (data is null)
     there = held.select(["bookmark", "data"]).rename_columns(["bookmark", "held_data"])
+    there = there.append_column("held", pa.array(np.ones(there.num_rows, dtype=bool)))
     joined = expected.select(["bookmark", "publisher", "publisher_seq", "data"]).join(
         there, keys="bookmark", join_type="left outer")
-    absent = pc.is_null(joined["held_data"])
-    differs = pc.and_(pc.invert(absent),
-                      pc.not_equal(pc.fill_null(joined["data"], b""), pc.fill_null(joined["held_data"], b"")))
+    absent = pc.is_null(joined["held"])
+    data, held_data = joined["data"], joined["held_data"]
+    same = pc.if_else(pc.or_(pc.is_null(data), pc.is_null(held_data)),
+                      pc.equal(pc.is_null(data), pc.is_null(held_data)), pc.equal(data, held_data))
+    differs = pc.and_(pc.invert(absent), pc.invert(same))
     return (joined.filter(absent).select(["bookmark", "publisher", "publisher_seq"]),
             joined.filter(pc.fill_null(differs, False)).select(["bookmark"]))
 

@@ -42,10 +42,11 @@ class SparkTxlogs:
         routed = (self.rows(up.name).where(F.col("seq") <= acked)
                   .where(routing.spark_condition(up, dest, target=down))
                   .select("bookmark", "publisher", "publisher_seq", "data"))
-        held = self.rows(down).select("bookmark", F.col("data").alias("held_data"))
+        # presence by a marker column: a sow_delete by keys or filter has no body (data is null)
+        held = self.rows(down).select("bookmark", F.col("data").alias("held_data"), F.lit(True).alias("held"))
         compared = routed.join(held, "bookmark", "left").select(
-            "bookmark", "publisher", "publisher_seq", F.col("held_data").isNull().alias("absent"),
-            (F.col("held_data").isNotNull() & (F.col("data") != F.col("held_data"))).alias("differs"))
+            "bookmark", "publisher", "publisher_seq", F.col("held").isNull().alias("absent"),
+            (F.col("held").isNotNull() & ~F.col("data").eqNullSafe(F.col("held_data"))).alias("differs"))
         totals = compared.agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("absent").cast("long")).alias("absent"),
                               F.sum(F.col("differs").cast("long")).alias("differs")).first()
         out = Outcome(int(totals["n"]))
