@@ -326,7 +326,8 @@ def latency(spark, workdir: Path, bootstrap: str, args) -> list[str]:
         polls = 0
         deadline = time.monotonic() + args.seconds + 120
         while following <= total and time.monotonic() < deadline:
-            wanted = [str(i) for i in range(following, min(total, following + 200) + 1)]
+            # a window wider than a poll's worth of publishing, so the poller never falls behind the rate
+            wanted = [str(i) for i in range(following, min(total, following + 5000) + 1)]
             records = read_current(cfg, "/orders", keys=wanted)  # what `replication sow --key` reads
             polls += 1
             seen = time.time()
