@@ -141,9 +141,11 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         number += work[-1].parts
     result = Result(last_seq=seq - 1, bad=[])
     total = seq - 1
+    cores = max(1, spark.sparkContext.defaultParallelism)
     while work:
+        # a wave takes files up to WAVE_ROWS, and at least one per core: a wave of one large file is one task
         wave = [work.pop(0)]
-        while work and sum(w.rows for w in wave) + work[0].rows <= WAVE_ROWS:
+        while work and (len(wave) < cores or sum(w.rows for w in wave) + work[0].rows <= WAVE_ROWS):
             wave.append(work.pop(0))
         todo = [w for w in wave if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
         for part in sorted(_write_parts(spark, cfg, layout, todo, options, done_inbox), key=lambda p: p.number):
