@@ -147,3 +147,18 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
                   "--topic", "/t")
     assert missing.returncode == 2 and missing.stderr.strip().endswith("absent: no such file or directory")
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_bodies_made_column_wise_are_what_orjson_makes_of_each_row_and_other_rows_take_the_row_path():
+    import orjson
+
+    table = pa.table({"id": pa.array([1, None, -3], pa.int64()), "sym": ["ACME", "é✓", None],
+                      "ok": [True, False, None], "big": pa.array([2**64 - 1, 0, 5], pa.uint64())})
+    bodies, generated = backfill._bodies(table, backfill.Options("c", "parquet", topic="/t"))
+    assert generated and bodies == [orjson.dumps(row) for row in table.to_pylist()]
+    assert backfill._rows_as_json(table) == bodies
+    # a string JSON must escape, or a type the column-wise path does not cover: the per-row path, same text
+    for odd in (pa.table({"s": ['say "hi"', "a\\b", "tab\tnl\n"]}), pa.table({"px": [1.5, 1e20, None]})):
+        assert backfill._rows_as_json(odd) is None
+        assert backfill._bodies(odd, backfill.Options("c", "parquet", topic="/t"))[0] == \
+            [orjson.dumps(row) for row in odd.to_pylist()]
