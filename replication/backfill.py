@@ -307,8 +307,8 @@ _NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def _rows_as_json(rows: pa.Table) -> list[bytes] | None:
-    """Each row as the JSON object ``orjson.dumps(row)`` makes, built column by column in Arrow (~10x faster
-    than a dict per row); None when a column is of a type (or holds a string) this does not cover."""
+    """Each row as the JSON object ``orjson.dumps(row)`` makes, built column by column in Arrow (no dict
+    per row); None when a column is of a type (or holds a string) this does not cover."""
     if rows.num_columns == 0 or rows.num_rows == 0:
         return None
     pieces: list = []
