@@ -334,14 +334,13 @@ def _inbox_rows(cfg: InstanceConfig, options: Options, good: list[int], topics: 
     n = len(good)
     ts = pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n)
     nulls = pa.nulls(n, pa.string())
-    picked = [seqs[i] for i in good]
-    picked_seqs = pa.array(picked, pa.int64())
+    picked_seqs = pa.array([seqs[i] for i in good], pa.int64())
     # messages.bookmark(client, seq) of every row, column-wise: "<publisher id>|<seq>|"
     bookmarks = pc.binary_join_element_wise(str(publisher_id(options.client)), pc.cast(picked_seqs, pa.string()),
                                             "", "|")
     columns = {
         "bookmark": bookmarks, "publisher": [options.client] * n,
-        "publisher_seq": pa.array(picked, pa.int64()), "topic": [topics[i] for i in good],
+        "publisher_seq": picked_seqs, "topic": [topics[i] for i in good],
         "message_type": [options.message_type] * n, "command": ["publish"] * n, "sow_key": nulls, "sow_keys": nulls,
         "filter": nulls, "data": pa.array([bodies[i] for i in good], pa.binary()), "origin": [cfg.name] * n,
         "received_from": nulls, "received_from_group": nulls, "path": pa.nulls(n, pa.list_(pa.string())),

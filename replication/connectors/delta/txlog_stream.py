@@ -9,8 +9,9 @@ exact, and every read checks that it got all of them.
 Reads cost what the range holds, not what the log holds: the driver keeps the
 table's file list (with each file's ``min``/``max`` of ``seq`` from the Delta
 statistics, :mod:`replication.connectors.delta.txlog_files`) and hands each
-task the few files that overlap its range; the task reads them with ``pyarrow.parquet`` (row groups pruned by their own
-statistics) and never opens the Delta log. Compaction (files rewritten with
+task the few files that overlap its range; the task reads them with
+``pyarrow.parquet`` (row groups pruned by their own statistics) and never
+opens the Delta log. Compaction (files rewritten with
 ``dataChange=false``) needs nothing special: the current snapshot lists each
 row once, whatever the files.
 
