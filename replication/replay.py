@@ -49,6 +49,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from replication import config, expressions, routing
+from replication.expressions import columnar
 from replication.config.model import InstanceConfig
 from replication.connectors.delta import txlog_stream
 from replication.connectors.delta.txlog_seek import TxlogSeek
@@ -306,11 +307,14 @@ class Selection:
             topics = pc.dictionary_encode(rows.column("topic").combine_chunks())
             matching = np.array([routing.regex_matches(self.topic, t) for t in topics.dictionary.to_pylist()])
             keep &= matching[topics.indices.to_numpy(zero_copy_only=False)]
-        if self.filter is not None:
-            types = rows.column("message_type").to_pylist()
-            bodies = rows.column("data").to_pylist()
-            for i in np.flatnonzero(keep):
-                keep[i] = types[i] in FILTERABLE_TYPES and self.filter.matches(bodies[i], types[i])
+        if self.filter is not None and rows.num_rows:
+            types = rows.column("message_type").combine_chunks()
+            bodies = rows.column("data").combine_chunks()
+            for message_type in pc.unique(types.filter(pa.array(keep))).to_pylist():
+                at = np.flatnonzero(keep & pc.fill_null(pc.equal(types, message_type), False).to_numpy(
+                    zero_copy_only=False))
+                keep[at] = message_type in FILTERABLE_TYPES and columnar.matching(
+                    self.filter, bodies.take(pa.array(at)), message_type)
         return keep
 
 

@@ -275,3 +275,81 @@ def test_canonical_form_ignores_spacing_case_and_redundant_parentheses():
 def test_fields_lists_every_path_read():
     f = parse("/a/b = 1 AND (/c IS NULL OR /d LIKE 'x') AND /e BETWEEN /f AND 3")
     assert {str(x) for x in expressions.fields(f)} == {"/a/b", "/c", "/d", "/e", "/f"}
+
+
+# --------------------------------------------------------------------------- column-wise evaluation
+
+
+def _column_answers(text: str, bodies: list[bytes | None], valid_json: bool = False):
+    """(column-wise answer or None, matching's answer, the per-record answers)."""
+    import pyarrow as pa
+
+    from replication.expressions.columnar import column_wise, matching
+
+    flt = expressions.Filter(text)
+    array = pa.array(bodies, pa.binary())
+    return (column_wise(flt, array, valid_json=valid_json), matching(flt, array, valid_json=valid_json).tolist(),
+            [flt.matches(b) for b in bodies])
+
+
+def test_column_wise_agrees_with_the_per_record_path_on_every_case():
+    """Every hand-written case, as one column per case: the column-wise answer (or its fallback) is the case's."""
+    for text, message, expected in CASES:
+        bodies = [_message_bytes(message)] * 3
+        for valid_json in (False, True) if isinstance(message, dict) else (False,):
+            _, mask, per_record = _column_answers(text, bodies, valid_json)
+            assert mask == per_record == [expected] * 3, text
+
+
+def test_column_wise_answers_typed_columns_without_the_per_record_path():
+    """Bodies whose fields keep one type each are answered column-wise, and the answers are the per-record ones:
+    numbers vs numeric strings vs other strings, NULLs, booleans, nested paths, IN, BETWEEN, NOT, LIKE on text."""
+    rng = random.Random(11)
+    words = ["7", "12", "abc", "", " 8 ", "1e3", ".5", "-3", "IBM", "\u0663", "9\u2003", "x\u00e9"]
+    bodies = []
+    for _ in range(400):
+        doc = {"qty": rng.choice([None, 0, 7, 7.5, -1, 12, 1000, 1e3]), "sym": rng.choice(words + [None]),
+               "flag": rng.choice([True, False, None]),
+               "client": rng.choice([None, {"tier": rng.choice([1, 2, None]), "name": rng.choice(words)}, {}])}
+        bodies.append(json.dumps({k: v for k, v in doc.items() if v is not None or rng.random() < 0.5}).encode())
+    bodies += [None, b""]
+    filters = [
+        "/qty > 7", "/qty = '7'", "/sym > 5", "/sym < 100", "/sym = 7", "/sym != 'abc'", "/sym <= 'IBM'",
+        "/sym IS NULL", "/qty IS NOT NULL", "/flag = 'true'", "/flag = TRUE", "/flag > 1",
+        "/client/tier BETWEEN 1 AND 2", "/client/name IN ('IBM', 7, '12')", "NOT (/qty < 7 OR /sym = 'IBM')",
+        "/qty NOT BETWEEN 0 AND 10 AND /client/tier IS NULL", "/sym LIKE '^[0-9]'", "/sym NOT LIKE 'B'",
+        "/qty > /client/tier", "/sym > /qty", "1 = 1", "/missing = 1", "/missing IS NULL",
+    ]
+    for text in filters:
+        for valid_json in (False, True):  # bodies wrapped one per row, or read where they lie
+            column, mask, per_record = _column_answers(text, bodies, valid_json)
+            assert column is not None, f"{text}: took the per-record path"
+            assert column.tolist() == mask == per_record, text
+        assert any(per_record) or text == "/missing = 1", f"{text} matched nothing: not a useful case"
+
+
+def test_column_wise_falls_back_where_the_per_record_path_is_needed():
+    """A field of two types, an object where a value is read, two objects in one body, not JSON, LIKE on a
+    number, NaN, a repeated field: the per-record answer, for the whole set."""
+    cases = [
+        ("/qty > 5", [b'{"qty": 7}', b'{"qty": "9"}', b'{"qty": "x"}']),
+        ("/client = 1", [b'{"client": {"a": 1}}', b'{"client": 1}']),
+        ("/qty > 5", [b'{"qty": 7} {"qty": 1}', b' ', b'{"qty": 9}']),
+        ("/qty > 5", [b'{"qty": 7}', b'not json', b'{"qty": 9}']),
+        ("/qty > 5", [b'{"qty": 7}', b'[1, 2]']),
+        ("/qty LIKE '^1'", [b'{"qty": 10}', b'{"qty": 20}']),
+        ("/qty > 5", [b'{"qty": 7}', b'{"qty": NaN}']),
+        ("/a/b = 1 AND /a = 2", [b'{"a": {"b": 1}}']),
+        ("/qty > 5", [b'{"qty": 7, "qty": 1}']),
+    ]
+    for text, bodies in cases:
+        column, mask, per_record = _column_answers(text, bodies)
+        assert column is None, f"{text} on {bodies}: answered column-wise"
+        assert mask == per_record, text
+
+
+def test_column_wise_reads_bodies_over_several_lines():
+    for valid_json in (False, True):
+        column, mask, per_record = _column_answers("/qty > 5", [b'{\n  "qty": 7\n}', b'{"qty": 3}', b' null ', b'',
+                                                                b' {"qty": 8}\n'], valid_json)
+        assert column is not None and column.tolist() == mask == per_record == [True, False, False, False, True]

@@ -27,9 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple
 
+import numpy as np
 import orjson
+import pyarrow as pa
 
 from replication.expressions import Filter, FilterSyntaxError
+from replication.expressions.columnar import matching
 from replication.messages import FIELD_TYPES
 from replication.sow.keys import (
     SowTopics,
@@ -229,8 +232,8 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
         if command == "sow_delete":
             sow = sows[check.index]
             if check.delete_filter is not None:
-                keys = [key for key, (_, body) in _current_items(state, pending, check.index, topic)
-                        if check.delete_filter.matches(body, sow.message_type)]
+                keys = _matching_keys(check.delete_filter, _current_items(state, pending, check.index, topic),
+                                      sow.message_type)
             else:
                 keys = []
                 for key in check.delete_keys or ():
@@ -253,6 +256,19 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
         pending[rid] = (seq, data)
         sow_keys.append(check.key)
     return Folded(sow_keys, bodies, changes)
+
+
+def _matching_keys(flt: Filter, items: Iterator[tuple[str, Record]], message_type: str) -> list[str]:
+    """The keys of the records ``flt`` matches, tested column-wise (a record's body was parsed at ingest)."""
+    keys: list[str] = []
+    bodies: list[bytes] = []
+    for key, (_, body) in items:
+        keys.append(key)
+        bodies.append(body)
+    if not keys:
+        return []
+    mask = matching(flt, pa.array(bodies, pa.binary()), message_type, valid_json=True)
+    return [keys[i] for i in np.flatnonzero(mask).tolist()]
 
 
 def _current_items(state: SowState, pending: dict[RecordId, Record | None], index: int,

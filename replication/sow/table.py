@@ -39,6 +39,7 @@ from replication import failpoints
 from replication.config.model import InstanceConfig, SowTopic
 from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.expressions import Filter
+from replication.expressions.columnar import matching
 from replication.sow.keys import SowTopics, bucket_of, split_keys
 from replication.sow.state import SowState
 from replication.storage.layout import StorageLayout
@@ -310,6 +311,5 @@ def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = No
     records = exact_records(SowTable(layout, sow), TxlogFiles(str(layout.txlog)), SowTopics.of(cfg), index,
                             topic=topic, keys=keys)
     if filter is not None and records.num_rows:
-        mask = [filter.matches(body, sow.message_type) for body in records["data"].to_pylist()]
-        records = records.filter(pa.array(mask))
+        records = records.filter(matching(filter, records["data"], sow.message_type, valid_json=True))
     return records.sort_by("seq")

@@ -21,7 +21,8 @@ Semantics follow the AMPS expression chapter:
 - A FIX or NVFIX field's value is a string (numeric strings compare as
   numbers, as above); when a tag repeats, its first occurrence counts.
 
-The Python evaluator (:func:`evaluate`) and the Spark compiler
+The Python evaluator (:func:`evaluate`), its column-wise form over many bodies
+(:mod:`replication.expressions.columnar`) and the Spark compiler
 (:func:`to_spark_column`) are built on the same value model (kind, text,
 number) so that they agree; ``tests/test_expressions.py`` checks them row by row.
 
