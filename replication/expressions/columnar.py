@@ -21,7 +21,7 @@ and NVFIX bodies) :func:`matching` takes the per-record path for the whole set.
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import orjson
@@ -71,8 +71,6 @@ def matching(flt: Filter, bodies: pa.Array | pa.ChunkedArray, message_type: str 
         >>> matching(Filter("/qty > 7"), bodies).tolist()
         [False, True, False]
     """
-    if isinstance(bodies, pa.ChunkedArray):
-        bodies = bodies.combine_chunks()
     mask = column_wise(flt, bodies, message_type, valid_json=valid_json)
     if mask is not None:
         return mask
@@ -80,16 +78,32 @@ def matching(flt: Filter, bodies: pa.Array | pa.ChunkedArray, message_type: str 
                        count=len(bodies))
 
 
-def column_wise(flt: Filter, bodies: pa.Array, message_type: str = "json", *,
+def column_wise(flt: Filter, bodies: pa.Array | pa.ChunkedArray, message_type: str = "json", *,
                 valid_json: bool = False) -> np.ndarray | None:
     """:func:`matching`'s column-wise answer, or None where these bodies need the per-record path."""
     if message_type != "json":
         return None
     try:
-        return np.concatenate([_json_mask(flt.expr, bodies.slice(start, CHUNK), valid_json)
-                               for start in range(0, len(bodies), CHUNK)] or [np.zeros(0, dtype=bool)])
+        return np.concatenate([_json_mask(flt.expr, piece, valid_json) for piece in _pieces(bodies)]
+                              or [np.zeros(0, dtype=bool)])
     except _Fallback:
         return None
+
+
+def _pieces(bodies: pa.Array | pa.ChunkedArray) -> Iterator[pa.Array]:
+    """The bodies in pieces of about :data:`CHUNK` rows: small chunks (one per file read) joined, big ones cut."""
+    group: list[pa.Array] = []
+    rows = 0
+    for chunk in bodies.chunks if isinstance(bodies, pa.ChunkedArray) else [bodies]:
+        for start in range(0, len(chunk), CHUNK):
+            piece = chunk.slice(start, CHUNK)
+            group.append(piece)
+            rows += len(piece)
+            if rows >= CHUNK:
+                yield group[0] if len(group) == 1 else pa.concat_arrays(group)
+                group, rows = [], 0
+    if group:
+        yield group[0] if len(group) == 1 else pa.concat_arrays(group)
 
 
 # --------------------------------------------------------------------------- the columns a filter reads

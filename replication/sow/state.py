@@ -122,8 +122,8 @@ def prepare(topics: SowTopics, rows: dict[str, list], indexes: list[int]) -> tup
     # field. Anything else, and any row it cannot take, goes the general way (which also words the reason).
     simple = [s.key_paths[0][0] if s.message_type == "json" and len(s.key_paths) == 1 and len(s.key_paths[0]) == 1
               else None for s in topics.topics]
-    loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    for i, (index, command) in enumerate(zip(indexes, command_col)):
+    loads, decode_error, dict_, str_, int_ = orjson.loads, orjson.JSONDecodeError, dict, str, int
+    for i, (index, command, data) in enumerate(zip(indexes, command_col, data_col)):
         if index < 0:
             topic, message_type = topic_col[i], type_col[i]
             if command == "sow_delete":
@@ -133,11 +133,18 @@ def prepare(topics: SowTopics, rows: dict[str, list], indexes: list[int]) -> tup
         name = simple[index]
         if name is not None and command != "sow_delete":
             try:
-                doc = loads(data_col[i])
+                doc = loads(data)
             except decode_error:
                 doc = None
-            if type(doc) is dict:
-                key = value_text(doc.get(name))
+            if type(doc) is dict_:
+                value = doc.get(name)
+                kind = type(value)  # the usual keys inline; value_text has every rule
+                if kind is str_ and value and "," not in value and "|" not in value and "\\" not in value:
+                    key = value
+                elif kind is int_:
+                    key = str(value)
+                else:
+                    key = value_text(value)
                 if key is not None:
                     prepared[i] = Prepared(index, key, doc)
                     continue
@@ -223,17 +230,26 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
     order, to the state plus the batch's own earlier changes (the state itself is not changed)."""
     changes = SowChanges(through_seq)
     pending = changes.records
+    by_topic: dict[tuple[int, str], dict[str, Record | None]] = {}
+    """The same changes by (SOW topic position, topic): what a sow_delete by filter lays over the state."""
     bodies: dict[int, bytes | None] = {}
     sow_keys: list[str | None] = []
     sows = state.topics.topics
     state_get = state.get
 
+    def put(index: int, topic: str, key: str, record: Record | None) -> None:
+        pending[(index, topic, key)] = record
+        overlay = by_topic.get((index, topic))
+        if overlay is None:
+            overlay = by_topic[(index, topic)] = {}
+        overlay[key] = record
+
     for position, (seq, topic, command, data, check) in enumerate(zip(seqs, topics, commands, datas, checks)):
         if command == "sow_delete":
             sow = sows[check.index]
             if check.delete_filter is not None:
-                keys = _matching_keys(check.delete_filter, _current_items(state, pending, check.index, topic),
-                                      sow.message_type)
+                keys = _matching_keys(check.delete_filter, state.records[check.index].get(topic, {}),
+                                      by_topic.get((check.index, topic)), sow.message_type)
             else:
                 keys = []
                 for key in check.delete_keys or ():
@@ -241,46 +257,32 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
                     if (pending[rid] if rid in pending else state_get(rid)) is not None:
                         keys.append(key)
             for key in keys:
-                pending[(check.index, topic, key)] = None
+                put(check.index, topic, key, None)
             if not data:
                 bodies[position] = None  # by keys or by filter: no body
             sow_keys.append(join_keys(keys) or None)
             continue
-        rid = (check.index, topic, check.key)
+        key = check.key
         if command == "delta_publish":
+            rid = (check.index, topic, key)
             record = pending[rid] if rid in pending else state_get(rid)
             if record is not None:
                 message_type = sows[check.index].message_type
                 data = bodies[position] = serialize(
                     message_type, merge(message_type, parse_body(message_type, record[1]), check.doc))
-        pending[rid] = (seq, data)
-        sow_keys.append(check.key)
+        put(check.index, topic, key, (seq, data))
+        sow_keys.append(key)
     return Folded(sow_keys, bodies, changes)
 
 
-def _matching_keys(flt: Filter, items: Iterator[tuple[str, Record]], message_type: str) -> list[str]:
-    """The keys of the records ``flt`` matches, tested column-wise (a record's body was parsed at ingest)."""
-    keys: list[str] = []
-    bodies: list[bytes] = []
-    for key, (_, body) in items:
-        keys.append(key)
-        bodies.append(body)
+def _matching_keys(flt: Filter, records: dict[str, Record], overlay: dict[str, Record | None] | None,
+                   message_type: str) -> list[str]:
+    """The keys of the records ``flt`` matches: a topic's ``records`` with the batch's changes so far
+    (``overlay``; None: deleted) laid over them, tested column-wise (a record's body was parsed at ingest)."""
+    current = {**records, **overlay} if overlay else records
+    keys = [key for key, record in current.items() if record is not None]
     if not keys:
         return []
-    mask = matching(flt, pa.array(bodies, pa.binary()), message_type, valid_json=True)
+    bodies = pa.array([record[1] for record in current.values() if record is not None], pa.binary())
+    mask = matching(flt, bodies, message_type, valid_json=True)
     return [keys[i] for i in np.flatnonzero(mask).tolist()]
-
-
-def _current_items(state: SowState, pending: dict[RecordId, Record | None], index: int,
-                   topic: str) -> Iterator[tuple[str, Record]]:
-    """The records of one topic as the batch sees them so far."""
-    for key, record in state.items(index, topic):
-        rid = (index, topic, key)
-        if rid in pending:
-            record = pending[rid]
-            if record is None:
-                continue
-        yield key, record
-    for (i, t, key), record in list(pending.items()):
-        if i == index and t == topic and record is not None and state.get((i, t, key)) is None:
-            yield key, record

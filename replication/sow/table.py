@@ -281,22 +281,39 @@ def sow_topic_for(cfg: InstanceConfig, topic: str) -> tuple[int, SowTopic]:
 
 
 def exact_records(table: SowTable, txlog: TxlogFiles, topics: SowTopics, index: int, *, through: int | None = None,
-                  topic: str | None = None, keys: list[str] | None = None) -> pa.Table:
+                  topic: str | None = None, keys: list[str] | None = None, filter: Filter | None = None) -> pa.Table:
     """The exact records of one SOW topic (SOW_SCHEMA): its table's base plus the txlog rows after it, up to
-    ``through`` (default: the txlog's end). ``topic`` / ``keys`` narrow it; keys read only their buckets."""
+    ``through`` (default: the txlog's end). ``topic`` / ``keys`` / ``filter`` narrow it; keys read only their
+    buckets; a filter is tested on the base before anything is copied (a change to a record that no longer
+    matches removes it)."""
     buckets = {bucket_of(topic, k, table.buckets) for k in keys} if keys is not None and topic is not None else None
     base = table.records(buckets)
     if topic is not None:
-        base = base.filter(pc.equal(base["topic"], topic))
+        base = _where(base, pc.equal(base["topic"], topic))
     if keys is not None:
-        base = base.filter(pc.is_in(base["sow_key"], value_set=pa.array(keys, pa.string())))
+        base = _where(base, pc.is_in(base["sow_key"], value_set=pa.array(keys, pa.string())))
     tail = tail_rows(txlog, table.through_seq, through)
     if topic is not None:
         tail = tail.filter(pc.equal(tail["topic"], topic))
-    records = apply_changes(base, net_changes(tail, topics, index), table.buckets)
+    changes = net_changes(tail, topics, index)
+    if filter is not None:
+        message_type = table.sow.message_type
+        base = _where(base, matching(filter, base["data"], message_type, valid_json=True))
+        ups = changes.upserts
+        keep = matching(filter, ups["data"], message_type, valid_json=True)
+        gone = ups.filter(pa.array(~keep))
+        changes = Changes(ups.filter(pa.array(keep)), changes.deleted | set(zip(
+            gone["topic"].to_pylist(), gone["sow_key"].to_pylist(), strict=True)))
+    records = apply_changes(base, changes, table.buckets)
     if keys is not None:
         records = records.filter(pc.is_in(records["sow_key"], value_set=pa.array(keys, pa.string())))
     return records
+
+
+def _where(rows: pa.Table, mask) -> pa.Table:
+    """``rows.filter(mask)``, without a copy when every row is kept."""
+    mask = pc.fill_null(mask if isinstance(mask, (pa.Array, pa.ChunkedArray)) else pa.array(mask), False)
+    return rows if pc.all(mask).as_py() is not False else rows.filter(mask)
 
 
 def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = None,
@@ -308,8 +325,5 @@ def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = No
     """
     index, sow = sow_topic_for(cfg, topic)
     layout = StorageLayout.of(cfg.storage)
-    records = exact_records(SowTable(layout, sow), TxlogFiles(str(layout.txlog)), SowTopics.of(cfg), index,
-                            topic=topic, keys=keys)
-    if filter is not None and records.num_rows:
-        records = records.filter(matching(filter, records["data"], sow.message_type, valid_json=True))
-    return records.sort_by("seq")
+    return exact_records(SowTable(layout, sow), TxlogFiles(str(layout.txlog)), SowTopics.of(cfg), index,
+                         topic=topic, keys=keys, filter=filter).sort_by("seq")
