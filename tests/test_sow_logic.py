@@ -232,3 +232,41 @@ def test_net_changes_of_stored_rows_equal_what_the_batch_did():
     assert {r["sow_key"]: (r["seq"], json.loads(r["data"])) for r in folded.to_pylist()} == {
         key: (seq, json.loads(body)) for key, (seq, body) in sow.items(0, "/orders")}
     assert changes.deleted == {("/orders", "2")}
+
+
+def test_the_exact_read_with_a_filter_tests_the_base_and_the_changes_after_it(tmp_path):
+    """``replication sow --filter`` narrows the compacted base before the txlog's later rows are laid over it:
+    a record that stops matching after the base is gone, one that starts matching appears."""
+    from deltalake import write_deltalake
+
+    from replication.connectors.delta.txlog_files import TxlogFiles
+    from replication.expressions import Filter
+    from replication.sow.table import SowTable, exact_records
+    from replication.storage.layout import StorageLayout
+    from replication.txlog import TXLOG_SCHEMA
+
+    sow = fresh()
+    stored = run(rows(
+        *({"body": {"id": i, "qty": i * 10}} for i in range(1, 7)),  # ids 1..6: the base
+        {"body": {"id": 2, "qty": 1}},  # matched in the base, no longer
+        {"body": {"id": 1, "qty": 500}, "command": "delta_publish"},  # did not match, now does
+        {"command": "sow_delete", "sow_keys": "5"},  # matched, deleted
+        {"body": {"id": 9, "qty": 90}},  # new and matching
+        {"body": {"id": 8, "qty": 8}},  # new, not matching
+    ), sow).txlog_rows.select(TXLOG_SCHEMA.names).cast(TXLOG_SCHEMA)
+    first, later = stored.slice(0, 6), stored.slice(6)
+    layout = StorageLayout.of(str(tmp_path))
+    txlog_path = str(layout.txlog)
+    write_deltalake(txlog_path, first)
+    table, topics = SowTable(layout, CFG.sow_topics[0]), SowTopics.of(CFG)
+    txlog = TxlogFiles(txlog_path)
+    txlog.refresh()
+    assert table.compact(txlog, topics, 0, 6) and table.records().num_rows == 6
+    write_deltalake(txlog_path, later, mode="append")
+    txlog.refresh()
+
+    selected = exact_records(table, txlog, topics, 0, topic="/orders", filter=Filter("/qty >= 20"))
+    got = {r["sow_key"]: json.loads(r["data"])["qty"] for r in selected.to_pylist()}
+    assert got == {"1": 500, "3": 30, "4": 40, "6": 60, "9": 90}
+    everything = exact_records(table, txlog, topics, 0, topic="/orders")
+    assert {r["sow_key"]: r["data"] for r in everything.to_pylist()} == {k: b for k, (_, b) in sow.items(0, "/orders")}
