@@ -270,3 +270,34 @@ def test_the_exact_read_with_a_filter_tests_the_base_and_the_changes_after_it(tm
     assert got == {"1": 500, "3": 30, "4": 40, "6": 60, "9": 90}
     everything = exact_records(table, txlog, topics, 0, topic="/orders")
     assert {r["sow_key"]: r["data"] for r in everything.to_pylist()} == {k: b for k, (_, b) in sow.items(0, "/orders")}
+
+
+def test_net_changes_keep_each_records_last_change_over_random_rows():
+    """The column-wise fold equals the plain one: the last write or removal per (topic, key), in row order."""
+    import random
+
+    rng = random.Random(7)
+    topics = SowTopics.of(CFG)
+    keys = ["1", "2", "3", "a\\,b", "c\\|d", " 4 "]
+    specs = []
+    for _ in range(3000):
+        topic, message_type = rng.choice([("/orders", "json"), ("/regions/eu", "json"), ("/orders", "fix"),
+                                          ("/other", "json")])
+        if rng.random() < 0.2:
+            command, sow_key = "sow_delete", ",".join(rng.sample(keys, rng.randint(0, 3)))
+        else:
+            command, sow_key = rng.choice(["publish", "delta_publish"]), rng.choice(keys).strip()
+        specs.append({"topic": topic, "message_type": message_type, "command": command,
+                      "sow_key": None if rng.random() < 0.05 else sow_key, "position": len(specs)})
+    table = pa.Table.from_pylist(specs)
+    for index in range(2):
+        last: dict[tuple[str, str], int] = {}
+        for row in specs:
+            if row["sow_key"] is None or topics.index(row["topic"], row["message_type"]) != index:
+                continue
+            for key in split_keys(row["sow_key"]) if row["command"] == "sow_delete" else [row["sow_key"]]:
+                last[(row["topic"], key)] = -1 if row["command"] == "sow_delete" else row["position"]
+        changes = net_changes(table, topics, index)
+        assert changes.upserts["position"].to_pylist() == sorted(p for p in last.values() if p >= 0)
+        assert changes.deleted == {k for k, p in last.items() if p < 0} and changes.deleted
+    assert net_changes(table.slice(0, 0), topics, 0).upserts.num_rows == 0

@@ -70,8 +70,11 @@ class SowState:
 
     def apply(self, changes: "SowChanges") -> None:
         """Fold a committed batch's changes in (after its txlog commit)."""
+        at: tuple[int, str] | None = None
+        by_key: dict[str, Record] = {}
         for (index, topic, key), record in changes.records.items():
-            by_key = self.records[index].setdefault(topic, {})
+            if at != (index, topic):  # a batch's changes are mostly to one topic
+                at, by_key = (index, topic), self.records[index].setdefault(topic, {})
             if record is None:
                 by_key.pop(key, None)
             else:
@@ -230,26 +233,18 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
     order, to the state plus the batch's own earlier changes (the state itself is not changed)."""
     changes = SowChanges(through_seq)
     pending = changes.records
-    by_topic: dict[tuple[int, str], dict[str, Record | None]] = {}
-    """The same changes by (SOW topic position, topic): what a sow_delete by filter lays over the state."""
     bodies: dict[int, bytes | None] = {}
     sow_keys: list[str | None] = []
     sows = state.topics.topics
     state_get = state.get
 
-    def put(index: int, topic: str, key: str, record: Record | None) -> None:
-        pending[(index, topic, key)] = record
-        overlay = by_topic.get((index, topic))
-        if overlay is None:
-            overlay = by_topic[(index, topic)] = {}
-        overlay[key] = record
-
     for position, (seq, topic, command, data, check) in enumerate(zip(seqs, topics, commands, datas, checks)):
         if command == "sow_delete":
             sow = sows[check.index]
             if check.delete_filter is not None:
-                keys = _matching_keys(check.delete_filter, state.records[check.index].get(topic, {}),
-                                      by_topic.get((check.index, topic)), sow.message_type)
+                overlay = {k: r for (i, t, k), r in pending.items() if i == check.index and t == topic}
+                keys = _matching_keys(check.delete_filter, state.records[check.index].get(topic, {}), overlay,
+                                      sow.message_type)
             else:
                 keys = []
                 for key in check.delete_keys or ():
@@ -257,20 +252,20 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
                     if (pending[rid] if rid in pending else state_get(rid)) is not None:
                         keys.append(key)
             for key in keys:
-                put(check.index, topic, key, None)
+                pending[(check.index, topic, key)] = None
             if not data:
                 bodies[position] = None  # by keys or by filter: no body
             sow_keys.append(join_keys(keys) or None)
             continue
         key = check.key
+        rid = (check.index, topic, key)
         if command == "delta_publish":
-            rid = (check.index, topic, key)
             record = pending[rid] if rid in pending else state_get(rid)
             if record is not None:
                 message_type = sows[check.index].message_type
                 data = bodies[position] = serialize(
                     message_type, merge(message_type, parse_body(message_type, record[1]), check.doc))
-        put(check.index, topic, key, (seq, data))
+        pending[rid] = (seq, data)
         sow_keys.append(key)
     return Folded(sow_keys, bodies, changes)
 

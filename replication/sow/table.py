@@ -110,18 +110,35 @@ def net_changes(rows: pa.Table, topics: SowTopics, index: int) -> Changes:
     ``sow_key`` list. Rows from before the topic was a SOW topic have no key
     and change nothing.
     """
-    last: dict[tuple[str, str], int] = {}  # (topic, key) -> row position of its last write, -1: removed
-    columns = [rows[c].to_pylist() for c in ("topic", "message_type", "command", "sow_key")]
-    for position, (topic, message_type, command, sow_key) in enumerate(zip(*columns, strict=True)):
-        if sow_key is None or topics.index(topic, message_type) != index:
-            continue
-        if command == "sow_delete":
-            for key in split_keys(sow_key):
-                last[(topic, key)] = -1
-        else:
-            last[(topic, sow_key)] = position
-    written = sorted(p for p in last.values() if p >= 0)
-    return Changes(rows.take(pa.array(written, pa.int64())), {k for k, p in last.items() if p < 0})
+    if not rows.num_rows:
+        return Changes(rows, set())
+    # which rows are this SOW topic's: one test per distinct (topic, message type), not one per row
+    pairs = pc.binary_join_element_wise(rows["topic"], rows["message_type"], "\x00")
+    encoded = pc.dictionary_encode(pairs.combine_chunks() if isinstance(pairs, pa.ChunkedArray) else pairs)
+    ours = np.array([topics.index(*pair.rsplit("\x00", 1)) == index for pair in encoded.dictionary.to_pylist()]
+                    + [False], dtype=bool)  # the last entry: rows with no topic
+    codes = pc.fill_null(encoded.indices, len(ours) - 1).to_numpy(zero_copy_only=False)
+    member = ours[codes] & pc.is_valid(rows["sow_key"]).to_numpy(zero_copy_only=False)
+    delete = pc.fill_null(pc.equal(rows["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
+    writes, removes = np.flatnonzero(member & ~delete), np.flatnonzero(member & delete)
+
+    # every (topic, key) a row changed, with its position * 2 (+1: removed); the highest is the last change
+    removed = [(topic, key, position * 2 + 1) for position, topic, sow_key in zip(
+        removes.tolist(), rows["topic"].take(removes).to_pylist(), rows["sow_key"].take(removes).to_pylist(),
+        strict=True) for key in split_keys(sow_key)]
+    changed = pa.table({
+        "topic": pa.concat_arrays([rows["topic"].take(writes).combine_chunks().cast(pa.string()),
+                                   pa.array([r[0] for r in removed], pa.string())]),
+        "key": pa.concat_arrays([rows["sow_key"].take(writes).combine_chunks().cast(pa.string()),
+                                 pa.array([r[1] for r in removed], pa.string())]),
+        "code": np.concatenate([writes.astype(np.int64) * 2, np.array([r[2] for r in removed], dtype=np.int64)]),
+    })
+    last = changed.group_by(["topic", "key"], use_threads=False).aggregate([("code", "max")])
+    code = last["code_max"].to_numpy()
+    gone = last.filter(pa.array(code % 2 == 1))
+    written = np.sort(code[code % 2 == 0] // 2)
+    return Changes(rows.take(pa.array(written, pa.int64())),
+                   set(zip(gone["topic"].to_pylist(), gone["key"].to_pylist(), strict=True)))
 
 
 def as_records(upserts: pa.Table, buckets: int) -> pa.Table:
@@ -132,21 +149,24 @@ def as_records(upserts: pa.Table, buckets: int) -> pa.Table:
     return pa.table({name: columns[name] for name in SOW_SCHEMA.names}).cast(SOW_SCHEMA)
 
 
-def apply_changes(base: pa.Table, changes: Changes, buckets: int) -> pa.Table:
-    """Base records with ``changes`` applied: records touched are replaced by their upsert or dropped."""
-    touched = changes.touched()
+def apply_changes(base: pa.Table, changes: Changes, buckets: int, *, upserts: pa.Table | None = None) -> pa.Table:
+    """Base records with ``changes`` applied: records touched are replaced by their upsert or dropped.
+    ``upserts``: ``as_records(changes.upserts, buckets)`` when the caller has it already."""
+    upserts = as_records(changes.upserts, buckets) if upserts is None else upserts
     kept = base
-    if touched:
-        # by key first (one vectorised pass), then topic and key on the few rows whose key was touched
-        maybe = np.flatnonzero(pc.is_in(base["sow_key"], value_set=pa.array({k for _, k in touched}, pa.string()))
-                               .to_numpy(zero_copy_only=False))
-        if maybe.size:
-            pairs = zip(base["topic"].take(maybe).to_pylist(), base["sow_key"].take(maybe).to_pylist(), strict=True)
-            drop = [i for i, pair in zip(maybe.tolist(), pairs) if pair in touched]
-            mask = np.ones(base.num_rows, dtype=bool)
-            mask[drop] = False
-            kept = base.filter(pa.array(mask))
-    return pa.concat_tables([kept.select(SOW_SCHEMA.names).cast(SOW_SCHEMA), as_records(changes.upserts, buckets)])
+    if base.num_rows and (upserts.num_rows or changes.deleted):
+        touched = pa.concat_arrays([
+            _record_ids(upserts["topic"], upserts["sow_key"]),
+            _record_ids(pa.array([t for t, _ in changes.deleted], pa.string()),
+                        pa.array([k for _, k in changes.deleted], pa.string()))])
+        kept = base.filter(pc.invert(pc.is_in(_record_ids(base["topic"], base["sow_key"]), value_set=touched)))
+    return pa.concat_tables([kept.select(SOW_SCHEMA.names).cast(SOW_SCHEMA), upserts])
+
+
+def _record_ids(topics, keys) -> pa.Array:
+    """One value per record, distinct for distinct (topic, key): the topic's length, the topic, the key."""
+    ids = pc.binary_join_element_wise(pc.cast(pc.utf8_length(topics), pa.string()), topics, keys, "\x00")
+    return ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
 
 
 class SowTable:
@@ -202,9 +222,11 @@ class SowTable:
             return False
         rows = txlog.read(since, through, schema=_tail_schema())
         changes = net_changes(rows, topics, index)
-        touched = {bucket_of(t, k, self.buckets) for t, k in changes.touched()}
+        upserts = as_records(changes.upserts, self.buckets)
+        touched = set(pc.unique(upserts["bucket"]).to_pylist()) | {
+            bucket_of(t, k, self.buckets) for t, k in changes.deleted}
         if touched:
-            merged = apply_changes(self.records(touched), changes, self.buckets)
+            merged = apply_changes(self.records(touched), changes, self.buckets, upserts=upserts)
             predicate = f"bucket IN ({', '.join(str(b) for b in sorted(touched))})"
         else:
             merged, predicate = SOW_SCHEMA.empty_table(), "bucket IN (-1)"  # nothing changed: record the position
