@@ -102,7 +102,7 @@ class Prepared(NamedTuple):
     key: str | None = None
     """publish / delta_publish: the record's key."""
     doc: Any = None
-    """The parsed body (a delta_publish's fields to merge)."""
+    """A delta_publish's parsed body: the fields to merge (None for a publish: nothing reads it)."""
     delete_keys: tuple[str, ...] | None = None
     """sow_delete by keys or by data: the keys it names."""
     delete_filter: Filter | None = None
@@ -148,8 +148,8 @@ def prepare(topics: SowTopics, rows: dict[str, list], indexes: list[int]) -> tup
                     key = str(value)
                 else:
                     key = value_text(value)
-                if key is not None:
-                    prepared[i] = Prepared(index, key, doc)
+                if key is not None:  # a publish's parsed body is let go here: only a merge reads it
+                    prepared[i] = Prepared(index, key, doc if command == "delta_publish" else None)
                     continue
         try:
             prepared[i] = _prepare_row(topics.topics[index], index, topic_col[i], command, rows, i)
@@ -205,7 +205,7 @@ def _prepare_row(sow, index: int, topic: str, command: str, rows: dict[str, list
         if not key:
             raise ValueError(f"{command} on {where} has no amps-sow-key header: the SOW topic {sow.name!r} has no "
                              "<Key>, so each message names its key in amps-sow-key")
-    return Prepared(index, key=key, doc=doc)
+    return Prepared(index, key=key, doc=doc if command == "delta_publish" else None)
 
 
 def _parsed(message_type: str, data: bytes | None, what: str) -> Any:
