@@ -13,7 +13,7 @@ from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classif
 from replication.sow.keys import SowTopics, escape, key_of, parse_body, split_keys
 from replication.sow.merge import merge, serialize
 from replication.sow.state import SowState
-from replication.sow.table import SOW_SCHEMA, apply_changes, net_changes
+from replication.sow.table import SOW_SCHEMA, Changes, apply_changes, net_changes
 from replication.txlog import PublisherState
 
 CFG = InstanceConfig(
@@ -301,3 +301,19 @@ def test_net_changes_keep_each_records_last_change_over_random_rows():
         assert changes.upserts["position"].to_pylist() == sorted(p for p in last.values() if p >= 0)
         assert changes.deleted == {k for k, p in last.items() if p < 0} and changes.deleted
     assert net_changes(table.slice(0, 0), topics, 0).upserts.num_rows == 0
+
+
+def test_applying_changes_replaces_or_drops_only_the_records_of_their_own_topic():
+    """Two topics of one ``<SOW><Topic>`` (a regex) with the same keys: a change to one leaves the other."""
+    def record(topic: str, key: str, seq: int) -> dict:
+        return {"bucket": 0, "sow_key": key, "topic": topic, "seq": seq, "bookmark": f"b{seq}", "publisher": "p",
+                "publisher_seq": seq, "message_type": "json", "origin": None, "publish_time": NOW,
+                "persist_time": NOW, "data": b"{}"}
+    base = pa.Table.from_pylist([record(t, k, n) for n, (t, k) in enumerate(
+        [("/regions/eu", "1"), ("/regions/us", "1"), ("/regions/eu", "2"), ("/regions/us", "2"), ("/r", "3")])],
+        schema=SOW_SCHEMA)
+    upserts = pa.Table.from_pylist([{**record("/regions/eu", "1", 10), "command": "publish"}]).drop(["bucket"])
+    changes = Changes(upserts, {("/regions/us", "2"), ("/regions/us", "3")})
+    after = apply_changes(base, changes, buckets=4)
+    assert sorted((r["topic"], r["sow_key"], r["seq"]) for r in after.to_pylist()) == [
+        ("/r", "3", 4), ("/regions/eu", "1", 10), ("/regions/eu", "2", 2), ("/regions/us", "1", 1)]

@@ -155,11 +155,18 @@ def apply_changes(base: pa.Table, changes: Changes, buckets: int, *, upserts: pa
     upserts = as_records(changes.upserts, buckets) if upserts is None else upserts
     kept = base
     if base.num_rows and (upserts.num_rows or changes.deleted):
-        touched = pa.concat_arrays([
-            _record_ids(upserts["topic"], upserts["sow_key"]),
-            _record_ids(pa.array([t for t, _ in changes.deleted], pa.string()),
-                        pa.array([k for _, k in changes.deleted], pa.string()))])
-        kept = base.filter(pc.invert(pc.is_in(_record_ids(base["topic"], base["sow_key"]), value_set=touched)))
+        deleted_topics = pa.array([t for t, _ in changes.deleted], pa.string())
+        deleted_keys = pa.array([k for _, k in changes.deleted], pa.string())
+        # by key first (cheap, and narrow when few records changed), then by topic and key on those rows
+        maybe = np.flatnonzero(pc.is_in(base["sow_key"], value_set=pa.concat_arrays(
+            [upserts["sow_key"].combine_chunks(), deleted_keys])).to_numpy(zero_copy_only=False))
+        if maybe.size:
+            touched = pa.concat_arrays([_record_ids(upserts["topic"], upserts["sow_key"]),
+                                        _record_ids(deleted_topics, deleted_keys)])
+            ids = _record_ids(base["topic"].take(maybe), base["sow_key"].take(maybe))
+            mask = np.ones(base.num_rows, dtype=bool)
+            mask[maybe[pc.is_in(ids, value_set=touched).to_numpy(zero_copy_only=False)]] = False
+            kept = base.filter(pa.array(mask))
     return pa.concat_tables([kept.select(SOW_SCHEMA.names).cast(SOW_SCHEMA), upserts])
 
 
