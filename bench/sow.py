@@ -302,47 +302,62 @@ def compaction_cost(workdir: Path, cfg, args) -> list[str]:
 # -- 3. latency --------------------------------------------------------------------------
 
 
+def poll_visible(config_path: str, total: int, seconds: float, out: str) -> None:
+    """(Own process, as ``replication sow`` runs beside an instance.) Read records 1..``total`` of ``/orders``
+    as they become visible, the way ``replication sow --key`` reads; write when each was first seen to ``out``."""
+    from replication import config
+    from replication.sow.table import read_current
+
+    cfg = config.load(config_path)
+    visible: dict[int, float] = {}
+    following, polls = 1, 0
+    deadline = time.monotonic() + seconds
+    while following <= total and time.monotonic() < deadline:
+        # a window wider than a poll's worth of publishing, so the poller never falls behind the rate
+        wanted = [str(i) for i in range(following, min(total, following + 5000) + 1)]
+        records = read_current(cfg, "/orders", keys=wanted)
+        polls += 1
+        seen = time.time()
+        for key in records["sow_key"].to_pylist():
+            visible.setdefault(int(key), seen)
+        while following in visible:
+            following += 1
+    Path(out).write_text(json.dumps({"visible": list(visible.items()), "polls": polls}))
+
+
 def latency(spark, workdir: Path, bootstrap: str, args) -> list[str]:
     from replication import config
     from replication.instance import Instance
-    from replication.sow.table import read_current
 
     name = f"lat-{uuid.uuid4().hex[:6]}"
     topic = f"{name}.publish"
     from replication.connectors.kafka.broker import ensure_topics
 
     ensure_topics(bootstrap, [topic])
-    cfg = config.load(str(write_config(workdir, name, bootstrap, topic, sow=True)))
-    inst = Instance(cfg, spark).start()
-    out_file = workdir / f"{name}-sent.json"
+    config_path = write_config(workdir, name, bootstrap, topic, sow=True)
+    inst = Instance(config.load(str(config_path)), spark).start()
+    out_file, seen_file = workdir / f"{name}-sent.json", workdir / f"{name}-seen.json"
     ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=steady_publisher, args=(bootstrap, topic, name, args.rate, args.seconds,
-                                                        str(workdir / f"{name}.store"), str(out_file)))
-    visible: dict[int, float] = {}
+    total = int(args.rate * args.seconds)
+    publisher = ctx.Process(target=steady_publisher, args=(bootstrap, topic, name, args.rate, args.seconds,
+                                                             str(workdir / f"{name}.store"), str(out_file)))
+    poller = ctx.Process(target=poll_visible, args=(str(config_path), total, args.seconds + 120, str(seen_file)))
     try:
-        proc.start()
-        total = int(args.rate * args.seconds)
-        following = 1
-        polls = 0
-        deadline = time.monotonic() + args.seconds + 120
-        while following <= total and time.monotonic() < deadline:
-            # a window wider than a poll's worth of publishing, so the poller never falls behind the rate
-            wanted = [str(i) for i in range(following, min(total, following + 5000) + 1)]
-            records = read_current(cfg, "/orders", keys=wanted)  # what `replication sow --key` reads
-            polls += 1
-            seen = time.time()
-            for key in records["sow_key"].to_pylist():
-                visible.setdefault(int(key), seen)
-            while following in visible:
-                following += 1
-        proc.join(timeout=180)
+        poller.start()
+        publisher.start()
+        publisher.join(timeout=args.seconds + 180)
+        poller.join(timeout=180)
     finally:
         inst.stop()
+    if poller.exitcode != 0 or publisher.exitcode != 0:
+        raise SystemExit(f"latency: the poller exited {poller.exitcode}, the publisher {publisher.exitcode}")
     sent = dict(json.loads(out_file.read_text())["sent"])
+    seen = json.loads(seen_file.read_text())
+    visible = dict(seen["visible"])
     lat = [(visible[seq] - sent[seq]) * 1000 for seq in sent if seq in visible]  # order_body(seq) has id == seq
     return [f"publish -> visible in `replication sow` at {args.rate:,.0f} msg/s for {args.seconds:.0f} s "
-            f"({len(lat):,} records, {polls:,} reads): p50 {percentile(lat, 50):.0f} ms, p99 "
-            f"{percentile(lat, 99):.0f} ms (target p50 <= 500 ms)"]
+            f"({len(lat):,} records, {seen['polls']:,} reads by another process): p50 "
+            f"{percentile(lat, 50):.0f} ms, p99 {percentile(lat, 99):.0f} ms (target p50 <= 500 ms)"]
 
 
 def query(spark, workdir: Path, bootstrap: str, args) -> list[str]:
