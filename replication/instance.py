@@ -255,7 +255,7 @@ class Instance:
         """Per SOW topic: records held now, and the txlog seq its table is compacted through."""
         if self.sow is None or self.compactor is None:
             return {}
-        return {table.sow.name: {"records": self.sow.count(i), "compacted_through": table.through_seq}
+        return {table.sow.name: {"records": self.sow.count(i), "compacted_through": table.compacted_through}
                 for i, table in enumerate(self.compactor.tables)}
 
     def _batch_step(self) -> dict | None:

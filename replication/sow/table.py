@@ -200,6 +200,8 @@ class SowTable:
             )
         self.buckets = int(self.table.metadata().configuration.get("replication.sow.buckets", DEFAULT_BUCKETS))
         self.last_compaction_s = 0.0
+        self.compacted_through = self.through_seq
+        """:attr:`through_seq` as of this object's last open, compaction or replace (for status: no log read)."""
 
     @property
     def through_seq(self) -> int:
@@ -219,12 +221,13 @@ class SowTable:
             commit_properties=CommitProperties(app_transactions=[Transaction(APP_ID, through)]),
         )
         self.table.update_incremental()
+        self.compacted_through = through
 
     def compact(self, txlog: TxlogFiles, topics: SowTopics, index: int, through: int) -> bool:
         """Bring the base up to txlog seq ``through``; False when it already is. One commit."""
         started = time.monotonic()
         self.table.update_incremental()
-        since = self.through_seq
+        since = self.compacted_through = self.through_seq
         if through <= since:
             return False
         rows = txlog.read(since, through, schema=_tail_schema())
@@ -247,6 +250,7 @@ class SowTable:
         self.table.update_incremental()
         self._vacuum()
         self.last_compaction_s = time.monotonic() - started
+        self.compacted_through = through
         return True
 
     def _vacuum(self) -> None:
