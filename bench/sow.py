@@ -12,7 +12,7 @@ One run prints (issue 11, "Performance"):
    with 100k records in the SOW and with 1M; and a compaction of that batch's
    changes at both sizes;
 3. latency: a publisher at a steady rate (default 2k msg/s) publishes new
-   keys; a reader polls ``replication sow``'s read (``read_current`` by key)
+   keys; a reader in its own process polls ``replication sow``'s read (``read_current`` by key)
    and stamps when each record is visible: p50 / p99 of publish -> visible;
 4. query: ``replication sow`` (the CLI, a fresh process each time) on a SOW
    of ``--query-records`` (1M) records with 1,000 changes in the txlog after
