@@ -165,7 +165,7 @@ def classify(
     for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
         reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
     # Rows on SOW topics (and every sow_delete) are parsed and checked once, for their keys.
-    sow_index = _sow_indexes(batch, sow.topics if sow is not None else SowTopics(()))
+    sow_index = (sow.topics if sow is not None else SowTopics(())).indexes(batch)
     on_sow = ((sow_index >= 0) | pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(
         zero_copy_only=False)) & headers_ok & (sizes <= MAX_MESSAGE_BYTES)
     # SOW rows' columns as lists, and each batch row's position among them (-1: not a SOW row)
@@ -247,17 +247,6 @@ def _per_upstream(batch: pa.Table, idx: np.ndarray, local: np.ndarray) -> dict[s
             mask = codes == code
             out[label[len("inbox:"):]] = (ups[mask].astype(np.int64), local[mask])
     return out
-
-
-def _sow_indexes(batch: pa.Table, topics: SowTopics) -> np.ndarray:
-    """Each row's ``<SOW><Topic>`` position (-1: not on a SOW topic), one lookup per distinct topic and type."""
-    if not topics:
-        return np.full(batch.num_rows, -1, dtype=np.int64)
-    pairs = pc.dictionary_encode(pc.binary_join_element_wise(
-        pc.fill_null(batch["topic"], ""), pc.fill_null(batch["message_type"], ""), "\x00")).combine_chunks()
-    lookup = np.array([topics.index(*p.split("\x00", 1)) for p in pairs.dictionary.to_pylist()] or [-1],
-                      dtype=np.int64)
-    return lookup[pc.fill_null(pairs.indices, 0).to_numpy(zero_copy_only=False)]
 
 
 def _fold_sow(txlog_rows: pa.Table, positions: np.ndarray, checks: list[Prepared | None], sow_rows: dict[str, list],

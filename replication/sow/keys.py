@@ -17,7 +17,10 @@ import re
 import zlib
 from typing import Any
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from replication.config.model import InstanceConfig, SowTopic
 from replication.messages import TAG_VALUE_TYPES, tag_value_fields
@@ -50,6 +53,18 @@ class SowTopics:
             if len(self._cache) < 100_000:
                 self._cache[(topic, message_type)] = hit
         return hit
+
+    def indexes(self, rows: pa.Table) -> np.ndarray:
+        """:meth:`index` of each row (its ``topic`` and ``message_type`` columns), one lookup per distinct
+        pair; -1 for a row on no SOW topic."""
+        if not self.topics:
+            return np.full(rows.num_rows, -1, dtype=np.int64)
+        pairs = pc.dictionary_encode(pc.binary_join_element_wise(
+            pc.fill_null(rows["topic"], ""), pc.fill_null(rows["message_type"], ""), "\x00")).combine_chunks()
+        # a message type holds no NUL, so the last one splits the pair
+        lookup = np.array([self.index(*p.rsplit("\x00", 1)) for p in pairs.dictionary.to_pylist()] or [-1],
+                          dtype=np.int64)
+        return lookup[pc.fill_null(pairs.indices, 0).to_numpy(zero_copy_only=False)]
 
 
 def escape(value: str) -> str:

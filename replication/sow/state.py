@@ -270,7 +270,7 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
     return Folded(sow_keys, bodies, changes)
 
 
-def _matching_keys(flt: Filter, records: dict[str, Record], overlay: dict[str, Record | None] | None,
+def _matching_keys(flt: Filter, records: dict[str, Record], overlay: dict[str, Record | None],
                    message_type: str) -> list[str]:
     """The keys of the records ``flt`` matches: a topic's ``records`` with the batch's changes so far
     (``overlay``; None: deleted) laid over them, tested column-wise (a record's body was parsed at ingest)."""

@@ -112,13 +112,7 @@ def net_changes(rows: pa.Table, topics: SowTopics, index: int) -> Changes:
     """
     if not rows.num_rows:
         return Changes(rows, set())
-    # which rows are this SOW topic's: one test per distinct (topic, message type), not one per row
-    pairs = pc.binary_join_element_wise(rows["topic"], rows["message_type"], "\x00")
-    encoded = pc.dictionary_encode(pairs.combine_chunks() if isinstance(pairs, pa.ChunkedArray) else pairs)
-    ours = np.array([topics.index(*pair.rsplit("\x00", 1)) == index for pair in encoded.dictionary.to_pylist()]
-                    + [False], dtype=bool)  # the last entry: rows with no topic
-    codes = pc.fill_null(encoded.indices, len(ours) - 1).to_numpy(zero_copy_only=False)
-    member = ours[codes] & pc.is_valid(rows["sow_key"]).to_numpy(zero_copy_only=False)
+    member = (topics.indexes(rows) == index) & pc.is_valid(rows["sow_key"]).to_numpy(zero_copy_only=False)
     delete = pc.fill_null(pc.equal(rows["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
     writes, removes = np.flatnonzero(member & ~delete), np.flatnonzero(member & delete)
 
