@@ -30,6 +30,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Query commands: they answer from deltalake and Arrow alone, and a user waits for their first line.
+QUERY_COMMANDS = frozenset({"sow", "replay", "status"})
+
+
+class _WithoutPandas:
+    """An import hook under which pandas is not installed.
+
+    The first time pyarrow turns a Python value into Arrow it imports pandas
+    (~0.3 s, a sixth of a query's time) only to ask whether the value is a
+    pandas object. A query command never hands pyarrow one, so its process
+    runs as if pandas were absent, and pyarrow skips the import.
+    """
+
+    def find_spec(self, name: str, path=None, target=None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"{name} is not used by replication's query commands", name=name)
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr (what is wrong, where help is), exit 2."""
 
@@ -52,8 +70,13 @@ def _module(module_name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``replication`` command (``argv`` None: this process's arguments; the process is the command's own,
+    so a query command may hide pandas from it)."""
+    own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    if own_process and chosen in QUERY_COMMANDS and "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _WithoutPandas())
     parser = build_parser(only=chosen if chosen in COMMANDS else None)
     args = parser.parse_args(argv)
     try:

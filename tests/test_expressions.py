@@ -353,3 +353,31 @@ def test_column_wise_reads_bodies_over_several_lines():
         column, mask, per_record = _column_answers("/qty > 5", [b'{\n  "qty": 7\n}', b'{"qty": 3}', b' null ', b'',
                                                                 b' {"qty": 8}\n'], valid_json)
         assert column is not None and column.tolist() == mask == per_record == [True, False, False, False, True]
+
+
+def test_column_wise_over_many_chunks_answers_each_piece_and_falls_back_for_all():
+    """A SOW read gives one chunk per file: chunks are parsed where they lie (tiny ones joined), side by side,
+    each with its own field types; a piece that needs the per-record path sends the whole set there."""
+    import pyarrow as pa
+
+    from replication.expressions.columnar import MIN_PIECE, column_wise, matching
+
+    def chunk(n: int, start: int, as_text: bool) -> pa.Array:
+        return pa.array([json.dumps({"qty": str(i % 13) if as_text else i % 13}).encode()
+                         for i in range(start, start + n)], pa.binary())
+
+    # qty a number in some files, text in others (tiny chunks are joined with the next: the same type there)
+    files = [(MIN_PIECE + 5, True), (7, False), (3, False), (MIN_PIECE, False), (2 * MIN_PIECE + 1, True), (11, False)]
+    chunks, start = [], 0
+    for size, as_text in files:
+        chunks.append(chunk(size, start, as_text))
+        start += size
+    bodies = pa.chunked_array(chunks)
+    flt = expressions.Filter("/qty = 7")
+    per_record = [flt.matches(b) for b in bodies.to_pylist()]
+    column = column_wise(flt, bodies, valid_json=True)
+    assert column is not None and column.tolist() == per_record and sum(per_record) > 10
+
+    broken = pa.chunked_array(chunks + [pa.array([b'{"qty": 7}', b"not json"], pa.binary())])
+    assert column_wise(flt, broken, valid_json=False) is None
+    assert matching(flt, broken).tolist() == per_record + [True, False]

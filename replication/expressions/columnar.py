@@ -20,7 +20,9 @@ and NVFIX bodies) :func:`matching` takes the per-record path for the whole set.
 
 from __future__ import annotations
 
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -50,6 +52,8 @@ from replication.expressions import (
 
 #: Bodies parsed at a time (bounded memory; offsets stay 32-bit).
 CHUNK = 1 << 18
+#: Pieces of fewer bodies are joined before parsing (each parse has a fixed cost).
+MIN_PIECE = 1 << 12
 #: Bodies read to guess each field's type before the bulk parse.
 SAMPLE = 64
 #: Numeric strings as the per-record path sees them, for RE2: Python's ``\s`` on ASCII (RE2's lacks \v, \x1c-\x1f).
@@ -83,23 +87,32 @@ def column_wise(flt: Filter, bodies: pa.Array | pa.ChunkedArray, message_type: s
     """:func:`matching`'s column-wise answer, or None where these bodies need the per-record path."""
     if message_type != "json":
         return None
+    pieces = list(_pieces(bodies))
     try:
-        return np.concatenate([_json_mask(flt.expr, piece, valid_json) for piece in _pieces(bodies)]
-                              or [np.zeros(0, dtype=bool)])
+        if len(pieces) <= 1:
+            masks = [_json_mask(flt.expr, piece, valid_json, threads=True) for piece in pieces]
+        else:  # Arrow's reader and numpy release the GIL: pieces parse side by side, one thread each
+            with ThreadPoolExecutor(min(len(pieces), os.cpu_count() or 1)) as pool:
+                masks = list(pool.map(lambda piece: _json_mask(flt.expr, piece, valid_json, threads=False), pieces))
     except _Fallback:
         return None
+    return np.concatenate(masks or [np.zeros(0, dtype=bool)])
 
 
 def _pieces(bodies: pa.Array | pa.ChunkedArray) -> Iterator[pa.Array]:
-    """The bodies in pieces of about :data:`CHUNK` rows: small chunks (one per file read) joined, big ones cut."""
+    """The bodies in pieces of at most :data:`CHUNK` rows: chunks as they are (one per file read; no copy of
+    hundreds of MB), chunks under :data:`MIN_PIECE` rows joined, big ones cut."""
     group: list[pa.Array] = []
     rows = 0
     for chunk in bodies.chunks if isinstance(bodies, pa.ChunkedArray) else [bodies]:
         for start in range(0, len(chunk), CHUNK):
             piece = chunk.slice(start, CHUNK)
+            if not group and len(piece) >= MIN_PIECE:
+                yield piece
+                continue
             group.append(piece)
             rows += len(piece)
-            if rows >= CHUNK:
+            if rows >= MIN_PIECE:
                 yield group[0] if len(group) == 1 else pa.concat_arrays(group)
                 group, rows = [], 0
     if group:
@@ -126,16 +139,16 @@ class _Values(NamedTuple):
     """kind "n" (LIKE reads a number's text as Spark prints it: not here)."""
 
 
-def _json_mask(expr: Expr, bodies: pa.Array, valid_json: bool) -> np.ndarray:
+def _json_mask(expr: Expr, bodies: pa.Array, valid_json: bool, threads: bool) -> np.ndarray:
     paths = sorted(f.path for f in fields(expr))
-    columns = _parse_columns(bodies, paths, valid_json) if paths else {}
+    columns = _parse_columns(bodies, paths, valid_json, threads) if paths else {}
     n = len(bodies)
     known, value = _eval(expr, columns, n)
     return known & value
 
 
-def _parse_columns(bodies: pa.Array, paths: list[tuple[str, ...]],
-                   valid_json: bool) -> dict[tuple[str, ...], _Values]:
+def _parse_columns(bodies: pa.Array, paths: list[tuple[str, ...]], valid_json: bool,
+                   threads: bool) -> dict[tuple[str, ...], _Values]:
     """The filter's fields of every body, parsed by Arrow with one type per field guessed from a sample."""
     schema = _schema(_sample_types(bodies, paths))
     # An empty or missing body is an object with no fields (as the per-record path sees it).
@@ -158,7 +171,7 @@ def _parse_columns(bodies: pa.Array, paths: list[tuple[str, ...]],
         body_schema = pa.schema([pa.field("v", pa.struct(schema))])
     try:
         table = pj.read_json(
-            pa.BufferReader(buffer), read_options=pj.ReadOptions(block_size=8 << 20),
+            pa.BufferReader(buffer), read_options=pj.ReadOptions(block_size=8 << 20, use_threads=threads),
             parse_options=pj.ParseOptions(explicit_schema=body_schema, unexpected_field_behavior="ignore",
                                           newlines_in_values=True))
     except (pa.ArrowInvalid, UnicodeDecodeError) as exc:  # a type that changes, a body that is not JSON
