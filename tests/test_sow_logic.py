@@ -317,3 +317,64 @@ def test_applying_changes_replaces_or_drops_only_the_records_of_their_own_topic(
     after = apply_changes(base, changes, buckets=4)
     assert sorted((r["topic"], r["sow_key"], r["seq"]) for r in after.to_pylist()) == [
         ("/r", "3", 4), ("/regions/eu", "1", 10), ("/regions/eu", "2", 2), ("/regions/us", "1", 1)]
+
+
+def test_batches_interleaving_topics_of_one_sow_topic_fold_as_a_plain_reference():
+    """Random publishes, delta_publishes and sow_deletes (keys, data, filter) on two topics of one regex
+    ``<SOW><Topic>`` and on another SOW topic, interleaved and cut into batches of random sizes: each stored body,
+    each delete's removed keys and the final records are those a plain fold of the ops in order gives."""
+    import random
+
+    from sow_reference import Op, fold as reference_fold
+
+    rng = random.Random(5)
+    topics = ["/regions/eu", "/regions/us", "/orders"]
+
+    def key(topic: str, doc: dict) -> str:
+        return str(doc["id"]) if topic == "/orders" else f"{doc['region']}|{doc['id']}"
+
+    def body(topic: str, i: int, **fields) -> bytes:
+        doc = {"id": i, **fields} if topic == "/orders" else {"region": topic[-2:], "id": i, **fields}
+        return json.dumps(doc).encode()
+
+    ops: list[Op] = []
+    for n in range(3000):
+        topic, i, roll = rng.choice(topics), rng.randrange(40), rng.random()
+        if roll < 0.55:
+            ops.append(Op("publish", topic, body(topic, i, qty=rng.randrange(1000), tags=[n])))
+        elif roll < 0.85:
+            ops.append(Op("delta_publish", topic, body(topic, i, qty=rng.randrange(1000), more={"n": n})))
+        elif roll < 0.93:
+            ids = [rng.randrange(40) for _ in range(rng.randint(1, 3))]
+            ops.append(Op("sow_delete", topic, keys=tuple(
+                str(k) if topic == "/orders" else f"{topic[-2:]}|{k}" for k in ids)))
+        elif roll < 0.98:
+            ops.append(Op("sow_delete", topic, body(topic, i)))
+        else:
+            ops.append(Op("sow_delete", topic, filter=f"/qty > {rng.randrange(1000)}"))
+    reference = reference_fold(ops, lambda flt, _, doc: doc.get("qty", -1) > int(flt.rsplit(" ", 1)[1]), key)
+
+    sow, state, stored = fresh(), PublisherState(), []
+    at = 0
+    while at < len(ops):
+        size = rng.choice([1, 7, 50, 400])
+        chunk = ops[at:at + size]
+        batch = rows(*({"topic": op.topic, "command": op.command, "body": op.body, "sow_keys": ",".join(op.keys)
+                        if op.keys else None, "filter": op.filter} for op in chunk))
+        batch = batch.set_column(batch.schema.get_field_index("publisher_seq"), "publisher_seq",
+                                 pa.array([str(s) for s in range(at + 1, at + len(chunk) + 1)]))
+        result = run(batch, sow, state)
+        assert result.rejected_rows.num_rows == 0, result.rejected_rows.column("reason").to_pylist()[:3]
+        state.apply(0, {"last_seq": state.max_seq + result.txlog_rows.num_rows, "publishers": result.publishers})
+        stored += result.txlog_rows.to_pylist()
+        at += len(chunk)
+
+    assert len(stored) == len(ops)
+    for row, op, (doc, removed) in zip(stored, ops, reference.stored, strict=True):
+        if op.command == "sow_delete":
+            assert set(split_keys(row["sow_key"]) if row["sow_key"] else []) == removed, (op, row["sow_key"])
+        else:
+            assert (row["sow_key"], json.loads(row["data"])) == (key(op.topic, doc), doc), op
+    got = {(topic, k): json.loads(b) for index, topic in ((1, "/regions/eu"), (1, "/regions/us"), (0, "/orders"))
+           for k, (_, b) in sow.items(index, topic)}
+    assert got == reference.records and len(got) > 20

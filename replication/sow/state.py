@@ -47,8 +47,6 @@ from replication.sow.merge import merge, mergeable, serialize
 
 #: A record: the local seq that last wrote it, and its body.
 Record = tuple[int, bytes]
-#: Identity of a record: (SOW topic position, topic, key).
-RecordId = tuple[int, str, str]
 
 
 class SowState:
@@ -61,24 +59,16 @@ class SowState:
         self.applied_seq = 0
         """Every txlog row through this seq is folded in."""
 
-    def get(self, rid: RecordId) -> Record | None:
-        index, topic, key = rid
-        return self.records[index].get(topic, {}).get(key)
-
     def items(self, index: int, topic: str) -> Iterator[tuple[str, Record]]:
         return iter(self.records[index].get(topic, {}).items())
 
     def apply(self, changes: "SowChanges") -> None:
         """Fold a committed batch's changes in (after its txlog commit)."""
-        at: tuple[int, str] | None = None
-        by_key: dict[str, Record] = {}
-        for (index, topic, key), record in changes.records.items():
-            if at != (index, topic):  # a batch's changes are mostly to one topic
-                at, by_key = (index, topic), self.records[index].setdefault(topic, {})
-            if record is None:
-                by_key.pop(key, None)
-            else:
-                by_key[key] = record
+        for (index, topic), changed in changes.topics.items():
+            by_key = self.records[index].setdefault(topic, {})
+            by_key.update(changed)
+            for key in [key for key, record in changed.items() if record is None]:
+                del by_key[key]
         self.applied_seq = max(self.applied_seq, changes.through_seq)
 
     def count(self, index: int | None = None) -> int:
@@ -91,7 +81,8 @@ class SowChanges:
     """What one batch does to the SOW: each record it wrote (``None``: deleted), last write wins."""
 
     through_seq: int
-    records: dict[RecordId, Record | None] = field(default_factory=dict)
+    topics: dict[tuple[int, str], dict[str, Record | None]] = field(default_factory=dict)
+    """(SOW topic position, topic) -> key -> its record after the batch (None: deleted)."""
 
 
 class Prepared(NamedTuple):
@@ -232,41 +223,42 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
     """Apply the kept rows (columns: seq, topic, command as published, body, :func:`prepare`'s check), in seq
     order, to the state plus the batch's own earlier changes (the state itself is not changed)."""
     changes = SowChanges(through_seq)
-    pending = changes.records
     bodies: dict[int, bytes | None] = {}
     sow_keys: list[str | None] = []
+    append = sow_keys.append
     sows = state.topics.topics
-    state_get = state.get
+    empty: dict[str, Record] = {}
+    # The batch's changes and the state of the row's (SOW topic, topic), looked up again only when it changes
+    # (a batch is mostly on one topic): the per-row work is a dict store.
+    at_index, at_topic, pending, current = -1, None, empty, empty
 
     for position, (seq, topic, command, data, check) in enumerate(zip(seqs, topics, commands, datas, checks)):
+        index = check.index
+        if index != at_index or topic != at_topic:
+            at_index, at_topic = index, topic
+            pending = changes.topics.setdefault((index, topic), {})
+            current = state.records[index].get(topic, empty)
         if command == "sow_delete":
-            sow = sows[check.index]
             if check.delete_filter is not None:
-                overlay = {k: r for (i, t, k), r in pending.items() if i == check.index and t == topic}
-                keys = _matching_keys(check.delete_filter, state.records[check.index].get(topic, {}), overlay,
-                                      sow.message_type)
+                keys = _matching_keys(check.delete_filter, current, pending, sows[index].message_type)
             else:
-                keys = []
-                for key in check.delete_keys or ():
-                    rid = (check.index, topic, key)
-                    if (pending[rid] if rid in pending else state_get(rid)) is not None:
-                        keys.append(key)
+                keys = [key for key in check.delete_keys or ()
+                        if (pending[key] if key in pending else current.get(key)) is not None]
             for key in keys:
-                pending[(check.index, topic, key)] = None
+                pending[key] = None
             if not data:
                 bodies[position] = None  # by keys or by filter: no body
-            sow_keys.append(join_keys(keys) or None)
+            append(join_keys(keys) or None)
             continue
         key = check.key
-        rid = (check.index, topic, key)
         if command == "delta_publish":
-            record = pending[rid] if rid in pending else state_get(rid)
+            record = pending[key] if key in pending else current.get(key)
             if record is not None:
-                message_type = sows[check.index].message_type
+                message_type = sows[index].message_type
                 data = bodies[position] = serialize(
                     message_type, merge(message_type, parse_body(message_type, record[1]), check.doc))
-        pending[rid] = (seq, data)
-        sow_keys.append(key)
+        pending[key] = (seq, data)
+        append(key)
     return Folded(sow_keys, bodies, changes)
 
 
@@ -275,9 +267,11 @@ def _matching_keys(flt: Filter, records: dict[str, Record], overlay: dict[str, R
     """The keys of the records ``flt`` matches: a topic's ``records`` with the batch's changes so far
     (``overlay``; None: deleted) laid over them, tested column-wise (a record's body was parsed at ingest)."""
     current = {**records, **overlay} if overlay else records
-    keys = [key for key, record in current.items() if record is not None]
-    if not keys:
+    if overlay and None in overlay.values():
+        current = {key: record for key, record in current.items() if record is not None}
+    if not current:
         return []
-    bodies = pa.array([record[1] for record in current.values() if record is not None], pa.binary())
-    mask = matching(flt, bodies, message_type, valid_json=True)
+    keys = list(current)
+    mask = matching(flt, pa.array([record[1] for record in current.values()], pa.binary()), message_type,
+                    valid_json=True)
     return [keys[i] for i in np.flatnonzero(mask).tolist()]
