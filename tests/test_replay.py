@@ -108,6 +108,34 @@ def test_jsonl_has_every_field_and_the_parsed_body(stored, capsys):
     }
 
 
+def test_json_lines_are_the_objects_a_per_row_dump_makes():
+    """``replay`` and ``sow`` print JSON lines built column-wise: each line parses to the object the per-row
+    path makes (times as ISO text, json bodies parsed, text and base64 bodies, nulls, escapes, lists)."""
+    from datetime import datetime, timezone
+
+    from replication.commands.output import body_value, json_lines
+
+    at = datetime(2026, 5, 6, 7, 8, 9, 12, tzinfo=timezone.utc)
+    rows = pa.table({
+        "bookmark": ["1|1|", 'a"b\\c', None, "tab\there", "\u00e9|5|"],
+        "seq": pa.array([1, None, 3, 4, 5], pa.int64()),
+        "persist_time": pa.array([at, at, None, at, at], pa.timestamp("us", tz="UTC")),
+        "path": [["a"], None, [], ['x"y', "z"], ["\u00e9"]],
+        "message_type": ["json", "json", "fix", "binary", "json"],
+        "data": [b'{"a": [1, {"b": null}]}', b'{\n  "multi": "line"\n}', b"35=D\x0155=X\x01", b"\xff\x00", b""],
+    })
+    fields = ("bookmark", "seq", "persist_time", "path", "message_type", "data")
+    printed = json_lines(rows, fields)
+    assert printed.endswith(b"\n") and printed.count(b"\n") == rows.num_rows
+    for line, row in zip(printed.splitlines(), rows.to_pylist(), strict=True):
+        assert list(json.loads(line)) == list(fields)
+        assert json.loads(line) == {
+            **row, "data": body_value(row["message_type"], row["data"]),
+            "persist_time": row["persist_time"] and row["persist_time"].strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    assert json_lines(rows.slice(0, 0), fields) == b""
+    assert json_lines(rows.slice(3, 2), fields).splitlines() == printed.splitlines()[3:]
+
+
 def test_resuming_from_the_last_printed_bookmark_yields_the_rest_exactly_once(stored, capsys):
     fabric, config = stored
     selection = ["--topic", "^/orders/", "--filter", "/qty > 120"]

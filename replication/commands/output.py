@@ -1,10 +1,14 @@
-"""How query commands (``replay``, ``sow``) show a stored message's body and times in JSON output."""
+"""How query commands (``replay``, ``sow``) show stored messages in JSON output: bodies, times, whole lines."""
 
 from __future__ import annotations
 
 import base64
+from typing import Sequence
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def body_value(message_type: str, data: bytes | None) -> object:
@@ -27,3 +31,56 @@ def body_value(message_type: str, data: bytes | None) -> object:
 
 #: ``pyarrow.compute.strftime`` format of times in JSON output: ISO 8601, UTC, microseconds.
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+#: Characters a JSON string cannot hold as they are.
+_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
+
+
+def json_lines(rows: pa.Table, fields: Sequence[str]) -> bytes:
+    """``rows`` as JSON lines, one object per row with ``fields`` in order: the object ``orjson.dumps`` makes of
+    each row with times as :data:`TIME_FORMAT` text and ``data`` as :func:`body_value` shows it.
+
+    Built column by column in Arrow (a per-row dict and dump cost ~10 us a row): a json body on one line is
+    spliced in as stored (it was checked where it was published); other bodies, strings that need escapes
+    and lists take the per-value path.
+    """
+    if rows.num_rows == 0:
+        return b""
+    pieces: list = []
+    for position, name in enumerate(fields):
+        pieces += [("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":", _json_text(rows, name)]
+    lines = pc.binary_join_element_wise(*pieces, "}\n", "")
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=len(lines) + 1, offset=lines.offset * 4)
+    return lines.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]]
+
+
+def _json_text(rows: pa.Table, name: str) -> pa.Array:
+    """Each value of column ``name`` as JSON text (``null`` for a null)."""
+    column = rows[name].combine_chunks()
+    kind = column.type
+    if name == "data":
+        return _body_text(rows["message_type"].combine_chunks(), column)
+    if pa.types.is_integer(kind):
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_timestamp(kind):
+        text = pc.binary_join_element_wise('"', pc.strftime(column, format=TIME_FORMAT), '"', "")
+    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and not pc.any(
+            pc.match_substring_regex(column, _NEEDS_ESCAPE)).as_py():
+        text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
+    else:
+        text = pa.array([orjson.dumps(value).decode() for value in column.to_pylist()], pa.string())
+    return pc.fill_null(text, "null")
+
+
+def _body_text(message_types: pa.Array, data: pa.Array) -> pa.Array:
+    data = data.cast(pa.binary())
+    spliced = pc.fill_null(pc.and_(
+        pc.and_(pc.equal(message_types, "json"), pc.greater(pc.binary_length(data), 0)),
+        pc.invert(pc.match_substring_regex(data, "[\r\n]"))), False)
+    others = np.flatnonzero(~spliced.to_numpy(zero_copy_only=False))
+    if not others.size:
+        return data.cast(pa.string())
+    per_value = pa.array([orjson.dumps(body_value(t, b)).decode() for t, b in zip(
+        message_types.take(others).to_pylist(), data.take(others).to_pylist(), strict=True)], pa.string())
+    return pc.replace_with_mask(pc.if_else(spliced, data, pa.scalar(b"", pa.binary())).cast(pa.string()),
+                                pc.invert(spliced), per_value)

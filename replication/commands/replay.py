@@ -22,7 +22,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.commands.output import TIME_FORMAT, body_value
+from replication.commands.output import TIME_FORMAT, body_value, json_lines
 from replication.commands.progress import ProgressBar
 from replication.errors import InputError
 from replication.expressions import FilterSyntaxError
@@ -132,12 +132,10 @@ class Printer:
 
     def write(self, rows: pa.Table) -> None:
         for start in range(0, rows.num_rows, PRINT_ROWS):  # slices: the first lines go out before the rest is made
-            records = _records(rows.slice(start, PRINT_ROWS))
             if self.fmt == "jsonl":
-                lines = [orjson.dumps(record) for record in records]
+                self.out.write(json_lines(rows.slice(start, PRINT_ROWS), FIELDS))
             else:
-                lines = self._table_lines(records)
-            self.out.write(b"\n".join(lines) + b"\n")
+                self.out.write(b"\n".join(self._table_lines(_records(rows.slice(start, PRINT_ROWS)))) + b"\n")
             self.out.flush()
 
     def _table_lines(self, records: list[dict]) -> list[bytes]:
