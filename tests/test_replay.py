@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import queue
 import subprocess
@@ -133,6 +134,10 @@ def test_json_lines_are_the_objects_a_per_row_dump_makes():
             **row, "data": body_value(row["message_type"], row["data"]),
             "persist_time": row["persist_time"] and row["persist_time"].strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
     assert json_lines(rows.slice(0, 0), fields) == b""
+    odd = rows.set_column(rows.schema.get_field_index("data"), "data", pa.array(
+        [b'{"a": 1}', b"\xff not utf-8", None, b"x", b"[]"], pa.binary()))  # a "json" body never checked
+    assert [json.loads(line)["data"] for line in json_lines(odd, fields).splitlines()] == [
+        {"a": 1}, base64.b64encode(b"\xff not utf-8").decode(), None, "eA==", []]
     assert json_lines(rows.slice(3, 2), fields).splitlines() == printed.splitlines()[3:]
 
 

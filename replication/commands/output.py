@@ -77,10 +77,14 @@ def _body_text(message_types: pa.Array, data: pa.Array) -> pa.Array:
     spliced = pc.fill_null(pc.and_(
         pc.and_(pc.equal(message_types, "json"), pc.greater(pc.binary_length(data), 0)),
         pc.invert(pc.match_substring_regex(data, "[\r\n]"))), False)
+    try:
+        text = pc.if_else(spliced, data, pa.scalar(b"", pa.binary())).cast(pa.string())
+    except pa.ArrowInvalid:  # a json body that is not UTF-8 (so never checked as JSON): each the per-value way
+        spliced = pa.array(np.zeros(len(data), dtype=bool))
+        text = pa.nulls(len(data), pa.string())
     others = np.flatnonzero(~spliced.to_numpy(zero_copy_only=False))
     if not others.size:
-        return data.cast(pa.string())
+        return text
     per_value = pa.array([orjson.dumps(body_value(t, b)).decode() for t, b in zip(
         message_types.take(others).to_pylist(), data.take(others).to_pylist(), strict=True)], pa.string())
-    return pc.replace_with_mask(pc.if_else(spliced, data, pa.scalar(b"", pa.binary())).cast(pa.string()),
-                                pc.invert(spliced), per_value)
+    return pc.replace_with_mask(text, pc.invert(spliced), per_value)

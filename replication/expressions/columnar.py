@@ -2,20 +2,22 @@
 
 A sow_delete by filter and ``replication sow --filter`` test every record of a
 SOW topic. Per record (orjson, then the compiled closures) that costs ~3-7 us;
-here the bodies are joined into one newline-delimited buffer, Arrow's JSON
-reader parses only the fields the filter reads (in C++, on every core), and the
-comparisons run on whole columns: ~0.5 us a record.
+here the bodies are read in pieces (a SOW read's chunk per file, where it lies
+in memory), Arrow's JSON reader parses only the fields the filter reads (in
+C++, pieces side by side on every core), and the comparisons run on whole
+columns: ~0.5 us a record.
 
 The answer is the one :meth:`Filter.matches` gives for each body, the same
 value model (see :mod:`replication.expressions`): NULL for a missing field,
 JSON null and the empty string; a string that looks like a number compares
 as one with numbers; a non-numeric string is greater than any number; booleans
 are the strings ``true``/``false``. Arrow's reader is stricter than the
-per-record path, which is what keeps this exact: it needs one type per field.
-Whenever it cannot give the per-record answer (a field that is a number in one
-body and a string in another, an object or array where the filter reads a
-value, a body that is not one JSON object on one line, LIKE on a number, FIX
-and NVFIX bodies) :func:`matching` takes the per-record path for the whole set.
+per-record path, which is what keeps this exact: it needs one type per field
+in a piece. Whenever it cannot give the per-record answer (a field that is a
+number in one body and a string in another of the same piece, an object or
+array where the filter reads a value, a body that is not one JSON object on
+one line, LIKE on a number, FIX and NVFIX bodies) :func:`matching` takes the
+per-record path for the whole set.
 """
 
 from __future__ import annotations
