@@ -51,7 +51,7 @@ def json_lines(rows: pa.Table, fields: Sequence[str]) -> bytes:
         pieces += [("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":", _json_text(rows, name)]
     lines = pc.binary_join_element_wise(*pieces, "}\n", "")
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=len(lines) + 1, offset=lines.offset * 4)
-    return lines.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]]
+    return lines.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
 
 
 def _json_text(rows: pa.Table, name: str) -> pa.Array:
