@@ -142,6 +142,7 @@ class Instance:
             read_here=ReadHere(self.cfg, self.layout),
             sow=self.sow,
             txlog_files=TxlogFiles(str(self.layout.txlog)) if self.sow is not None else None,
+            sow_committed=self.compactor.committed if self.compactor is not None else None,
         )
         self._start_ingest()
         if self.compactor is not None:

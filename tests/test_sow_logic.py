@@ -6,14 +6,16 @@ import json
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from replication.config.model import InstanceConfig, SowTopic, TopicSpec
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classify
 from replication.sow.keys import SowTopics, escape, key_of, parse_body, split_keys
 from replication.sow.merge import merge, serialize
+from replication.sow.recent import RecentRows
 from replication.sow.state import SowState
-from replication.sow.table import SOW_SCHEMA, Changes, apply_changes, net_changes
+from replication.sow.table import SOW_SCHEMA, TAIL_SCHEMA, Changes, apply_changes, net_changes
 from replication.txlog import PublisherState
 
 CFG = InstanceConfig(
@@ -378,3 +380,57 @@ def test_batches_interleaving_topics_of_one_sow_topic_fold_as_a_plain_reference(
     got = {(topic, k): json.loads(b) for index, topic in ((1, "/regions/eu"), (1, "/regions/us"), (0, "/orders"))
            for k, (_, b) in sow.items(index, topic)}
     assert got == reference.records and len(got) > 20
+
+
+# ---------------------------------------------------------------------------- compaction's recent rows
+
+
+def _txlog_rows(first: int, last: int) -> pa.Table:
+    """Txlog rows ``first`` .. ``last`` (TAIL_SCHEMA); every third one on no SOW topic (no sow_key)."""
+    seqs = list(range(first, last + 1))
+    n = len(seqs)
+    return pa.table({
+        "seq": pa.array(seqs, pa.int64()), "topic": ["/orders"] * n, "message_type": ["json"] * n,
+        "command": ["publish"] * n, "sow_key": [None if s % 3 == 0 else str(s % 50) for s in seqs],
+        "bookmark": [f"p|{s}|" for s in seqs], "publisher": ["p"] * n, "publisher_seq": pa.array(seqs, pa.int64()),
+        "origin": ["a"] * n, "publish_time": [NOW] * n, "persist_time": [NOW] * n,
+        "data": [b'{"id":%d}' % s for s in seqs]}).cast(TAIL_SCHEMA)
+
+
+def test_recent_rows_answer_as_the_txlog_does_and_only_what_they_do_not_hold_is_read_there():
+    txlog = _txlog_rows(1, 2_000)
+    reads: list[tuple[int, int]] = []
+
+    def read_txlog(a: int, b: int) -> pa.Table:
+        reads.append((a, b))
+        return txlog.filter(pc.and_(pc.greater(txlog["seq"], a), pc.less_equal(txlog["seq"], b)))
+
+    def sow_rows(table: pa.Table) -> list[dict]:
+        return table.filter(pc.is_valid(table["sow_key"])).to_pylist()
+
+    recent = RecentRows(TAIL_SCHEMA, max_rows=500)
+    at = 300  # rows 1..300 were committed before this process: never handed over
+    for size in [0, 1, 57, 0, 200, 93, 49]:  # batches, some empty (a commit with no row)
+        recent.add(txlog.slice(at, size), at + 1, at + size)
+        at += size
+    assert at == 700
+    for since, through in [(0, 700), (250, 650), (300, 700), (450, 451), (699, 700)]:
+        reads.clear()
+        assert sow_rows(recent.rows(since, through, read_txlog)) == sow_rows(read_txlog(since, through))
+        assert reads[:-1] == ([(since, 300)] if since < 300 else [])  # the last read is the reference's
+    reads.clear()
+    assert recent.rows(100, 800, read_txlog) is not None and reads == [(100, 800)]  # not all held: all read
+
+    # the bound: 267 SOW rows held, 334 more; the oldest batches (through 558) are let go, then read there
+    recent.add(txlog.slice(700, 500), 701, 1_200)
+    reads.clear()
+    assert sow_rows(recent.rows(300, 1_200, read_txlog)) == sow_rows(read_txlog(300, 1_200))
+    assert reads[0] == (300, 558)
+    # what every table's base holds is let go; a gap (rows committed some other way) starts again
+    recent.drop_through(1_000)
+    reads.clear()
+    assert sow_rows(recent.rows(1_000, 1_200, read_txlog)) == sow_rows(read_txlog(1_000, 1_200)) and len(reads) == 1
+    recent.add(txlog.slice(1_300, 100), 1_301, 1_400)
+    reads.clear()
+    recent.rows(1_200, 1_400, read_txlog)
+    assert reads[0] == (1_200, 1_300)

@@ -42,7 +42,8 @@ class IngestWriter:
        with the batch's publisher and link positions in the commit metadata;
     4. fold the batch into the in-memory publisher state and snapshot
        ``publishers.json``; fold its SOW changes into the SOW state (the SOW
-       tables follow on the compactor's schedule, from the txlog);
+       tables follow on the compactor's schedule, from the txlog rows, which
+       the compactor is handed here rather than reading them back);
     5. hand the commit to the durability tracker (persisted acks, logon replies).
 
     A batch replayed after a crash finds version ``b`` in the txlog and skips
@@ -64,6 +65,7 @@ class IngestWriter:
         read_here: Callable[[int], pa.Table | None] | None = None,
         sow: SowState | None = None,
         txlog_files: TxlogFiles | None = None,
+        sow_committed: Callable[[pa.Table, int, int], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -78,6 +80,8 @@ class IngestWriter:
         self.sow = sow
         """The SOW state (None: no SOW topics); folded from ``txlog_files`` by :meth:`catch_up`."""
         self.txlog_files = txlog_files
+        self.sow_committed = sow_committed
+        """Told each committed batch's txlog rows and seqs (the SOW compactor keeps them for its next compaction)."""
         self.recorded = TopicRecorder(cfg)
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
                       "input_rows_per_second": 0.0}
@@ -149,11 +153,13 @@ class IngestWriter:
             "links": result.links,
         }
         self._enter(batch_id, "committing to the txlog")
-        self.txlog.append(result.txlog_rows, batch_id, metadata)
+        appended = self.txlog.append(result.txlog_rows, batch_id, metadata)
         failpoints.hit("ingest.after_txlog_commit")
         self.state.apply(self.txlog.table.version(), metadata)
         self.save_state(self.state)
         if self.sow is not None:
+            if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
+                self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)
             if result.sow is not None:
                 self.sow.apply(result.sow)
             self.sow.applied_seq = self.state.max_seq

@@ -5,6 +5,8 @@ the position the ingest writer has folded (:meth:`SowTable.compact`); once
 more when the instance stops, so a stopped instance's tables are current. A
 compaction that fails is logged and tried again at the next tick: the txlog
 still holds every change, and readers that need the exact state fold it.
+The ingest writer hands over each batch's committed rows (:meth:`Compactor.committed`),
+so a compaction folds them from memory (:mod:`replication.sow.recent`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Callable
 
 from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.sow.keys import SowTopics
-from replication.sow.table import SowTable
+from replication.sow.recent import RecentRows
+from replication.sow.table import TAIL_SCHEMA, SowTable
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,8 @@ class Compactor:
         self.folded_seq = folded_seq
         """The txlog position the SOW state has folded: compactions go up to it."""
         self.compactions = 0
+        self.recent = RecentRows(TAIL_SCHEMA)
+        """The ingest writer's latest committed SOW rows (:meth:`committed`): compactions read them here."""
         self._due = [time.monotonic() + t.sow.compaction_interval for t in tables]
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -53,6 +58,11 @@ class Compactor:
             self._thread.join(timeout=120)
         self.compact_all()
 
+    def committed(self, rows, first_seq: int, last_seq: int) -> None:
+        """The ingest writer committed ``rows`` (txlog seqs ``first_seq`` .. ``last_seq``)."""
+        if self.tables:
+            self.recent.add(rows, first_seq, last_seq)
+
     def compact_all(self) -> None:
         for index in range(len(self.tables)):
             self._compact(index)
@@ -69,8 +79,9 @@ class Compactor:
         table = self.tables[index]
         with self._lock:
             try:
-                if table.compact(self.txlog, self.topics, index, self.folded_seq()):
+                if table.compact(self.txlog, self.topics, index, self.folded_seq(), self.recent):
                     self.compactions += 1
+                self.recent.drop_through(min(t.compacted_through for t in self.tables))
             except Exception:  # the txlog keeps every change: the next tick tries again
                 log.exception("%s: compacting SOW topic %s failed; retrying at the next interval",
                               self.name, table.sow.name)

@@ -26,6 +26,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.expressions import Filter
 from replication.expressions.columnar import matching
 from replication.sow.keys import SowTopics, bucket_of, split_keys
+from replication.sow.recent import RecentRows
 from replication.sow.state import SowState
 from replication.storage.layout import StorageLayout
 from replication.txlog import TXLOG_SCHEMA
@@ -73,6 +75,8 @@ SOW_SCHEMA = pa.schema(
 #: The txlog columns a fold of SOW changes reads.
 TAIL_COLUMNS = ("seq", "topic", "message_type", "command", "sow_key", "bookmark", "publisher", "publisher_seq",
                 "origin", "publish_time", "persist_time", "data")
+#: Those columns as the txlog types them.
+TAIL_SCHEMA = pa.schema([TXLOG_SCHEMA.field(name) for name in TAIL_COLUMNS])
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -217,14 +221,17 @@ class SowTable:
         self.table.update_incremental()
         self.compacted_through = through
 
-    def compact(self, txlog: TxlogFiles, topics: SowTopics, index: int, through: int) -> bool:
-        """Bring the base up to txlog seq ``through``; False when it already is. One commit."""
+    def compact(self, txlog: TxlogFiles, topics: SowTopics, index: int, through: int,
+                recent: RecentRows | None = None) -> bool:
+        """Bring the base up to txlog seq ``through``; False when it already is. One commit.
+        ``recent``: the rows the ingest writer just committed, used instead of reading them back."""
         started = time.monotonic()
         self.table.update_incremental()
         since = self.compacted_through = self.through_seq
         if through <= since:
             return False
-        rows = txlog.read(since, through, schema=_tail_schema())
+        read = partial(txlog.read, schema=TAIL_SCHEMA)
+        rows = recent.rows(since, through, read) if recent is not None else read(since, through)
         changes = net_changes(rows, topics, index)
         upserts = as_records(changes.upserts, self.buckets)
         touched = set(pc.unique(upserts["bucket"]).to_pylist()) | {
@@ -255,16 +262,12 @@ class SowTable:
                           keep_versions=sorted(set(recent) | {self.table.version()}))
 
 
-def _tail_schema() -> pa.Schema:
-    return pa.schema([TXLOG_SCHEMA.field(name) for name in TAIL_COLUMNS])
-
-
 def tail_rows(txlog: TxlogFiles, since: int, through: int | None = None) -> pa.Table:
     """The txlog rows a SOW fold reads (:data:`TAIL_COLUMNS`) with ``since < seq <= through`` (default: the end)."""
     if through is None:
         txlog.refresh()
         through = txlog.committed_seq
-    return txlog.read(since, max(through, since), schema=_tail_schema())
+    return txlog.read(since, max(through, since), schema=TAIL_SCHEMA)
 
 
 def rebuild_state(state: SowState, tables: list[SowTable], txlog: TxlogFiles, through: int) -> None:
@@ -283,7 +286,7 @@ def fold_tail(state: SowState, txlog: TxlogFiles, since: list[int], through: int
     (read once, from the oldest position)."""
     start = min(since, default=through)
     if through > start:
-        rows = txlog.read(start, through, schema=_tail_schema())
+        rows = txlog.read(start, through, schema=TAIL_SCHEMA)
         seqs = rows["seq"].to_numpy()
         for index, after in enumerate(since):
             changes = net_changes(rows.slice(int((seqs <= after).sum())), state.topics, index)
