@@ -25,6 +25,7 @@ The record of one key: ``(seq, body)``, ~0.4 KB of driver memory for a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -47,6 +48,7 @@ from replication.sow.merge import merge, mergeable, serialize
 
 #: A record: the local seq that last wrote it, and its body.
 Record = tuple[int, bytes]
+_BODY = itemgetter(1)
 
 
 class SowState:
@@ -268,10 +270,11 @@ def _matching_keys(flt: Filter, records: dict[str, Record], overlay: dict[str, R
     (``overlay``; None: deleted) laid over them, tested column-wise (a record's body was parsed at ingest)."""
     current = {**records, **overlay} if overlay else records
     if overlay and None in overlay.values():
-        current = {key: record for key, record in current.items() if record is not None}
+        for key in [key for key, record in overlay.items() if record is None]:
+            del current[key]
     if not current:
         return []
     keys = list(current)
-    mask = matching(flt, pa.array([record[1] for record in current.values()], pa.binary()), message_type,
-                    valid_json=True)
+    bodies = pa.array(list(map(_BODY, current.values())), pa.binary())
+    mask = matching(flt, bodies, message_type, valid_json=True)
     return [keys[i] for i in np.flatnonzero(mask).tolist()]
