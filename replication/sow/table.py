@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 APP_ID = "sow"
 #: Partitions of a SOW table; a compaction rewrites the ones its changes touch.
 DEFAULT_BUCKETS = 16
+#: A compactor keeps the base it wrote in memory, up to this size, rather than reading it back each time.
+MAX_CACHED_BASE_BYTES = 256 << 20
 #: A vacuum keeps the files of the snapshots committed this recently (readers may still be on them).
 KEEP_SNAPSHOTS_S = 60.0
 
@@ -198,6 +200,8 @@ class SowTable:
             )
         self.buckets = int(self.table.metadata().configuration.get("replication.sow.buckets", DEFAULT_BUCKETS))
         self.last_compaction_s = 0.0
+        self._base: tuple[int, pa.Table] | None = None
+        """(table version, its every record): what this object's last compaction wrote, kept in memory."""
         self.compacted_through = self.through_seq
         """:attr:`through_seq` as of this object's last open, compaction or replace (for status: no log read)."""
 
@@ -219,6 +223,7 @@ class SowTable:
             commit_properties=CommitProperties(app_transactions=[Transaction(APP_ID, through)]),
         )
         self.table.update_incremental()
+        self._base = None
         self.compacted_through = through
 
     def compact(self, txlog: TxlogFiles, topics: SowTopics, index: int, through: int,
@@ -236,8 +241,16 @@ class SowTable:
         upserts = as_records(changes.upserts, self.buckets)
         touched = set(pc.unique(upserts["bucket"]).to_pylist()) | {
             bucket_of(t, k, self.buckets) for t, k in changes.deleted}
+        touched_ids = pa.array(sorted(touched), pa.int32())
+        version = self.table.version()
+        cached = self._base[1] if self._base is not None and self._base[0] == version else None
+        if cached is not None:  # the table as this object last wrote it: no read
+            in_touched = pc.is_in(cached["bucket"], value_set=touched_ids)
+            base = _where(cached, in_touched)
+        else:
+            base = self.records(touched) if touched else SOW_SCHEMA.empty_table()
         if touched:
-            merged = apply_changes(self.records(touched), changes, self.buckets, upserts=upserts)
+            merged = apply_changes(base, changes, self.buckets, upserts=upserts)
             predicate = f"bucket IN ({', '.join(str(b) for b in sorted(touched))})"
         else:
             merged, predicate = SOW_SCHEMA.empty_table(), "bucket IN (-1)"  # nothing changed: record the position
@@ -249,6 +262,15 @@ class SowTable:
         )
         failpoints.hit("sow.after_compaction_commit")
         self.table.update_incremental()
+        # Kept for the next compaction: the untouched buckets as they were and the touched ones as just written,
+        # when the whole table is known (cached, or every bucket rewritten) and small enough.
+        whole = (pa.concat_tables([_where(cached, pc.invert(in_touched)), merged]) if cached is not None else
+                 merged if len(touched) == self.buckets else None)
+        if whole is not None and whole.num_rows and whole["data"].num_chunks > 64:
+            whole = whole.combine_chunks()
+        ours = self.table.version() == version + 1  # (no other commit since: the table is what we wrote)
+        self._base = (version + 1, whole) if ours and whole is not None and whole.nbytes <= MAX_CACHED_BASE_BYTES \
+            else None
         self._vacuum()
         self.last_compaction_s = time.monotonic() - started
         self.compacted_through = through
