@@ -12,7 +12,7 @@ import pytest
 from replication.config.model import InstanceConfig, SowTopic, TopicSpec
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classify
 from replication.sow.keys import SowTopics, escape, key_of, parse_body, split_keys
-from replication.sow.merge import merge, serialize
+from replication.sow.merge import merge, merged_body, serialize
 from replication.sow.recent import RecentRows
 from replication.sow.state import SowState
 from replication.sow.table import SOW_SCHEMA, TAIL_SCHEMA, Changes, apply_changes, net_changes
@@ -94,11 +94,19 @@ def test_json_merge_nests_objects_replaces_arrays_and_scalars_keeps_absent_field
     }
     assert merge("json", {"a": {"b": 1}}, {"a": 5}) == {"a": 5}, "a scalar replaces an object"
     assert current["qty"] == 5, "the current record is not modified in place"
+    # what the fold stores: the same merge, from the record's body as stored
+    for record, change in [(current, delta), ({"a": {"b": 1}}, {"a": 5}), ([1, 2], {"a": 1}), ({}, {"n": {"m": {}}}),
+                           ({"n": {"m": {"x": 1}, "y": 2}}, {"n": {"m": {"z": 3}}})]:
+        before = json.dumps(change)
+        assert merged_body("json", json.dumps(record).encode(), change) == serialize("json", merge("json", record, change))
+        assert json.dumps(change) == before, "the delta is only read"
 
 
 def test_fix_merge_is_tag_by_tag():
     merged = merge("fix", parse_body("fix", b"35=S\x0155=IBM\x01132=10\x01"), parse_body("fix", b"132=11\x01133=12\x01"))
     assert serialize("fix", merged) == b"35=S\x0155=IBM\x01132=11\x01133=12\x01"
+    assert merged_body("fix", b"35=S\x0155=IBM\x01132=10\x01", parse_body("fix", b"132=11\x01133=12\x01")) == \
+        b"35=S\x0155=IBM\x01132=11\x01133=12\x01"
 
 
 # ---------------------------------------------------------------------------- a batch against the state

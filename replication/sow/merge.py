@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from replication.messages import TAG_VALUE_TYPES, tag_value_body
+from replication.messages import TAG_VALUE_TYPES, tag_value_body, tag_value_fields
 
 
 def mergeable(message_type: str, delta: Any) -> str | None:
@@ -32,6 +32,19 @@ def merge(message_type: str, current: Any, delta: Any) -> Any:
     return _merge_json(current, delta) if isinstance(current, dict) else delta
 
 
+def merged_body(message_type: str, record: bytes, delta: Any) -> bytes:
+    """The body a delta_publish stores: ``delta`` (parsed) merged into the record's body, as :func:`merge`
+    and :func:`serialize` give it. JSON, the common case, merges into the record as parsed here (ours to
+    change: no copy of each level)."""
+    if message_type in TAG_VALUE_TYPES:
+        return tag_value_body(_merge_fields(tag_value_fields(record), delta))
+    current = orjson.loads(record)
+    if type(current) is not dict:
+        return orjson.dumps(delta)
+    _merge_into(current, delta)
+    return orjson.dumps(current)
+
+
 def serialize(message_type: str, doc: Any) -> bytes:
     if message_type in TAG_VALUE_TYPES:
         return tag_value_body(doc)
@@ -44,6 +57,16 @@ def _merge_json(current: dict, delta: dict) -> dict:
         old = out.get(name)
         out[name] = _merge_json(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return out
+
+
+def _merge_into(current: dict, delta: dict) -> None:
+    for name, value in delta.items():
+        if type(value) is dict:
+            old = current.get(name)
+            if type(old) is dict:
+                _merge_into(old, value)  # (a delta's own objects are only read)
+                continue
+        current[name] = value
 
 
 def _merge_fields(current: list[tuple[str, str]], delta: list[tuple[str, str]]) -> list[tuple[str, str]]:

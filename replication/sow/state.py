@@ -44,7 +44,7 @@ from replication.sow.keys import (
     split_keys,
     value_text,
 )
-from replication.sow.merge import merge, mergeable, serialize
+from replication.sow.merge import merged_body, mergeable
 
 #: A record: the local seq that last wrote it, and its body.
 Record = tuple[int, bytes]
@@ -256,9 +256,7 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
         if command == "delta_publish":
             record = pending[key] if key in pending else current.get(key)
             if record is not None:
-                message_type = sows[index].message_type
-                data = bodies[position] = serialize(
-                    message_type, merge(message_type, parse_body(message_type, record[1]), check.doc))
+                data = bodies[position] = merged_body(sows[index].message_type, record[1], check.doc)
         pending[key] = (seq, data)
         append(key)
     return Folded(sow_keys, bodies, changes)
