@@ -259,10 +259,13 @@ def _fold_sow(txlog_rows: pa.Table, positions: np.ndarray, checks: list[Prepared
     at = np.nonzero(positions >= 0)[0]
     if not at.size:
         return txlog_rows, None  # the batch's SOW rows were all duplicates
-    rows = positions[at].tolist()
+    rows = positions[at]
     topics, commands, datas = sow_rows["topic"], sow_rows["command"], sow_rows["data"]
-    folded = fold(sow, (first_seq + at).tolist(), [topics[r] for r in rows], [commands[r] for r in rows],
-                  [datas[r] for r in rows], [checks[r] for r in rows],
+    if rows.size != len(checks) or rows[-1] != rows.size - 1:  # (else every SOW row is kept, in order: as they are)
+        picked = rows.tolist()
+        topics, commands, datas = [topics[r] for r in picked], [commands[r] for r in picked], [datas[r] for r in picked]
+        checks = [checks[r] for r in picked]
+    folded = fold(sow, (first_seq + at).tolist(), topics, commands, datas, checks,
                   through_seq=first_seq + txlog_rows.num_rows - 1)
     if at.size == txlog_rows.num_rows:
         sow_key = pa.array(folded.sow_keys, pa.string())
