@@ -489,3 +489,17 @@ def test_repeated_compactions_keep_the_table_equal_to_the_fold_and_reread_a_tabl
         assert len({r["sow_key"] for r in plain}) == len(plain)
         assert {r["sow_key"]: r["data"] for r in plain} == {k: b for k, (_, b) in sow.items(0, "/orders")}
     assert table._base is not None, "200 keys over 16 buckets: every bucket rewritten, so the base is kept"
+
+
+def test_stored_bodies_are_replaced_row_by_row_across_chunks():
+    """The merged bodies land on their own rows whatever the chunks of the batch's data column."""
+    import numpy as np
+
+    from replication.ingest.classify import _replaced
+
+    column = pa.chunked_array([pa.array([b"a", b"b"], pa.binary()), pa.array([], pa.binary()),
+                               pa.array([b"c", b"d", b"e"], pa.binary())])
+    changed = np.array([False, True, True, False, True])
+    got = _replaced(column, changed, [b"B", None, b"E"])
+    assert got.to_pylist() == [b"a", b"B", None, b"d", b"E"]
+    assert _replaced(column, np.zeros(5, dtype=bool), []).to_pylist() == column.to_pylist()

@@ -278,10 +278,22 @@ def _fold_sow(txlog_rows: pa.Table, positions: np.ndarray, checks: list[Prepared
     if folded.bodies:
         changed = np.zeros(txlog_rows.num_rows, dtype=bool)
         changed[at[list(folded.bodies)]] = True
-        data = pc.replace_with_mask(out["data"].combine_chunks(), pa.array(changed),
-                                    pa.array(list(folded.bodies.values()), pa.binary()))
+        data = _replaced(out["data"], changed, list(folded.bodies.values()))
         out = out.set_column(out.schema.get_field_index("data"), "data", data)
     return out, folded.changes
+
+
+def _replaced(column: pa.ChunkedArray, changed: np.ndarray, values: list[bytes | None]) -> pa.ChunkedArray:
+    """``column`` with its ``changed`` rows' values replaced by ``values``, in order: chunk by chunk, each
+    small enough to stay in cache (one replace over the whole combined column measured ~5x slower)."""
+    chunks, at, used = [], 0, 0
+    for chunk in column.chunks:
+        mask = changed[at:at + len(chunk)]
+        count = int(np.count_nonzero(mask))
+        chunks.append(pc.replace_with_mask(chunk, pa.array(mask), pa.array(values[used:used + count], chunk.type))
+                      if count else chunk)
+        at, used = at + len(chunk), used + count
+    return pa.chunked_array(chunks, column.type)
 
 
 def logons_in(batch: pa.Table) -> list[Logon]:
