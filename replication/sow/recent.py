@@ -20,8 +20,9 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: Rows held at most (~300 B each): past it the oldest batches are let go (a compaction reads them from the txlog).
-MAX_ROWS = 1_000_000
+#: Rows held at most (~300 B each; a 5 s compaction interval at 60k msg/s holds ~300k): past it the oldest
+#: batches are let go (a compaction reads them from the txlog).
+MAX_ROWS = 500_000
 
 
 class RecentRows:
@@ -39,11 +40,10 @@ class RecentRows:
         self._through: int | None = None
 
     def add(self, rows: pa.Table, first_seq: int, last_seq: int) -> None:
-        """A committed batch: its txlog rows (``first_seq`` .. ``last_seq``; none when ``last_seq < first_seq``).
-        Rows without a ``sow_key`` change no SOW and are not kept. A batch that does not follow the last one
-        (a gap: rows committed some other way) starts the held range again."""
-        picked = rows.filter(pc.is_valid(rows["sow_key"])) if rows.num_rows else rows
-        picked = picked.select(self.schema.names).cast(self.schema)
+        """A committed batch: its txlog rows (``first_seq`` .. ``last_seq``; none when ``last_seq < first_seq``),
+        kept as they are (no copy on the writer's path: :meth:`rows` picks and casts). A batch that does not
+        follow the last one (a gap: rows committed some other way) starts the held range again."""
+        picked = rows.select(self.schema.names)
         with self._lock:
             if self._through is None or first_seq != self._through + 1:
                 self._parts, self._rows, self._from = [], 0, first_seq - 1
@@ -57,18 +57,21 @@ class RecentRows:
                 self._from = last
 
     def rows(self, since: int, through: int, read_txlog: Callable[[int, int], pa.Table]) -> pa.Table:
-        """The SOW rows with ``since < seq <= through`` in seq order: those held, and the txlog's
-        (``read_txlog(a, b)``: rows ``a < seq <= b``) for the part of the range not held."""
+        """The rows with ``since < seq <= through`` in seq order (those of no SOW may be left out): those
+        held, and the txlog's (``read_txlog(a, b)``: rows ``a < seq <= b``) for the part of the range not held."""
         with self._lock:
             held_from, held_through, parts = self._from, self._through, list(self._parts)
         if held_from is None or held_from >= through or held_through is None or held_through < through:
             return read_txlog(since, through)
         pieces = [read_txlog(since, held_from).select(self.schema.names)] if held_from > since else []
-        held = [part for last, part in parts if last > since]
-        if held:
-            table = pa.concat_tables(held)
-            seq = table["seq"]
-            pieces.append(table.filter(pc.and_(pc.greater(seq, since), pc.less_equal(seq, through))))
+        for last, part in parts:
+            if last <= since:
+                continue
+            seq = part["seq"]
+            keep = pc.is_valid(part["sow_key"])  # rows of no SOW topic change no SOW
+            if not (seq[0].as_py() > since and last <= through):
+                keep = pc.and_(keep, pc.and_(pc.greater(seq, since), pc.less_equal(seq, through)))
+            pieces.append((part if pc.all(keep).as_py() else part.filter(keep)).cast(self.schema))
         return pa.concat_tables(pieces) if pieces else self.schema.empty_table()
 
     def drop_through(self, seq: int) -> None:
