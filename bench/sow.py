@@ -214,7 +214,7 @@ def filled_state(cfg, records: int):
 
     state = SowState(SowTopics.of(cfg))
     body = b'{"id":0,"symbol":"ACME","side":"buy","qty":1,"price":100.0,"account":{"id":"ACC-1","region":"nyc"}}'
-    state.records[0]["/orders"] = {str(k): (k + 1, body) for k in range(records)}
+    state.records[0]["/orders"] = {str(k): body for k in range(records)}
     state.applied_seq = records
     return state
 

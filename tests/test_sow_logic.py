@@ -59,7 +59,7 @@ def fresh() -> SowState:
 
 
 def records(sow: SowState, index: int = 0, topic: str = "/orders") -> dict[str, object]:
-    return {key: json.loads(body) for key, (_, body) in sow.items(index, topic)}
+    return {key: json.loads(body) for key, body in sow.items(index, topic)}
 
 
 # ---------------------------------------------------------------------------- keys and merges
@@ -180,7 +180,7 @@ def test_fix_topic_keyed_by_tag_with_filter_delete_on_a_tag():
         {"topic": "/quotes", "message_type": "fix", "body": b"55=IBM\x01132=11\x01", "command": "delta_publish"},
         {"topic": "/quotes", "message_type": "fix", "command": "sow_delete", "filter": "/132 > 15"},
     ), sow)
-    assert {k: body for k, (_, body) in sow.items(2, "/quotes")} == {"IBM": b"35=S\x0155=IBM\x01132=11\x01"}
+    assert {k: body for k, body in sow.items(2, "/quotes")} == {"IBM": b"35=S\x0155=IBM\x01132=11\x01"}
 
 
 def test_composite_keys_and_a_keyless_topic_take_the_header_key():
@@ -239,8 +239,9 @@ def test_net_changes_of_stored_rows_equal_what_the_batch_did():
     stored = result.txlog_rows
     changes = net_changes(stored, SowTopics.of(CFG), 0)
     folded = apply_changes(SOW_SCHEMA.empty_table(), changes, buckets=4)
-    assert {r["sow_key"]: (r["seq"], json.loads(r["data"])) for r in folded.to_pylist()} == {
-        key: (seq, json.loads(body)) for key, (seq, body) in sow.items(0, "/orders")}
+    assert {r["sow_key"]: json.loads(r["data"]) for r in folded.to_pylist()} == {
+        key: json.loads(body) for key, body in sow.items(0, "/orders")}
+    assert {r["sow_key"]: r["seq"] for r in folded.to_pylist()} == {"1": 3, "3": 7}, "each record's last write"
     assert changes.deleted == {("/orders", "2")}
 
 
@@ -279,7 +280,7 @@ def test_the_exact_read_with_a_filter_tests_the_base_and_the_changes_after_it(tm
     got = {r["sow_key"]: json.loads(r["data"])["qty"] for r in selected.to_pylist()}
     assert got == {"1": 500, "3": 30, "4": 40, "6": 60, "9": 90}
     everything = exact_records(table, txlog, topics, 0, topic="/orders")
-    assert {r["sow_key"]: r["data"] for r in everything.to_pylist()} == {k: b for k, (_, b) in sow.items(0, "/orders")}
+    assert {r["sow_key"]: r["data"] for r in everything.to_pylist()} == {k: b for k, b in sow.items(0, "/orders")}
 
 
 def test_net_changes_keep_each_records_last_change_over_random_rows():
@@ -386,7 +387,7 @@ def test_batches_interleaving_topics_of_one_sow_topic_fold_as_a_plain_reference(
         else:
             assert (row["sow_key"], json.loads(row["data"])) == (key(op.topic, doc), doc), op
     got = {(topic, k): json.loads(b) for index, topic in ((1, "/regions/eu"), (1, "/regions/us"), (0, "/orders"))
-           for k, (_, b) in sow.items(index, topic)}
+           for k, b in sow.items(index, topic)}
     assert got == reference.records and len(got) > 20
 
 
@@ -487,7 +488,7 @@ def test_repeated_compactions_keep_the_table_equal_to_the_fold_and_reread_a_tabl
             assert table.compact(txlog, topics, 0, state.max_seq, recent)
         plain = DeltaTable(str(table.path)).to_pyarrow_table().to_pylist()
         assert len({r["sow_key"] for r in plain}) == len(plain)
-        assert {r["sow_key"]: r["data"] for r in plain} == {k: b for k, (_, b) in sow.items(0, "/orders")}
+        assert {r["sow_key"]: r["data"] for r in plain} == {k: b for k, b in sow.items(0, "/orders")}
     assert table._base is not None, "200 keys over 16 buckets: every bucket rewritten, so the base is kept"
 
 

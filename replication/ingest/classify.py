@@ -265,7 +265,7 @@ def _fold_sow(txlog_rows: pa.Table, positions: np.ndarray, checks: list[Prepared
         picked = rows.tolist()
         topics, commands, datas = [topics[r] for r in picked], [commands[r] for r in picked], [datas[r] for r in picked]
         checks = [checks[r] for r in picked]
-    folded = fold(sow, (first_seq + at).tolist(), topics, commands, datas, checks,
+    folded = fold(sow, topics, commands, datas, checks,
                   through_seq=first_seq + txlog_rows.num_rows - 1)
     if at.size == txlog_rows.num_rows:
         sow_key = pa.array(folded.sow_keys, pa.string())

@@ -3,7 +3,7 @@
 The ingest writer needs the current record of a key when a delta_publish
 arrives (the merged message is what is stored) and every current record of a
 topic when a sow_delete by filter arrives, within one micro-batch, in ``seq``
-order. :class:`SowState` holds ``(seq, body)`` per key, by SOW topic and topic;
+order. :class:`SowState` holds each key's body, by SOW topic and topic;
 it is rebuilt at start from the SOW tables and the txlog rows after them
 (:mod:`replication.sow.table`), so it always equals the fold of the txlog.
 
@@ -18,14 +18,13 @@ A batch is handled in two steps, mirroring the writer's order of effects:
    :class:`SowChanges`, which the writer applies to the state only after the
    txlog commit.
 
-The record of one key: ``(seq, body)``, ~0.4 KB of driver memory for a
-200-byte body (1M records: ~400 MB).
+The record of one key: its body, ~0.3 KB of driver memory for a
+200-byte body (1M records: ~300 MB).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -46,9 +45,8 @@ from replication.sow.keys import (
 )
 from replication.sow.merge import merged_body, mergeable
 
-#: A record: the local seq that last wrote it, and its body.
-Record = tuple[int, bytes]
-_BODY = itemgetter(1)
+#: A record: its body as stored (what merges and filter deletes read; the SOW table has the rest).
+Record = bytes
 
 
 class SowState:
@@ -221,9 +219,9 @@ class Folded:
     changes: SowChanges
 
 
-def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str], datas: list[bytes | None],
+def fold(state: SowState, topics: list[str], commands: list[str], datas: list[bytes | None],
          checks: list[Prepared], through_seq: int) -> Folded:
-    """Apply the kept rows (columns: seq, topic, command as published, body, :func:`prepare`'s check), in seq
+    """Apply the kept rows (columns: topic, command as published, body, :func:`prepare`'s check), in seq
     order, to the state plus the batch's own earlier changes (the state itself is not changed)."""
     changes = SowChanges(through_seq)
     bodies: dict[int, bytes | None] = {}
@@ -235,7 +233,7 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
     # (a batch is mostly on one topic): the per-row work is a dict store.
     at_index, at_topic, pending, current = -1, None, empty, empty
 
-    for position, (seq, topic, command, data, check) in enumerate(zip(seqs, topics, commands, datas, checks)):
+    for position, (topic, command, data, check) in enumerate(zip(topics, commands, datas, checks)):
         index = check.index
         if index != at_index or topic != at_topic:
             at_index, at_topic = index, topic
@@ -257,8 +255,8 @@ def fold(state: SowState, seqs: list[int], topics: list[str], commands: list[str
         if command == "delta_publish":
             record = pending[key] if key in pending else current.get(key)
             if record is not None:
-                data = bodies[position] = merged_body(sows[index].message_type, record[1], check.doc)
-        pending[key] = (seq, data)
+                data = bodies[position] = merged_body(sows[index].message_type, record, check.doc)
+        pending[key] = data or b""  # (None marks a deleted record)
         append(key)
     return Folded(sow_keys, bodies, changes)
 
@@ -274,6 +272,6 @@ def _matching_keys(flt: Filter, records: dict[str, Record], overlay: dict[str, R
     if not current:
         return []
     keys = list(current)
-    bodies = pa.array(list(map(_BODY, current.values())), pa.binary())
+    bodies = pa.array(list(current.values()), pa.binary())
     mask = matching(flt, bodies, message_type, valid_json=True)
     return [keys[i] for i in np.flatnonzero(mask).tolist()]

@@ -296,10 +296,10 @@ def rebuild_state(state: SowState, tables: list[SowTable], txlog: TxlogFiles, th
     """Fill ``state`` with every SOW topic's records as of txlog seq ``through``: each table's base, then
     the txlog rows after it."""
     for index, table in enumerate(tables):
-        base = table.records().select(["topic", "sow_key", "seq", "data"])
+        base = table.records().select(["topic", "sow_key", "data"])
         records = state.records[index]
-        for topic, key, seq, data in zip(*(base[c].to_pylist() for c in base.column_names), strict=True):
-            records.setdefault(topic, {})[key] = (seq, data)
+        for topic, key, data in zip(*(base[c].to_pylist() for c in base.column_names), strict=True):
+            records.setdefault(topic, {})[key] = data or b""
     fold_tail(state, txlog, [t.through_seq for t in tables], through)
 
 
@@ -316,9 +316,8 @@ def fold_tail(state: SowState, txlog: TxlogFiles, since: list[int], through: int
             for topic, key in changes.deleted:
                 records.get(topic, {}).pop(key, None)
             upserts = changes.upserts
-            for topic, key, seq, data in zip(*(upserts[c].to_pylist() for c in ("topic", "sow_key", "seq", "data")),
-                                             strict=True):
-                records.setdefault(topic, {})[key] = (seq, data)
+            for topic, key, data in zip(*(upserts[c].to_pylist() for c in ("topic", "sow_key", "data")), strict=True):
+                records.setdefault(topic, {})[key] = data or b""
     state.applied_seq = max(state.applied_seq, through)
 
 
