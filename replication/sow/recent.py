@@ -48,7 +48,7 @@ class RecentRows:
             if self._through is None or first_seq != self._through + 1:
                 self._parts, self._rows, self._from = [], 0, first_seq - 1
             self._through = max(last_seq, first_seq - 1)
-            if picked.num_rows:
+            if picked["sow_key"].null_count < picked.num_rows:  # (a batch on no SOW topic: nothing to keep)
                 self._parts.append((self._through, picked))
                 self._rows += picked.num_rows
             while self._rows > self.max_rows:
