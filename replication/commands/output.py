@@ -10,6 +10,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replication.expressions.columnar import value_bytes
+
 
 def body_value(message_type: str, data: bytes | None) -> object:
     """A body as JSON output shows it: a json body parsed; other text as text; binary (or bytes that are not
@@ -50,8 +52,7 @@ def json_lines(rows: pa.Table, fields: Sequence[str]) -> bytes:
     for position, name in enumerate(fields):
         pieces += [("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":", _json_text(rows, name)]
     lines = pc.binary_join_element_wise(*pieces, "}\n", "")
-    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=len(lines) + 1, offset=lines.offset * 4)
-    return lines.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
+    return value_bytes(lines).to_pybytes()
 
 
 def _json_text(rows: pa.Table, name: str) -> pa.Array:

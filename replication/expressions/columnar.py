@@ -163,18 +163,16 @@ def _parse_columns(bodies: pa.Array, paths: list[tuple[str, ...]], valid_json: b
     bodies = bodies.cast(pa.binary())
     if pc.any(empty).as_py():
         bodies = pc.if_else(empty, pa.scalar(b"{}"), bodies)
-    offsets = np.frombuffer(bodies.buffers()[1], dtype=np.int32, count=len(bodies) + 1, offset=bodies.offset * 4)
-    data = bodies.buffers()[2]
-    raw = np.frombuffer(data, dtype=np.uint8)
+    offsets = value_offsets(bodies)
+    raw = np.frombuffer(bodies.buffers()[2], dtype=np.uint8)
     if valid_json and (raw[offsets[:-1]] == ord("{")).all() and (raw[offsets[1:] - 1] == ord("}")).all():
         # Whole JSON objects one after another parse as one row each: Arrow reads the bodies where they lie.
-        buffer, body_schema = data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), schema
+        buffer, body_schema = value_bytes(bodies), schema
     else:
         # Each body wrapped as {"v": body}: exactly one row per body, or the parse fails (two objects in
         # one body, a body of blanks, half a body cannot shift the rows).
         joined = pc.binary_join_element_wise(pa.scalar(b'{"v":'), bodies, pa.scalar(b"}\n"), pa.scalar(b""))
-        at = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=len(joined) + 1, offset=joined.offset * 4)
-        buffer = joined.buffers()[2].slice(int(at[0]), int(at[-1] - at[0]))
+        buffer = value_bytes(joined)
         body_schema = pa.schema([pa.field("v", pa.struct(schema))])
     read = pj.ReadOptions(block_size=BLOCK_BYTES if threads else PIECE_BLOCK_BYTES, use_threads=threads)
     try:
@@ -191,6 +189,18 @@ def _parse_columns(bodies: pa.Array, paths: list[tuple[str, ...]], valid_json: b
     if body_schema is not schema:
         fields_ = fields_.field(0)
     return {path: _values_of(_column(fields_, path)) for path in paths}
+
+
+def value_offsets(array: pa.Array) -> np.ndarray:
+    """Where each value of a binary or string array (32-bit offsets) starts in its data buffer, and where the
+    last one ends: ``len(array) + 1`` positions, read in place."""
+    return np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=array.offset * 4)
+
+
+def value_bytes(array: pa.Array) -> pa.Buffer:
+    """The values of a binary or string array (32-bit offsets) one after another, where they lie (no copy)."""
+    offsets = value_offsets(array)
+    return array.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
 def _sample_types(bodies: pa.Array, paths: list[tuple[str, ...]]) -> dict[tuple[str, ...], pa.DataType]:
