@@ -241,11 +241,10 @@ class SowTable:
         upserts = as_records(changes.upserts, self.buckets)
         touched = set(pc.unique(upserts["bucket"]).to_pylist()) | {
             bucket_of(t, k, self.buckets) for t, k in changes.deleted}
-        touched_ids = pa.array(sorted(touched), pa.int32())
         version = self.table.version()
         cached = self._base[1] if self._base is not None and self._base[0] == version else None
         if cached is not None:  # the table as this object last wrote it: no read
-            in_touched = pc.is_in(cached["bucket"], value_set=touched_ids)
+            in_touched = pc.is_in(cached["bucket"], value_set=pa.array(sorted(touched), pa.int32()))
             base = _where(cached, in_touched)
         else:
             base = self.records(touched) if touched else SOW_SCHEMA.empty_table()
@@ -295,11 +294,8 @@ def tail_rows(txlog: TxlogFiles, since: int, through: int | None = None) -> pa.T
 def rebuild_state(state: SowState, tables: list[SowTable], txlog: TxlogFiles, through: int) -> None:
     """Fill ``state`` with every SOW topic's records as of txlog seq ``through``: each table's base, then
     the txlog rows after it."""
-    for index, table in enumerate(tables):
-        base = table.records().select(["topic", "sow_key", "data"])
-        records = state.records[index]
-        for topic, key, data in zip(*(base[c].to_pylist() for c in base.column_names), strict=True):
-            records.setdefault(topic, {})[key] = data or b""
+    for records, table in zip(state.records, tables, strict=True):
+        _hold(records, table.records())
     fold_tail(state, txlog, [t.through_seq for t in tables], through)
 
 
@@ -315,10 +311,14 @@ def fold_tail(state: SowState, txlog: TxlogFiles, since: list[int], through: int
             records = state.records[index]
             for topic, key in changes.deleted:
                 records.get(topic, {}).pop(key, None)
-            upserts = changes.upserts
-            for topic, key, data in zip(*(upserts[c].to_pylist() for c in ("topic", "sow_key", "data")), strict=True):
-                records.setdefault(topic, {})[key] = data or b""
+            _hold(records, changes.upserts)
     state.applied_seq = max(state.applied_seq, through)
+
+
+def _hold(records: dict[str, dict[str, bytes]], rows: pa.Table) -> None:
+    """Put ``rows``' records (``topic``, ``sow_key``, ``data``) into a SOW state's topic -> key -> body."""
+    for topic, key, data in zip(*(rows[c].to_pylist() for c in ("topic", "sow_key", "data")), strict=True):
+        records.setdefault(topic, {})[key] = data or b""  # (None marks a deleted record in the state)
 
 
 def sow_topic_for(cfg: InstanceConfig, topic: str) -> tuple[int, SowTopic]:
