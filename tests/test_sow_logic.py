@@ -14,7 +14,7 @@ from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classif
 from replication.sow.keys import SowTopics, escape, key_of, parse_body, split_keys
 from replication.sow.merge import merge, merged_body, serialize
 from replication.sow.recent import RecentRows
-from replication.sow.state import SowState
+from replication.sow.state import SowChanges, SowState
 from replication.sow.table import SOW_SCHEMA, TAIL_SCHEMA, Changes, apply_changes, net_changes
 from replication.txlog import PublisherState
 
@@ -49,8 +49,8 @@ def rows(*specs: dict) -> pa.Table:
 
 def run(batch: pa.Table, sow: SowState, state: PublisherState | None = None):
     result = classify(batch, state or PublisherState(), instance="amps-1", recorded=TopicRecorder(CFG), sow=sow, now=NOW)
-    if result.sow is not None:
-        sow.apply(result.sow)
+    # as the ingest writer does: the next fold (or any read of the state) waits for it
+    sow.apply_in_background(result.sow, result.sow.through_seq if result.sow is not None else sow.applied_seq)
     return result
 
 
@@ -389,6 +389,40 @@ def test_batches_interleaving_topics_of_one_sow_topic_fold_as_a_plain_reference(
     got = {(topic, k): json.loads(b) for index, topic in ((1, "/regions/eu"), (1, "/regions/us"), (0, "/orders"))
            for k, b in sow.items(index, topic)}
     assert got == reference.records and len(got) > 20
+
+
+def test_a_batch_applied_in_the_background_is_waited_for_by_every_read_and_a_failure_is_raised():
+    import threading
+
+    class Held(dict):
+        """A batch's changes whose application waits until the test lets it go."""
+        release = threading.Event()
+
+        def items(self):
+            assert self.release.wait(30)
+            return super().items()
+
+    sow = fresh()
+    run(rows({"body": {"id": 1, "qty": 1}}, {"body": {"id": 2, "qty": 2}}), sow)
+    changes = SowChanges(9, Held({(0, "/orders"): {"1": None, "3": b'{"id":3}'}}))
+    sow.apply_in_background(changes, 9)
+    counted: list[int] = []
+    reader = threading.Thread(target=lambda: counted.append(sow.count()))
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive() and not counted  # still waiting for the batch, not counting a half-applied state
+    Held.release.set()
+    reader.join(30)
+    assert counted == [2] and sow.applied_seq == 9
+    assert set(records(sow)) == {"2", "3"}
+
+    class Broken(dict):
+        def items(self):
+            raise MemoryError("no room")
+
+    sow.apply_in_background(SowChanges(10, Broken()), 10)
+    with pytest.raises(RuntimeError, match="could not take a committed batch; restart the instance"):
+        run(rows({"body": {"id": 4}}), sow)
 
 
 # ---------------------------------------------------------------------------- compaction's recent rows

@@ -41,10 +41,11 @@ class IngestWriter:
     3. append accepted rows to ``txlog/`` (app transaction ``ingest``, version ``b``),
        with the batch's publisher and link positions in the commit metadata;
     4. fold the batch into the in-memory publisher state and snapshot
-       ``publishers.json``; fold its SOW changes into the SOW state (the SOW
-       tables follow on the compactor's schedule, from the txlog rows, which
-       the compactor is handed here rather than reading them back);
-    5. hand the commit to the durability tracker (persisted acks, logon replies).
+       ``publishers.json``; hand the txlog rows to the SOW compactor (the SOW
+       tables follow on its schedule, from these rows rather than read back);
+    5. hand the commit to the durability tracker (persisted acks, logon replies);
+    6. fold the batch's SOW changes into the SOW state, on a thread while
+       Spark reads the next batch (whose classify waits for it).
 
     A batch replayed after a crash finds version ``b`` in the txlog and skips
     2–4; the states already hold it (recovered at start: publishers from the
@@ -102,6 +103,8 @@ class IngestWriter:
         for version, record in records:
             self.state.apply(version, record)
         self.txlog.refresh()
+        if self.sow is not None:
+            self.sow.settle()
         if self.sow is not None and self.txlog_files is not None and self.state.max_seq > self.sow.applied_seq:
             fold_tail(self.sow, self.txlog_files, [self.sow.applied_seq] * len(self.sow.records), self.state.max_seq)
         if records:
@@ -138,6 +141,8 @@ class IngestWriter:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
         self._last_batch_at = started
         self._enter(batch_id, "classifying its rows")
+        if self.sow is not None:
+            self.sow.settle()  # the last batch's changes are in
         with _no_cyclic_gc():
             result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded, sow=self.sow)
         if result.rejected_rows.num_rows:
@@ -157,12 +162,8 @@ class IngestWriter:
         failpoints.hit("ingest.after_txlog_commit")
         self.state.apply(self.txlog.table.version(), metadata)
         self.save_state(self.state)
-        if self.sow is not None:
-            if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
-                self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)
-            if result.sow is not None:
-                self.sow.apply(result.sow)
-            self.sow.applied_seq = self.state.max_seq
+        if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
+            self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)
         failpoints.hit("ingest.before_ack")
         self._enter(batch_id, "acknowledging")
         self.on_commit(last_seq, result)
@@ -171,6 +172,8 @@ class IngestWriter:
         self.stats["rejected"] += result.rejected_rows.num_rows
         self.stats["duplicates"] += result.duplicates
         self.stats["last_batch_ms"] = (time.perf_counter() - started) * 1000
+        if self.sow is not None:  # last: its thread would slow the acknowledgements (both hold the GIL)
+            self.sow.apply_in_background(result.sow, self.state.max_seq)
 
 
 @contextmanager

@@ -24,7 +24,10 @@ The record of one key: its body, ~0.3 KB of driver memory for a
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import itemgetter
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -45,6 +48,8 @@ from replication.sow.keys import (
 )
 from replication.sow.merge import merged_body, mergeable
 
+#: Records put into the state per call when a batch is applied.
+APPLY_STEP = 16_384
 #: A record: its body as stored (what merges and filter deletes read; the SOW table has the rest).
 Record = bytes
 
@@ -55,25 +60,64 @@ class SowState:
     def __init__(self, topics: SowTopics) -> None:
         self.topics = topics
         self.records: list[dict[str, dict[str, Record]]] = [{} for _ in topics.topics]
-        """Per SOW topic position: topic -> key -> record."""
+        """Per SOW topic position: topic -> key -> record. Read it after :meth:`settle` while batches are
+        applied in the background."""
         self.applied_seq = 0
         """Every txlog row through this seq is folded in."""
+        self._applying: threading.Thread | None = None
+        self._apply_error: BaseException | None = None
+        self._lock = threading.Lock()
 
     def items(self, index: int, topic: str) -> Iterator[tuple[str, Record]]:
+        self.settle()
         return iter(self.records[index].get(topic, {}).items())
 
     def apply(self, changes: "SowChanges") -> None:
         """Fold a committed batch's changes in (after its txlog commit)."""
-        for (index, topic), changed in changes.topics.items():
+        self.settle()
+        self._apply(changes, changes.through_seq)
+
+    def apply_in_background(self, changes: "SowChanges | None", through_seq: int) -> None:
+        """:meth:`apply` on a thread of its own, while Spark reads the next batch (~80 ms a 200k-row batch off
+        the ingest's path); the next :meth:`settle` waits for it. ``changes`` None: a batch with no SOW row."""
+        def run() -> None:
+            try:
+                self._apply(changes, through_seq)
+            except BaseException as exc:  # the state is not what the txlog says: settle() raises it
+                self._apply_error = exc
+
+        with self._lock:
+            self._join()
+            self._applying = threading.Thread(target=run, name="sow-apply", daemon=True)
+            self._applying.start()
+
+    def settle(self) -> None:
+        """Wait for a batch being applied in the background."""
+        with self._lock:
+            self._join()
+
+    def _join(self) -> None:
+        if self._applying is not None:
+            self._applying.join()
+            self._applying = None
+        if self._apply_error is not None:
+            raise RuntimeError("the SOW state could not take a committed batch; restart the instance "
+                               "(it rebuilds the state from the SOW tables and the txlog)") from self._apply_error
+
+    def _apply(self, changes: "SowChanges | None", through_seq: int) -> None:
+        for (index, topic), changed in changes.topics.items() if changes is not None else ():
             by_key = self.records[index].setdefault(topic, {})
-            by_key.update(changed)
+            pairs = iter(changed.items())
+            for _ in range(0, len(changed), APPLY_STEP):  # one C call holds the GIL: the writer waits on none long
+                by_key.update(islice(pairs, APPLY_STEP))
             for key in [key for key, record in changed.items() if record is None]:
                 del by_key[key]
-        self.applied_seq = max(self.applied_seq, changes.through_seq)
+        self.applied_seq = max(self.applied_seq, through_seq)
 
     def count(self, index: int | None = None) -> int:
+        self.settle()
         tables = self.records if index is None else [self.records[index]]
-        return sum(len(by_key) for table in tables for by_key in table.values())
+        return sum(len(by_key) for table in tables for by_key in list(table.values()))
 
 
 @dataclass
@@ -222,43 +266,68 @@ class Folded:
 def fold(state: SowState, topics: list[str], commands: list[str], datas: list[bytes | None],
          checks: list[Prepared], through_seq: int) -> Folded:
     """Apply the kept rows (columns: topic, command as published, body, :func:`prepare`'s check), in seq
-    order, to the state plus the batch's own earlier changes (the state itself is not changed)."""
-    changes = SowChanges(through_seq)
-    bodies: dict[int, bytes | None] = {}
-    sow_keys: list[str | None] = []
-    append = sow_keys.append
-    sows = state.topics.topics
-    empty: dict[str, Record] = {}
-    # The batch's changes and the state of the row's (SOW topic, topic), looked up again only when it changes
-    # (a batch is mostly on one topic): the per-row work is a dict store.
-    at_index, at_topic, pending, current = -1, None, empty, empty
+    order, to the state plus the batch's own earlier changes (the state itself is not changed).
 
-    for position, (topic, command, data, check) in enumerate(zip(topics, commands, datas, checks)):
-        index = check.index
-        if index != at_index or topic != at_topic:
-            at_index, at_topic = index, topic
-            pending = changes.topics.setdefault((index, topic), {})
-            current = state.records[index].get(topic, empty)
-        if command == "sow_delete":
+    Rows of different (SOW topic, topic) never touch the same record, so each such group is folded on its own
+    (a batch is mostly one group: its columns are then used as they are)."""
+    state.settle()
+    changes = SowChanges(through_seq)
+    indexes = list(map(_INDEX, checks))
+    groups = set(zip(indexes, topics))
+    if len(groups) == 1:
+        ((index, topic),) = groups
+        sow_keys, bodies = _fold_group(state, changes, index, topic, commands, datas, checks)
+        return Folded(sow_keys, bodies, changes)
+    sow_keys = [None] * len(checks)
+    bodies: dict[int, bytes | None] = {}
+    rows_of: dict[tuple[int, str], list[int]] = {}
+    for position, group in enumerate(zip(indexes, topics)):
+        rows_of.setdefault(group, []).append(position)
+    for (index, topic), rows in rows_of.items():
+        keys, changed = _fold_group(state, changes, index, topic, [commands[r] for r in rows],
+                                    [datas[r] for r in rows], [checks[r] for r in rows])
+        for r, key in zip(rows, keys):
+            sow_keys[r] = key
+        bodies.update((rows[at], body) for at, body in changed.items())
+    return Folded(sow_keys, dict(sorted(bodies.items())), changes)
+
+
+_INDEX = itemgetter(0)
+_KEY = itemgetter(1)
+
+
+def _fold_group(state: SowState, changes: SowChanges, index: int, topic: str, commands: list[str],
+                datas: list[bytes | None], checks: list[Prepared]) -> tuple[list[str | None], dict[int, bytes | None]]:
+    """:func:`fold` of one (SOW topic, topic)'s rows, into ``changes``: each row's ``sow_key`` and the bodies it
+    changed (by position in these rows)."""
+    pending = changes.topics.setdefault((index, topic), {})
+    current = state.records[index].get(topic, {})
+    message_type = state.topics.topics[index].message_type
+    bodies: dict[int, bytes | None] = {}
+    keys = list(map(_KEY, checks))
+    sow_keys = keys.copy()  # a publish's or a delta_publish's own key; a sow_delete's set below
+    for position, (command, key, data) in enumerate(zip(commands, keys, datas)):
+        if command == "publish":  # most rows: a dict store
+            pending[key] = data or b""  # (None marks a deleted record)
+        elif command == "sow_delete":
+            check = checks[position]
             if check.delete_filter is not None:
-                keys = _matching_keys(check.delete_filter, current, pending, sows[index].message_type)
+                gone = _matching_keys(check.delete_filter, current, pending, message_type)
             else:
-                keys = [key for key in check.delete_keys or ()
+                gone = [key for key in check.delete_keys or ()
                         if (pending[key] if key in pending else current.get(key)) is not None]
-            for key in keys:
+            for key in gone:
                 pending[key] = None
             if not data:
                 bodies[position] = None  # by keys or by filter: no body
-            append(join_keys(keys) or None)
-            continue
-        key = check.key
-        if command == "delta_publish":
-            record = pending[key] if key in pending else current.get(key)
-            if record is not None:
-                data = bodies[position] = merged_body(sows[index].message_type, record, check.doc)
-        pending[key] = data or b""  # (None marks a deleted record)
-        append(key)
-    return Folded(sow_keys, bodies, changes)
+            sow_keys[position] = join_keys(gone) or None
+        else:
+            if command == "delta_publish":
+                record = pending[key] if key in pending else current.get(key)
+                if record is not None:
+                    data = bodies[position] = merged_body(message_type, record, checks[position].doc)
+            pending[key] = data or b""
+    return sow_keys, bodies
 
 
 def _matching_keys(flt: Filter, records: dict[str, Record], overlay: dict[str, Record | None],
