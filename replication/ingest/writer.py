@@ -45,7 +45,7 @@ class IngestWriter:
        tables follow on its schedule, from these rows rather than read back);
     5. hand the commit to the durability tracker (persisted acks, logon replies);
     6. fold the batch's SOW changes into the SOW state, on a thread while
-       Spark reads the next batch (whose classify waits for it).
+       Spark reads the next batch (whose fold waits for it).
 
     A batch replayed after a crash finds version ``b`` in the txlog and skips
     2–4; the states already hold it (recovered at start: publishers from the
@@ -104,9 +104,10 @@ class IngestWriter:
             self.state.apply(version, record)
         self.txlog.refresh()
         if self.sow is not None:
-            self.sow.settle()
-        if self.sow is not None and self.txlog_files is not None and self.state.max_seq > self.sow.applied_seq:
-            fold_tail(self.sow, self.txlog_files, [self.sow.applied_seq] * len(self.sow.records), self.state.max_seq)
+            self.sow.settle()  # (a batch still being applied would leave applied_seq behind)
+            if self.txlog_files is not None and self.state.max_seq > self.sow.applied_seq:
+                fold_tail(self.sow, self.txlog_files, [self.sow.applied_seq] * len(self.sow.records),
+                          self.state.max_seq)
         if records:
             self.save_state(self.state)
             missed = Classified.empty([])
@@ -141,8 +142,6 @@ class IngestWriter:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
         self._last_batch_at = started
         self._enter(batch_id, "classifying its rows")
-        if self.sow is not None:
-            self.sow.settle()  # the last batch's changes are in
         with _no_cyclic_gc():
             result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded, sow=self.sow)
         if result.rejected_rows.num_rows:
