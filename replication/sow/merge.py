@@ -40,15 +40,22 @@ def merged_body(message_type: str, record: bytes, delta: Any) -> bytes:
         return tag_value_body(_merge_fields(tag_value_fields(record), delta))
     current = orjson.loads(record)
     if type(current) is not dict:
-        return orjson.dumps(delta)
+        return _dumped(delta)
     _merge_into(current, delta)
-    return orjson.dumps(current)
+    return _dumped(current)
 
 
 def serialize(message_type: str, doc: Any) -> bytes:
     if message_type in TAG_VALUE_TYPES:
         return tag_value_body(doc)
-    return orjson.dumps(doc)
+    return _dumped(doc)
+
+
+def _dumped(doc: Any) -> bytes:
+    """``orjson.dumps(doc)`` in a bytes object of its own size. orjson writes into a larger block and shrinks
+    it; kept by the thousand (a batch's merged records), such blocks leave the C heap so fragmented that
+    every later allocation slows: the next JSON parse went from ~0.5 to ~2.9 us. The copy costs ~0.05 us."""
+    return memoryview(orjson.dumps(doc)).tobytes()
 
 
 def _merge_json(current: dict, delta: dict) -> dict:
