@@ -170,6 +170,24 @@ def test_concurrent_upstreams_are_read_once_each_in_their_order_and_compaction_i
     assert by_link(again) == {"amps-a": list(range(1, 44)), "amps-b": list(range(1, 41))}
 
 
+def test_rows_a_commit_holds_out_of_order_are_read_in_stream_order(tmp_path):
+    # Upstreams append in order, and that order is kept as read; a commit written otherwise by hand
+    # (reversed, two links interleaved) still comes out per version, per link, by upstream seq.
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    write_deltalake(str(inbox), inbox_rows("amps-a", 1, 4), mode="append")  # version 1, in order
+    reversed_rows = inbox_rows("amps-a", 5, 4)
+    write_deltalake(str(inbox), reversed_rows.take(pa.array([3, 2, 1, 0])), mode="append")  # version 2
+    mixed = pa.concat_tables([inbox_rows("amps-b", 1, 3), inbox_rows("amps-a", 9, 3)])
+    write_deltalake(str(inbox), mixed.take(pa.array([3, 0, 4, 1, 5, 2])), mode="append")  # version 3
+    rows = read_versions(str(inbox), 1, 3)
+    assert list(zip(rows.column("inbox_version").to_pylist(), rows.column("link").to_pylist(),
+                    rows.column("upstream_seq").to_pylist(), strict=True)) == (
+        [(1, "amps-a", s) for s in range(1, 5)] + [(2, "amps-a", s) for s in range(5, 9)]
+        + [(3, "amps-a", s) for s in range(9, 12)] + [(3, "amps-b", s) for s in range(1, 4)])
+    assert rows.column("data").to_pylist()[4] == b'{"n":5}'  # whole rows moved, not only the keys
+
+
 def test_row_limit_takes_whole_commits_and_at_least_one(tmp_path):
     inbox = tmp_path / "inbox"
     create_inbox(inbox)

@@ -45,6 +45,7 @@ from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -319,7 +320,30 @@ def read_versions(path: str, first: int, last: int) -> pa.Table:
 
 
 def _in_stream_order(rows: pa.Table) -> pa.Table:
+    if _already_in_stream_order(rows):
+        return rows
     return rows.sort_by([("inbox_version", "ascending"), ("link", "ascending"), ("upstream_seq", "ascending")])
+
+
+def _already_in_stream_order(rows: pa.Table) -> bool:
+    """Whether ``rows`` are in stream order already: versions ascending, one link per version, its upstream
+    seqs ascending. Upstream batches and backfill parts are appended so; seeing it takes a few vectorised
+    passes, where the sort would copy every column (bodies included: ~0.15 s per million rows)."""
+    n = rows.num_rows
+    if n < 2:
+        return True
+    link, upstream_seq = rows["link"], rows["upstream_seq"]
+    if link.null_count or upstream_seq.null_count:
+        return False
+    version = rows["inbox_version"].to_numpy()
+    if (version[1:] < version[:-1]).any():
+        return False
+    same_version = version[1:] == version[:-1]
+    same_link = pc.equal(link.slice(1), link.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    if (same_version & ~same_link).any():
+        return False
+    seqs = upstream_seq.to_numpy()
+    return not (same_version & (seqs[1:] < seqs[:-1])).any()
 
 
 def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
