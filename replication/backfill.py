@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -259,54 +260,63 @@ def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, 
 
 def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa.Table, options: Options,
           recorded: TopicRecorder, now: datetime, inbox: str, rejected: str) -> Part:
-    """Rows ``position ...`` of the file: checked, written as an inbox file and a rejected file."""
+    """Rows ``position ...`` of the file: checked, written as an inbox file and a rejected file.
+
+    Columns stay Arrow arrays from the input to the file written; only a rejected row is spelled out.
+    """
     n = rows.num_rows
     first_seq = work.first_seq + position
-    topics = [options.topic] * n if options.topic is not None else rows[options.topic_column].cast(pa.string()).to_pylist()
+    topics = (pa.repeat(pa.scalar(options.topic, pa.string()), n) if options.topic is not None else
+              rows[options.topic_column].cast(pa.string()).combine_chunks())
     bodies, generated = _bodies(rows, options)
     reasons: dict[int, str] = {}
-    for topic in set(topics):  # few distinct topics: one check each
+    for topic in pc.unique(topics).to_pylist():  # few distinct topics: one check each
         why = (f"no topic (column {options.topic_column!r} is empty)" if not topic else
                None if recorded(topic, options.message_type) else
                f"topic {topic!r} ({options.message_type}) is not recorded in {cfg.name}'s TransactionLog: add a "
                "matching <TransactionLog><Topic>")
         if why:
-            reasons.update({i: why for i, t in enumerate(topics) if t == topic})
+            hits = pc.is_null(topics) if topic is None else pc.fill_null(pc.equal(topics, topic), False)
+            reasons.update({int(i): why for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False))})
     if not generated:  # a body made from the row is valid JSON; one given is checked for its message type
-        for i, why in body_errors(options.message_type, bodies).items():
+        for i, why in body_errors(options.message_type, bodies.to_pylist()).items():
             reasons.setdefault(i, why)
-    good = [i for i in range(n) if i not in reasons]
+    seqs = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
     bad = [(i, f"{work.path} row {position + i + 1}: {reasons[i]}") for i in sorted(reasons)]
-    seqs = list(range(first_seq, first_seq + n))
-    inbox_add = _write(inbox, _inbox_rows(cfg, options, good, topics, bodies, seqs, now)) if good else None
-    rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, seqs, now)) if bad else None
+    kept = pa.table({"topic": topics, "data": bodies, "publisher_seq": seqs})
+    if bad:
+        good = np.ones(n, dtype=bool)
+        good[[i for i, _ in bad]] = False
+        kept = kept.filter(pa.array(good))
+    inbox_add = _write(inbox, _inbox_rows(cfg, options, kept, now)) if kept.num_rows else None
+    rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, first_seq, now)) if bad else None
     return Part(number, first_seq, n, inbox_add, rejected_add, [why for _, why in bad[:20]], len(bad),
-                seqs[good[-1]] if good else 0)
+                kept["publisher_seq"][-1].as_py() if kept.num_rows else 0)
 
 
-def _bodies(rows: pa.Table, options: Options) -> tuple[list[bytes | None], bool]:
+def _bodies(rows: pa.Table, options: Options) -> tuple[pa.Array, bool]:
     """Each row's message body (its data column as text or bytes, the JSON line as written, or the row as a
     JSON object), and whether the backfill generated them (the row as JSON: valid by construction)."""
     if options.data_column is not None:
-        column = rows[options.data_column]
+        column = rows[options.data_column].combine_chunks()
         if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-            return column.to_pylist(), False
-        return [None if v is None else v.encode() for v in column.cast(pa.string()).to_pylist()], False
+            return column.cast(pa.binary()), False
+        return column.cast(pa.string()).cast(pa.binary()), False
     if files.LINE in rows.column_names:
-        return rows[files.LINE].to_pylist(), False
+        return rows[files.LINE].combine_chunks().cast(pa.binary()), False
     generated = options.message_type == "json"
     bodies = _rows_as_json(rows)
     if bodies is not None:
         return bodies, generated
     dumps = orjson.dumps
-    return [dumps(row, default=str) for row in rows.to_pylist()], generated
+    return pa.array([dumps(row, default=str) for row in rows.to_pylist()], pa.binary()), generated
 
 
 #: Characters a JSON string cannot hold as they are (a column with any takes the per-row path).
 _NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
 
-def _rows_as_json(rows: pa.Table) -> list[bytes] | None:
+def _rows_as_json(rows: pa.Table) -> pa.Array | None:
     """Each row as the JSON object ``orjson.dumps(row)`` makes, built column by column in Arrow (no dict
     per row); None when a column is of a type (or holds a string) this does not cover."""
     if rows.num_columns == 0 or rows.num_rows == 0:
@@ -326,39 +336,42 @@ def _rows_as_json(rows: pa.Table) -> list[bytes] | None:
             return None
         pieces += [("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":", pc.fill_null(text, "null")]
     joined = pc.binary_join_element_wise(*pieces, "}", "")
-    return joined.cast(pa.binary()).to_pylist()
+    return (joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined).cast(pa.binary())
 
 
-def _inbox_rows(cfg: InstanceConfig, options: Options, good: list[int], topics: list, bodies: list, seqs: list,
-                now: datetime) -> pa.Table:
-    n = len(good)
+def _inbox_rows(cfg: InstanceConfig, options: Options, kept: pa.Table, now: datetime) -> pa.Table:
+    """Inbox rows of the ``kept`` topics, bodies and sequence numbers: publishes of ``options.client`` here."""
+    n = kept.num_rows
     ts = pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n)
     nulls = pa.nulls(n, pa.string())
-    picked_seqs = pa.array([seqs[i] for i in good], pa.int64())
+    seqs = kept["publisher_seq"]
+
+    def constant(value: str) -> pa.Array:
+        return pa.repeat(pa.scalar(value, pa.string()), n)
+
     # messages.bookmark(client, seq) of every row, column-wise: "<publisher id>|<seq>|"
-    bookmarks = pc.binary_join_element_wise(str(publisher_id(options.client)), pc.cast(picked_seqs, pa.string()),
-                                            "", "|")
+    bookmarks = pc.binary_join_element_wise(str(publisher_id(options.client)), pc.cast(seqs, pa.string()), "", "|")
     columns = {
-        "bookmark": bookmarks, "publisher": [options.client] * n,
-        "publisher_seq": picked_seqs, "topic": [topics[i] for i in good],
-        "message_type": [options.message_type] * n, "command": ["publish"] * n, "sow_key": nulls, "sow_keys": nulls,
-        "filter": nulls, "data": pa.array([bodies[i] for i in good], pa.binary()), "origin": [cfg.name] * n,
+        "bookmark": bookmarks, "publisher": constant(options.client), "publisher_seq": seqs, "topic": kept["topic"],
+        "message_type": constant(options.message_type), "command": constant("publish"), "sow_key": nulls,
+        "sow_keys": nulls, "filter": nulls, "data": kept["data"], "origin": constant(cfg.name),
         "received_from": nulls, "received_from_group": nulls, "path": pa.nulls(n, pa.list_(pa.string())),
-        "publish_time": ts, "persist_time": ts, "upstream_seq": picked_seqs, "link": [BACKFILL_LINK] * n,
-        "link_group": [BACKFILL_LINK] * n,
+        "publish_time": ts, "persist_time": ts, "upstream_seq": seqs, "link": constant(BACKFILL_LINK),
+        "link_group": constant(BACKFILL_LINK),
     }
     return pa.table({name: columns[name] for name in INBOX_SCHEMA.names}).cast(INBOX_SCHEMA)
 
 
-def _rejected_rows(options: Options, bad: list[tuple[int, str]], topics: list, bodies: list, seqs: list,
-                   now: datetime) -> pa.Table:
+def _rejected_rows(options: Options, bad: list[tuple[int, str]], topics: pa.Array, bodies: pa.Array,
+                   first_seq: int, now: datetime) -> pa.Table:
     n = len(bad)
+    at = pa.array([i for i, _ in bad], pa.int64())
     return pa.table({
         "reason": [why for _, why in bad], "source": ["backfill"] * n, "kafka_topic": pa.nulls(n, pa.string()),
         "kafka_partition": pa.nulls(n, pa.int32()), "kafka_offset": pa.nulls(n, pa.int64()),
-        "publisher": [options.client] * n, "publisher_seq": [str(seqs[i]) for i, _ in bad],
-        "topic": [topics[i] for i, _ in bad], "message_type": [options.message_type] * n, "command": ["publish"] * n,
-        "data": pa.array([bodies[i] for i, _ in bad], pa.binary()),
+        "publisher": [options.client] * n, "publisher_seq": [str(first_seq + i) for i, _ in bad],
+        "topic": topics.take(at), "message_type": [options.message_type] * n, "command": ["publish"] * n,
+        "data": bodies.take(at),
         "rejected_time": pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n),
     }).cast(REJECTED_SCHEMA)
 

@@ -14,9 +14,10 @@ from deltalake import DeltaTable
 from kafka import KafkaConsumer, TopicPartition
 
 from fabric_support import ONE_WAY
-from factories import destination_xml, rejected_rows, replication_xml, wait_until
+from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
 from replication import backfill, config
 from replication.destination.resync import stored_per_publisher
+from replication.messages import BACKFILL_LINK, publisher_id
 from replication.storage.layout import StorageLayout
 
 
@@ -155,10 +156,39 @@ def test_bodies_made_column_wise_are_what_orjson_makes_of_each_row_and_other_row
     table = pa.table({"id": pa.array([1, None, -3], pa.int64()), "sym": ["ACME", "é✓", None],
                       "ok": [True, False, None], "big": pa.array([2**64 - 1, 0, 5], pa.uint64())})
     bodies, generated = backfill._bodies(table, backfill.Options("c", "parquet", topic="/t"))
-    assert generated and bodies == [orjson.dumps(row) for row in table.to_pylist()]
-    assert backfill._rows_as_json(table) == bodies
+    assert generated and bodies.to_pylist() == [orjson.dumps(row) for row in table.to_pylist()]
+    assert backfill._rows_as_json(table).to_pylist() == bodies.to_pylist()
     # a string JSON must escape, or a type the column-wise path does not cover: the per-row path, same text
     for odd in (pa.table({"s": ['say "hi"', "a\\b", "tab\tnl\n"]}), pa.table({"px": [1.5, 1e20, None]})):
         assert backfill._rows_as_json(odd) is None
-        assert backfill._bodies(odd, backfill.Options("c", "parquet", topic="/t"))[0] == \
+        assert backfill._bodies(odd, backfill.Options("c", "parquet", topic="/t"))[0].to_pylist() == \
             [orjson.dumps(row) for row in odd.to_pylist()]
+
+
+def test_a_part_writes_good_rows_to_the_inbox_and_each_bad_one_to_rejected_with_its_row_and_reason(tmp_path):
+    # One Spark task's work on one file, run here: the checks are per row, the columns Arrow arrays.
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9", txlog_topics=(
+        "<Topic><Name>/orders</Name><MessageType>json</MessageType></Topic>"))))
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"kind": ["/orders", None, "", "/other", "/orders", "/orders"],
+                             "body": ['{"a":1}', '{"a":2}', '{"a":3}', '{"a":4}', "not json", '{"a":6}']}), source)
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "rejected").mkdir()
+    options = backfill.Options("loader", "parquet", topic_column="kind", data_column="body")
+    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 6, 101, 1), options, str(tmp_path / "inbox"),
+                                   str(tmp_path / "rejected"), None)
+    assert (part.first_seq, part.rows, part.rejected_rows, part.last_good_seq) == (101, 6, 4, 106)
+    inbox = pq.read_table(tmp_path / "inbox" / part.inbox["path"])
+    assert inbox.select(["publisher", "publisher_seq", "upstream_seq", "topic", "data", "bookmark"]).to_pylist() == [
+        {"publisher": "loader", "publisher_seq": s, "upstream_seq": s, "topic": "/orders", "data": body,
+         "bookmark": f"{publisher_id('loader')}|{s}|"} for s, body in ((101, b'{"a":1}'), (106, b'{"a":6}'))]
+    assert set(inbox["link"].to_pylist()) == {BACKFILL_LINK} and set(inbox["origin"].to_pylist()) == {"solo"}
+    rejected = pq.read_table(tmp_path / "rejected" / part.rejected["path"]).to_pylist()
+    assert [(r["publisher_seq"], r["topic"], r["data"]) for r in rejected] == [
+        ("102", None, b'{"a":2}'), ("103", "", b'{"a":3}'), ("104", "/other", b'{"a":4}'), ("105", "/orders", b"not json")]
+    reasons = [r["reason"] for r in rejected]
+    assert reasons[0] == f"{source} row 2: no topic (column 'kind' is empty)" and reasons[1].startswith(
+        f"{source} row 3: no topic")
+    assert reasons[2].startswith(f"{source} row 4: topic '/other' (json) is not recorded in solo's TransactionLog")
+    assert reasons[3].startswith(f"{source} row 5: body is not valid JSON")
+    assert part.bad == reasons
