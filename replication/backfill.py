@@ -376,11 +376,19 @@ def _rejected_rows(options: Options, bad: list[tuple[int, str]], topics: pa.Arra
     }).cast(REJECTED_SCHEMA)
 
 
+#: Columns whose values differ row by row: a dictionary would only be built and dropped.
+_DISTINCT_PER_ROW = {"bookmark", "data", "publisher_seq", "upstream_seq", "reason"}
+
+
 def _write(table_dir: str, rows: pa.Table) -> dict:
     """Write one Parquet data file into a Delta table's directory; its add action's fields (not yet committed)."""
     name = f"backfill-{uuid.uuid4().hex}.parquet"
     path = Path(table_dir) / name
-    pq.write_table(rows, path, compression="zstd")
+    # Dictionaries only where values repeat, statistics only on the sequence numbers (the ones a reader
+    # skips by), snappy: half the write time of the defaults with zstd, for files ~3x larger.
+    pq.write_table(rows, path, compression="snappy",
+                   use_dictionary=[c for c in rows.column_names if c not in _DISTINCT_PER_ROW],
+                   write_statistics=[c for c in rows.column_names if c in ("publisher_seq", "upstream_seq")])
     stats = {"numRecords": rows.num_rows}
     if "upstream_seq" in rows.column_names and rows.num_rows:
         stats["minValues"] = {"upstream_seq": pc.min(rows["upstream_seq"]).as_py()}
