@@ -142,9 +142,6 @@ class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
 def prefetching(inner: DataSourceStreamReader, schema: pa.Schema, max_rows: int = PREFETCH_MAX_ROWS) -> DataSourceStreamReader:
     """``inner`` with small micro-batches read on the planner when this PySpark allows it."""
     quiet_when_spark_hangs_up()
-    # pyarrow imports pandas on its first array conversion: ~0.25 s, over 1 s on a busy machine. Here (the
-    # planner starting with the query) rather than inside the first micro-batch that brings rows.
-    import pandas  # noqa: F401
     if not AVAILABLE or max_rows <= 0:
         return inner
     return PrefetchingReader(inner, schema, max_rows)
