@@ -336,7 +336,7 @@ def _rows_as_json(rows: pa.Table) -> pa.Array | None:
             return None
         pieces += [("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":", pc.fill_null(text, "null")]
     joined = pc.binary_join_element_wise(*pieces, "}", "")
-    return (joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined).cast(pa.binary())
+    return joined.combine_chunks().cast(pa.binary())  # (a table's columns: chunked)
 
 
 def _inbox_rows(cfg: InstanceConfig, options: Options, kept: pa.Table, now: datetime) -> pa.Table:
