@@ -161,6 +161,8 @@ def runs_by_code(codes: np.ndarray, seqs: np.ndarray) -> dict[int, Runs]:
     """Runs of ``seqs`` (ascending) per key code, codes < 0 left out: which rows belong to each key."""
     if codes.size == 0:
         return {}
+    if (codes == codes[0]).all():  # one key: no grouping
+        return {int(codes[0]): run_bounds(seqs)} if codes[0] >= 0 else {}
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
     bounds = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
