@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from replication.errors import ConfigError
+from replication.connectors.delta.inbox_read_ahead import InboxReadAhead
 from replication.connectors.delta.inbox_stream import (
     FORMAT,
     INBOX_SCHEMA,
@@ -201,6 +202,39 @@ def test_row_limit_takes_whole_commits_and_at_least_one(tmp_path):
     assert log.end_within(2, 4, 8) == 3  # one commit larger than the limit still goes, alone
     assert log.end_within(3, 4, 8) == 4
     assert InboxLog(str(tmp_path / "absent")).latest_version() == -1
+
+
+def test_read_ahead_gives_the_rows_read_versions_gives_and_takes_the_next_batch_from_what_it_read(tmp_path):
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    a, b = Upstream(inbox, "amps-a"), Upstream(inbox, "amps-b")
+    for size in (3, 3, 3, 3, 3, 3):  # versions 1..6, 3 rows each
+        a.push(size)
+    reads = InboxReadAhead(str(inbox), rows=6)
+
+    def same(first: int, last: int) -> int:
+        """read() of the batch ``first..last`` equals read_versions; how many of its versions were read ahead."""
+        hits = reads.hits
+        assert reads.read(first, last).equals(read_versions(str(inbox), first, last))
+        return reads.hits - hits
+
+    try:
+        assert same(0, 1) == 0  # nothing read ahead yet; then versions 2 and 3 (6 rows) are
+        assert same(2, 3) == 2
+        assert same(4, 4) == 1  # a batch ending within what was read: 5 stays held, 6 is read
+        assert same(5, 6) == 2
+        reads._reading.result()  # (the thread has looked for version 7, and found none)
+        b.push(2)  # version 7
+        a.push(4)  # version 8
+        assert same(7, 8) == 0
+        reads._reading.result()
+        for size in (2, 2, 2):  # versions 9..11, committed after the thread looked for 9
+            b.push(size)
+        assert same(9, 9) == 0  # then 10 and 11 are read ahead
+        assert same(11, 11) == 1  # a batch starting past the first held version: the one it needs is taken
+        assert same(10, 11) == 0  # a batch behind what was read (a replayed one): read from the files
+    finally:
+        reads.close()
 
 
 # -- the stream, with Spark ----------------------------------------------------

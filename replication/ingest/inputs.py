@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from replication import routing
 from replication.config.model import DEFAULT_BATCH_ROWS, InstanceConfig
 from replication.connectors.delta import inbox_stream
+from replication.connectors.delta.inbox_read_ahead import InboxReadAhead
 from replication.connectors.delta.inbox_stream import read_versions
 from replication.connectors.kafka import source as kafka_source
 from replication.connectors.kafka.source import (
@@ -211,6 +212,8 @@ class ReadHere:
         self.kafka = [(t, KafkaSourceOptions.parse(kafka_options(t))) for t in cfg.kafka_transports]
         self.readers = [RangeReader(options) for _t, options in self.kafka]
         self.inbox = InboxRows(cfg, str(layout.inbox)) if cfg.replication_transport is not None else None
+        # (the inbox stream's batches hold about DEFAULT_BATCH_ROWS rows: read about one ahead)
+        self.inbox_reads = InboxReadAhead(str(layout.inbox), DEFAULT_BATCH_ROWS) if self.inbox is not None else None
         self.batches = 0
         """Micro-batches read here rather than by a Spark job."""
 
@@ -242,7 +245,7 @@ class ReadHere:
                 if batches:
                     tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
             if versions is not None and versions[1] >= versions[0]:
-                tables.append(self.inbox.candidates(read_versions(self.inbox.inbox, *versions)))
+                tables.append(self.inbox.candidates(self.inbox_reads.read(*versions)))
         except Exception:
             # Spark's tasks read the same ranges with their own consumers and retries.
             log.warning("ingest batch %d: reading it here failed; Spark reads it instead", batch_id, exc_info=True)
@@ -254,6 +257,8 @@ class ReadHere:
     def close(self) -> None:
         for reader in self.readers:
             reader.close()
+        if self.inbox_reads is not None:
+            self.inbox_reads.close()
 
 
 def _spark_type(name: str) -> str:

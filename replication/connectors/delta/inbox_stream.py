@@ -346,6 +346,12 @@ def _already_in_stream_order(rows: pa.Table) -> bool:
     return not (same_version & (seqs[1:] < seqs[:-1])).any()
 
 
+def read_appended_version(path: str, version: int) -> pa.Table | None:
+    """The rows ``version`` appended (STREAM_SCHEMA, ordered) when it is a committed plain append on local
+    storage; None when it is not committed yet, or not that (:func:`read_versions` asks the change feed)."""
+    return _read_appended(path, version, version)
+
+
 def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
     """Versions ``first..last`` read from the files their commits added, when every one of them is a
     plain append on local storage (what upstream replicators write); None: ask the change data feed.
