@@ -15,9 +15,10 @@ completes on a re-run with no duplicate.
 
 Order of effects:
 
-1. plan (a Spark job, one task per file): count each file's rows and check
-   the columns the options name; a file that cannot be read or lacks a column
-   stops the run before anything is written, naming the file;
+1. plan: count each file's rows and check the columns the options name (from
+   Parquet footers, read by the driver; JSON lines and CSV by a Spark job, one
+   task per file); a file that cannot be read or lacks a column stops the run
+   before anything is written, naming the file;
 2. in waves of files, Spark tasks read their file in bounded batches, check
    each row (topic recorded here, body of its message type) and write Parquet
    files of inbox rows (and of rejected rows, with file and row in the reason),
@@ -34,6 +35,7 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -184,10 +186,14 @@ class _Work:
 
 
 def _plan(spark: SparkSession, paths: list[str], options: Options) -> list[files.InputFile]:
-    """Each file's rows and columns, counted by Spark tasks (one per file); a bad file stops the run."""
+    """Each file's rows and columns; a bad file stops the run."""
     fmt = options.fmt
-    described = spark.sparkContext.parallelize(paths, max(1, len(paths))).map(
-        lambda path: _describe_or_error(path, fmt)).collect()
+    if fmt in files.COUNTED_IN_FOOTER:  # a few footers read here: no Spark job to schedule
+        with ThreadPoolExecutor(min(8, max(1, len(paths)))) as pool:
+            described = list(pool.map(lambda path: _describe_or_error(path, fmt), paths))
+    else:  # counting reads every row: Spark's tasks do, one per file
+        described = spark.sparkContext.parallelize(paths, max(1, len(paths))).map(
+            lambda path: _describe_or_error(path, fmt)).collect()
     errors = [d for d in described if isinstance(d, str)]
     if errors:
         raise BackfillInputError(errors[0] + (f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""))

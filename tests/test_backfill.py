@@ -132,10 +132,13 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
     with pytest.raises(backfill.BackfillInputError,
                        match=rf"{good}: no column 'payload' \(its columns: id, body\)"):
         backfill.run(spark, cfg, [str(good)], backfill.Options("x", "parquet", topic="/t", data_column="payload"))
-    assert DeltaTable(str(pair.storage("a") / "inbox")).transaction_version("backfill:x") is None, "nothing written"
-
     lines = tmp_path / "lines.jsonl"
     lines.write_bytes(b'{"v": 1}\n{"v": 2}\n{"v": \n{"v": 4}\n')
+    with pytest.raises(backfill.BackfillInputError,  # (JSON lines are counted by Spark's tasks, Parquet here)
+                       match=rf"{lines}: no column 'payload' \(its columns: v\)"):
+        backfill.run(spark, cfg, [str(lines)], backfill.Options("x", "jsonl", topic="/t", data_column="payload"))
+    assert DeltaTable(str(pair.storage("a") / "inbox")).transaction_version("backfill:x") is None, "nothing written"
+
     result = cli(str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
                  "--topic", "/lines", "--wait", "120")
     assert result.returncode == 1, result.stderr[-2000:]

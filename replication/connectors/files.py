@@ -18,6 +18,8 @@ import pyarrow as pa
 from replication.errors import InputError
 
 FORMATS = ("parquet", "jsonl", "csv", "delta")
+#: Formats whose files say their row count and columns in their footer (:func:`describe` reads no row).
+COUNTED_IN_FOOTER = ("parquet", "delta")
 #: Rows per batch read.
 BATCH_ROWS = 20_000
 #: The raw line of a JSON lines row.
@@ -61,7 +63,7 @@ def expand(paths: list[str], fmt: str) -> list[str]:
 def describe(path: str, fmt: str) -> InputFile:
     """Row count and columns of one file (JSON lines: the first line's fields); InputError when unreadable."""
     try:
-        if fmt in ("parquet", "delta"):
+        if fmt in COUNTED_IN_FOOTER:
             import pyarrow.parquet as pq
 
             meta = pq.ParquetFile(path)
