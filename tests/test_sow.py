@@ -204,9 +204,14 @@ def test_kill_9_between_the_txlog_commit_and_the_sow_and_during_compaction_then_
         rows = txlog_rows(tmp_path, name).to_pylist()
         assert current(cfg, "/orders") == {k: json.loads(v) for k, v in txlog_fold(rows).items()} == \
             fold(ops, matches, key_of).records
+        # (every message may be acknowledged before the last kill: Ctrl-C must reach a running instance, not
+        # one still starting, for the stop to compact)
+        wait_until(lambda: f"running {name} (Ctrl-C to stop)" in proc.log_text(), timeout=240,
+                   what="the restarted instance to run")
     finally:
         pub.close()
-        proc.stop()  # a clean stop compacts once more
+        code = proc.stop()  # a clean stop compacts once more
+    assert code == 0, proc.log_text()[-3000:]
     table = plain_table(cfg, 0)
     assert {(r["topic"], r["sow_key"]): json.loads(r["data"]) for r in table} == fold(ops, matches, key_of).records
     assert len(table) == len({(r["topic"], r["sow_key"]) for r in table})
