@@ -114,6 +114,36 @@ def test_kill_9_inside_durability_and_of_both_halves_of_a_sync_pair_loses_and_du
         assert_exactly_once(txlog_rows(tmp_path, name), expected)
 
 
+def test_a_run_whose_ingest_query_fails_three_times_keeps_serving_and_stores_everything_once(broker, tmp_path):
+    """`replication run` outlives its queries' failures: the instance restarts a failed ingest query (with
+    back-off), the process goes on serving, and every message is stored once. (The run used to exit when it
+    saw a failed query, racing the restart, and took every instance of the process down with it.)"""
+    name = "fails3"
+    path = write_config(tmp_path, name, broker.bootstrap, max_offsets=100)
+    # three failures of three successive batches: #3 after its commit, #4 before its acknowledgement, #5
+    # before its commit; restart n waits 2^(n-1) s, so the third failure stands for seconds before its restart
+    proc = InstanceProcess(path, tmp_path / "run.log", failpoints=(
+        "ingest.after_txlog_commit@3:raise,ingest.before_ack@3:raise,ingest.before_txlog_commit@5:raise"))
+    pub = None
+    try:
+        wait_until(lambda: running(tmp_path / name), timeout=240, what="the instance to run")
+        pub = Publisher("survivor", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
+                        store_path=tmp_path / "survivor.store")
+        for i in range(600):
+            pub.publish("/orders", b'{"i": %d}' % i)
+        wait_until(lambda: pub.persisted_seq >= 600 or proc.proc.poll() is not None, timeout=240,
+                   what="every message to be persisted")
+        log = proc.log_text()
+        assert proc.proc.poll() is None, "the run ended when a query failed:\n" + log[-3000:]
+        assert "restarting it (restart 3)" in log, log[-3000:]
+    finally:
+        if pub is not None:
+            pub.close()
+        code = proc.stop()
+    assert code == 0, proc.log_text()[-3000:]
+    assert_exactly_once(txlog_rows(tmp_path, name), {"survivor": 600})
+
+
 @pytest.mark.parametrize("launcher", ["replication run", pytest.param("spark-submit.sh", marks=pytest.mark.slow)])
 def test_sigterm_to_the_process_group_stops_busy_instances_cleanly(broker, tmp_path, launcher):
     """What systemd (or a supervisor killing a process group) does. The JVM must not stop under running
