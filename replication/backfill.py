@@ -53,7 +53,7 @@ from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors import files
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
-from replication.connectors.delta.tables import open_or_create
+from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
 from replication.errors import InputError
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_errors, publisher_id
@@ -383,7 +383,7 @@ def _rejected_rows(options: Options, bad: list[tuple[int, str]], topics: pa.Arra
 
 
 #: Columns whose values differ row by row: a dictionary would only be built and dropped.
-_DISTINCT_PER_ROW = {"bookmark", "data", "publisher_seq", "upstream_seq", "reason"}
+_DISTINCT_PER_ROW = {*DISTINCT_PER_ROW, "reason"}
 
 
 def _write(table_dir: str, rows: pa.Table) -> dict:

@@ -227,6 +227,29 @@ def test_a_plan_whose_files_were_vacuumed_is_made_again_by_the_task(tmp_path):
     assert seqs == list(range(6, 26))
 
 
+def test_txlog_files_are_snappy_with_seq_statistics_and_plain_bodies(tmp_path):
+    """How the txlog is written: compressed, ``seq`` and time statistics kept (readers prune by them), no
+    dictionary on the columns distinct per row and no statistics on the bodies (nothing filters on them)."""
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    writer.append(2000)
+    [stats] = [json.loads(json.loads(line)["add"]["stats"]) for log in sorted((path / "_delta_log").glob("*.json"))
+               for line in log.read_text().splitlines() if '"add"' in line]
+    assert (stats["minValues"]["seq"], stats["maxValues"]["seq"]) == (1, 2000)
+    assert "persist_time" in stats["minValues"] and "data" not in stats["minValues"]
+    [file] = [f.removeprefix("file://") for f in DeltaTable(str(path)).file_uris()]
+    chunks = {c.path_in_schema: c for c in (pq.ParquetFile(file).metadata.row_group(0).column(i)
+                                             for i in range(len(TXLOG_SCHEMA)))}
+    assert {c.compression for c in chunks.values()} == {"SNAPPY"}
+    assert not any("DICTIONARY" in e for e in chunks["data"].encodings + chunks["bookmark"].encodings)
+    assert any("DICTIONARY" in e for e in chunks["topic"].encodings), "repeating values keep their dictionary"
+    assert chunks["data"].statistics is None and chunks["seq"].statistics.max == 2000
+    view = TxlogFiles(str(path))
+    view.refresh()
+    [part] = view.plan(1500, 1502)
+    assert [s for b in read_partition(part) for s in b.column("seq").to_pylist()] == [1501, 1502]
+
+
 def test_files_without_statistics_are_read_and_the_commit_record_gives_the_end(tmp_path):
     """A writer that records no statistics (stats are optional in Delta): correct, just not pruned."""
     path = tmp_path / "txlog"

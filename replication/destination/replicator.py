@@ -36,7 +36,10 @@ from replication.connectors.delta.inbox_stream import (
     INBOX_SCHEMA,
     INBOX_TABLE_CONFIGURATION,
 )
-from replication.connectors.delta.tables import IdempotentAppender
+from replication.connectors.delta.tables import (
+    IdempotentAppender,
+    log_writer_properties,
+)
 from replication.connectors.delta.txlog_files import TxlogFiles
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
@@ -59,8 +62,6 @@ class ReplicatorWriter:
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: Path, inbox: Path, incarnation: str,
                  link: "Link", target: str, checkpoint: Path | None = None) -> None:
-        from deltalake import WriterProperties
-
         self.cfg = cfg
         self.dest = dest
         self.link = link
@@ -73,7 +74,7 @@ class ReplicatorWriter:
             app_id=link_name(cfg.name, dest.name, incarnation),
             name=f"{dest.name} inbox",
             configuration=INBOX_TABLE_CONFIGURATION,
-            writer_properties=WriterProperties(compression=_CODECS[dest.compression]),
+            writer_properties=log_writer_properties(_CODECS[dest.compression]),
         )
         self.condition = routing.spark_condition(cfg, dest, target=target)
         self.txlog = TxlogFiles(str(txlog))

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import (
+    ColumnProperties,
     CommitProperties,
     DeltaTable,
     Transaction,
@@ -31,6 +32,18 @@ COMMIT_METADATA_KEY = "replication.batch"
 #: per commit, 23 ms -> 163 ms over 1,000 commits); re-opening it from the
 #: latest checkpoint resets that. Same cadence as ``delta.checkpointInterval``.
 REOPEN_EVERY_COMMITS = 50
+#: Columns of the txlog and the inbox whose values differ row by row: a dictionary would only be built and dropped.
+DISTINCT_PER_ROW = ("seq", "bookmark", "publisher_seq", "upstream_seq", "data")
+
+
+def log_writer_properties(compression: str = "SNAPPY") -> WriterProperties:
+    """How txlog and inbox files are written: no dictionary on the columns distinct per row, no statistics on
+    message bodies (no reader filters on them; ``seq`` and the times keep theirs). A quarter less write time
+    than delta-rs' defaults on 200k txlog rows, files no larger. ``compression`` is explicit because a
+    WriterProperties without one writes uncompressed (delta-rs' own default is snappy)."""
+    no_dictionary = {name: ColumnProperties(dictionary_enabled=False) for name in DISTINCT_PER_ROW}
+    no_dictionary["data"] = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
+    return WriterProperties(compression=compression, column_properties=no_dictionary)
 
 
 def open_or_create(
@@ -78,10 +91,11 @@ class IdempotentAppender:
         configuration: dict[str, str] | None = None,
         writer_properties: WriterProperties | None = None,
     ) -> None:
+        """``writer_properties``: default :func:`log_writer_properties`."""
         self.path = path
         self.schema = schema
         self.app_id = app_id
-        self.writer_properties = writer_properties
+        self.writer_properties = writer_properties or log_writer_properties()
         self.table = open_or_create(path, schema, name=name, configuration=configuration)
         self._committed = self.table.transaction_version(app_id)
         self._commits = 0
