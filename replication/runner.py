@@ -73,7 +73,7 @@ def run_until_stopped(
     interval: float = 1.0,
     out=None,
     until: Callable[[], bool] | None = None,
-) -> int:
+) -> None:
     """Print progress until Ctrl-C / SIGTERM, ``stop`` is set or ``until()`` is true.
 
     A failed query does not end the run: its instance restarts it (ingest and replicators alike, with
@@ -99,4 +99,3 @@ def run_until_stopped(
         out.write("stopping...\n")
         out.flush()
         stop_instances(instances)
-    return 0

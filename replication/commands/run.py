@@ -25,4 +25,5 @@ def run(args: argparse.Namespace) -> int:
     stop = stop_on_sigterm()  # from now on: a SIGTERM during start-up stops the instances once started
     instances = start_instances(configs, trigger_interval=args.trigger)
     print("running " + ", ".join(i.name for i in instances) + " (Ctrl-C to stop)", flush=True)
-    return run_until_stopped(instances, stop=stop)
+    run_until_stopped(instances, stop=stop)
+    return 0
