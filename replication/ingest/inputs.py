@@ -173,18 +173,26 @@ class InboxRows:
         n = rows.num_rows
         link = rows["link"]
         backfilled = pc.fill_null(pc.equal(link, BACKFILL_LINK), False)
-        upstream = pc.if_else(backfilled, pa.scalar(None, pa.string()), link)
         columns = {
-            "source": pc.if_else(backfilled, "backfill", pc.binary_join_element_wise(pa.scalar("inbox:"), link, "")),
             "kafka_topic": pa.nulls(n, pa.string()),
             "kafka_partition": pa.nulls(n, pa.int32()),
             "kafka_offset": pa.nulls(n, pa.int64()),
             "publisher_seq": pc.cast(rows["publisher_seq"], pa.string()),
-            "received_from": upstream,
-            "received_from_group": pc.if_else(backfilled, pa.scalar(None, pa.string()), rows["link_group"]),
-            "path": routing.received_paths(rows["path"], self.instance),
-            "upstream_seq": pc.if_else(backfilled, pa.scalar(None, pa.int64()), rows["upstream_seq"]),
         }
+        if n and pc.all(backfilled).as_py():  # a backfill's batch: constants (its path, as a publish's: here)
+            columns.update({"source": pa.repeat(pa.scalar("backfill"), n), "received_from": pa.nulls(n, pa.string()),
+                            "received_from_group": pa.nulls(n, pa.string()),
+                            "path": pa.nulls(n, pa.list_(pa.string())), "upstream_seq": pa.nulls(n, pa.int64())})
+        else:
+            upstream = pc.if_else(backfilled, pa.scalar(None, pa.string()), link)
+            columns.update({
+                "source": pc.if_else(backfilled, "backfill",
+                                     pc.binary_join_element_wise(pa.scalar("inbox:"), link, "")),
+                "received_from": upstream,
+                "received_from_group": pc.if_else(backfilled, pa.scalar(None, pa.string()), rows["link_group"]),
+                "path": routing.received_paths(rows["path"], self.instance),
+                "upstream_seq": pc.if_else(backfilled, pa.scalar(None, pa.int64()), rows["upstream_seq"]),
+            })
         return pa.table(
             {name: columns[name] if name in columns else rows[name] for name in CANDIDATE_SCHEMA.names},
             schema=CANDIDATE_SCHEMA,
