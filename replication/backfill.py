@@ -19,27 +19,33 @@ Order of effects:
    Parquet footers, read by the driver; JSON lines and CSV by a Spark job, one
    task per file); a file that cannot be read or lacks a column stops the run
    before anything is written, naming the file;
-2. in waves of files, Spark tasks read their file in bounded batches, check
-   each row (topic recorded here, body of its message type) and write Parquet
-   files of inbox rows (and of rejected rows, with file and row in the reason),
-   one part per ``CHUNK_ROWS`` rows; only file metadata returns to the driver;
+2. Spark tasks (one job each, as many at a time as Spark has cores) read their
+   files in bounded batches, check each row (topic recorded here, body of its
+   message type) and write Parquet files of inbox rows (and of rejected rows,
+   with file and row in the reason), one part per ``CHUNK_ROWS`` rows; only
+   file metadata goes to the driver, announced part by part as it is written;
 3. the driver commits the parts to the inbox (and ``rejected/``) in sequence
-   order, one commit per part, each an idempotent app transaction
-   ``backfill:<client>`` whose version is the part's number: a re-run skips the
-   parts already committed, and the ingest never sees a later part first.
+   order, one commit per part, as soon as a part and those before it are
+   written, each an idempotent app transaction ``backfill:<client>`` whose
+   version is the part's number: a re-run skips the parts already committed,
+   and the ingest never sees a later part first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
+import re
+import shutil
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import orjson
@@ -54,7 +60,7 @@ from replication.config.model import InstanceConfig
 from replication.connectors import files
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
-from replication.errors import InputError
+from replication.errors import InputError, ReplicationError
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_errors, publisher_id
 from replication.storage.layout import StorageLayout
@@ -67,9 +73,11 @@ log = logging.getLogger(__name__)
 
 #: Rows per inbox commit: the ingest takes at least one commit per micro-batch, so this bounds its batches.
 CHUNK_ROWS = 100_000
-#: Input rows handed to Spark tasks per wave: the instance ingests one wave's commits while Spark's tasks
-#: write the next.
-WAVE_ROWS = 400_000
+#: Input rows per Spark task: consecutive small files share one (a job's scheduling is paid once for them);
+#: a larger file is a task of its own.
+TASK_ROWS = 2 * CHUNK_ROWS
+#: How often the driver looks for the next part a running task has announced.
+ANNOUNCE_POLL_S = 0.01
 
 #: ``(rows done, rows in all)`` after each committed part.
 Progress = Callable[[int, int], None]
@@ -77,6 +85,11 @@ Progress = Callable[[int, int], None]
 
 class BackfillInputError(InputError):
     """An input that cannot be backfilled (unreadable, a column missing, bad options); nothing was written."""
+
+
+class BackfillTaskError(ReplicationError):
+    """A Spark task of the backfill failed (an input that changed or broke after the plan read it, a full
+    disk); the parts before it are committed, and a re-run of the same backfill continues from them."""
 
 
 @dataclass(frozen=True)
@@ -143,28 +156,23 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         seq += item.rows
         number += work[-1].parts
     result = Result(last_seq=seq - 1, bad=[])
-    total = seq - 1
-    cores = max(1, spark.sparkContext.defaultParallelism)
-    while work:
-        # a wave takes files up to WAVE_ROWS, and at least one per core: a wave of one large file is one task
-        wave = [work.pop(0)]
-        while work and (len(wave) < cores or sum(w.rows for w in wave) + work[0].rows <= WAVE_ROWS):
-            wave.append(work.pop(0))
-        todo = [w for w in wave if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
-        for part in sorted(_write_parts(spark, cfg, layout, todo, options, done_inbox), key=lambda p: p.number):
-            if part.rejected is not None and (done_rejected is None or part.number > done_rejected):
-                _commit(rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
-            if part.inbox is not None:
-                _commit(inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
-            failpoints.hit("backfill.after_part")
-            result.parts += 1
-            result.stored += part.rows - part.rejected_rows
-            result.rejected += part.rejected_rows
-            result.last_stored_seq = max(result.last_stored_seq, part.last_good_seq)
-            result.bad.extend(part.bad[: max(0, 20 - len(result.bad))])
-        result.rows += sum(w.rows for w in wave)
+    todo = [w for w in work if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
+    for part in _written_parts(spark, cfg, layout, todo, options, done_inbox):
+        if part.rejected is not None and (done_rejected is None or part.number > done_rejected):
+            _commit(rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
+        if part.inbox is not None:
+            _commit(inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
+        failpoints.hit("backfill.after_part")
+        result.parts += 1
+        result.stored += part.rows - part.rejected_rows
+        result.rejected += part.rejected_rows
+        result.last_stored_seq = max(result.last_stored_seq, part.last_good_seq)
+        result.bad.extend(part.bad[: max(0, 20 - len(result.bad))])
         if progress is not None:
-            progress(result.rows, total)
+            progress(part.first_seq + part.rows - 1, result.last_seq)
+    result.rows = result.last_seq
+    if progress is not None:
+        progress(result.rows, result.last_seq)
     return result
 
 
@@ -218,22 +226,108 @@ def _describe_or_error(path: str, fmt: str) -> files.InputFile | str:
 # -- 2. the Spark tasks ---------------------------------------------------------------------
 
 
-def _write_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, todo: list[_Work],
-                 options: Options, done: int | None) -> list[Part]:
+def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, todo: list[_Work],
+                   options: Options, done: int | None) -> Iterator[Part]:
+    """The parts of ``todo`` (those numbered above ``done``), written by Spark tasks, in number order, each as
+    soon as it and every part before it are written.
+
+    One job per task (``TASK_ROWS`` of consecutive files), as many at a time as Spark has cores, so a core
+    that finishes takes the next files at once. A task announces each part it has written (its fields, in a
+    file of ``layout.backfill_parts``): the driver commits a task's first parts while it writes the next,
+    and the instance ingests them meanwhile. A job's own result stays the authority: a part not announced
+    (or an announcement not read) is taken from it.
+    """
     if not todo:
-        return []
+        return
     inbox, rejected = str(layout.inbox), str(layout.rejected)
+    scratch = layout.backfill_parts(options.client)
+    shutil.rmtree(scratch, ignore_errors=True)  # a killed run's announcements
+    announced = scratch / uuid.uuid4().hex
+    announced.mkdir(parents=True)
+    where = str(announced)
+    sc = spark.sparkContext
+    job_group = f"backfill {options.client} {announced.name}"
 
-    def task(work: _Work) -> list[Part]:
-        return _file_parts(cfg, work, options, inbox, rejected, done)
+    def job(works: list[_Work]) -> list[Part]:
+        def task(group: list[_Work]) -> list[Part]:
+            return [p for w in group for p in _file_parts(cfg, w, options, inbox, rejected, done, where)]
 
-    return [part for parts in spark.sparkContext.parallelize(todo, len(todo)).map(task).collect() for part in parts]
+        sc.setJobGroup(job_group, f"backfill {works[0].path} ...", interruptOnCancel=True)
+        return sc.parallelize([works], 1).map(task).collect()[0]
+
+    cores = max(1, sc.defaultParallelism)
+    pool = ThreadPoolExecutor(cores, thread_name_prefix="backfill-job")
+    try:
+        jobs = [(group, pool.submit(job, group)) for group in _task_groups(todo, cores)]  # run in this order
+        for group, future in jobs:
+            given = 0  # parts of this group already given
+            for number in (n for w in group if w.rows for n in range(w.first_number, w.first_number + w.parts)
+                           if done is None or n > done):
+                part = _announcement(announced, number)
+                while part is None and not future.done():
+                    wait([future], timeout=ANNOUNCE_POLL_S)
+                    part = _announcement(announced, number)
+                if part is None:
+                    break
+                given = number
+                yield part
+            try:
+                parts = future.result()
+            except Exception as exc:  # a task failed: the parts before it are committed (or being committed)
+                raise BackfillTaskError(
+                    f"{group[0].path}{' (and the files after it in its task)' if len(group) > 1 else ''}: a Spark "
+                    f"task failed: {_cause(exc)}. The parts written before it are committed; fix the cause and run "
+                    "the same backfill again to finish (nothing is stored twice)") from exc
+            for part in sorted(parts, key=lambda p: p.number):
+                if part.number > given:
+                    yield part
+    finally:  # (a run that stops early, on a failed task or commit, stops the jobs still running)
+        pool.shutdown(wait=False, cancel_futures=True)
+        sc.cancelJobGroup(job_group)
+        pool.shutdown(wait=True)
+        shutil.rmtree(announced, ignore_errors=True)
+
+
+def _task_groups(todo: list[_Work], cores: int) -> list[list[_Work]]:
+    """Consecutive files, one group per task: up to ``TASK_ROWS`` rows, and fewer when that would leave cores
+    without a task; a larger file alone."""
+    most = min(TASK_ROWS, -(-sum(w.rows for w in todo) // cores))
+    groups: list[list[_Work]] = []
+    for work in todo:
+        if groups and sum(w.rows for w in groups[-1]) + work.rows <= most:
+            groups[-1].append(work)
+        else:
+            groups.append([work])
+    return groups
+
+
+def _cause(exc: Exception) -> str:
+    """The last line naming an exception in a failed job's message (the task's own error), else its last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    named = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", line)]
+    return (named or lines)[-1][:500]
+
+
+def _announce(where: str, part: Part) -> None:
+    """(In a Spark task.) Tell the driver ``part`` is written: its fields, in a file renamed into place."""
+    path = Path(where) / f"{part.number}.json"
+    temporary = path.with_suffix(".tmp")
+    temporary.write_bytes(orjson.dumps(dataclasses.asdict(part)))
+    os.replace(temporary, path)
+
+
+def _announcement(where: Path, number: int) -> Part | None:
+    try:
+        return Part(**orjson.loads((where / f"{number}.json").read_bytes()))
+    except FileNotFoundError:
+        return None
 
 
 def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, rejected: str,
-                done: int | None) -> list[Part]:
+                done: int | None, announce: str | None = None) -> list[Part]:
     """(In a Spark task.) One file's rows as inbox rows, in parts of ``CHUNK_ROWS`` rows; parts a previous
-    run committed (``<= done``) are read past, not written."""
+    run committed (``<= done``) are read past, not written. Each part written is announced in the directory
+    ``announce`` (when given)."""
     recorded = TopicRecorder(cfg)
     now = datetime.now(timezone.utc)
     parts: list[Part] = []
@@ -246,6 +340,9 @@ def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, 
         if done is None or number > done:
             rows = pa.concat_tables(buffer) if buffer else pa.table({})
             parts.append(_part(cfg, work, position, number, rows, options, recorded, now, inbox, rejected))
+            if announce is not None:
+                _announce(announce, parts[-1])
+            failpoints.hit("backfill.part_written")
         position += buffered
         number += 1
         buffer, buffered = [], 0
@@ -318,8 +415,19 @@ def _bodies(rows: pa.Table, options: Options) -> tuple[pa.Array, bool]:
     return pa.array([dumps(row, default=str) for row in rows.to_pylist()], pa.binary()), generated
 
 
-#: Characters a JSON string cannot hold as they are (a column with any takes the per-row path).
-_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
+def _needs_escape(column: pa.ChunkedArray) -> bool:
+    """Whether a string column holds a character a JSON string cannot hold as it is (``"``, ``\\``, a control
+    character): such a column takes the per-row path. Scans the columns' bytes (a regex per value costs ~3x)."""
+    for chunk in column.chunks:
+        validity, offsets, data = chunk.buffers()
+        if data is None or not len(chunk):
+            continue
+        kind = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        ends = np.frombuffer(offsets, dtype=kind)[chunk.offset:chunk.offset + len(chunk) + 1]
+        text = np.frombuffer(data, dtype=np.uint8)[ends[0]:ends[-1]]
+        if (text < 0x20).any() or (text == 0x22).any() or (text == 0x5C).any():
+            return True
+    return False
 
 
 def _rows_as_json(rows: pa.Table) -> pa.Array | None:
@@ -335,7 +443,7 @@ def _rows_as_json(rows: pa.Table) -> pa.Array | None:
         elif pa.types.is_boolean(kind):
             text = pc.if_else(column, "true", "false")
         elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            if pc.any(pc.match_substring_regex(column, _NEEDS_ESCAPE)).as_py():
+            if _needs_escape(column):
                 return None
             text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
         else:

@@ -90,6 +90,10 @@ def test_100k_rows_from_parquet_and_from_json_lines_each_twice_are_stored_once_r
     parquet_row = rows.slice(first_of["loader-pq"], 1).to_pylist()[0]
     assert (parquet_row["topic"], json.loads(parquet_row["data"])) == ("/orders", {"id": 0, "qty": 0, "side": "buy"})
     assert parquet_row["origin"] == pair.name("a") and parquet_row["received_from"] is None
+    assert parquet_row["path"] == [pair.name("a")], "a publish of A: its path is A alone"
+    b_row = pair.rows("b").slice(0, 1).to_pylist()[0]
+    assert (b_row["publisher"], b_row["received_from"], b_row["path"]) == ("loader-pq", pair.name("a"),
+                                                                           [pair.name("a"), pair.name("b")])
     jsonl_row = rows.slice(first_of["loader-jl"], 1).to_pylist()[0]
     assert jsonl_row["data"] == b'{"trade": 0, "px": 0.0}', "a JSON line is stored as written"
 
@@ -100,20 +104,30 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]
                           text=True, timeout=600, env={**os.environ, **(env or {})}, start_new_session=True)
 
 
-def test_a_backfill_killed_mid_run_completes_on_a_rerun_with_no_duplicate(pair, tmp_path):
+def test_a_backfill_whose_task_fails_or_that_is_killed_completes_on_a_rerun_with_no_duplicate(pair, tmp_path):
     inputs = tmp_path / "in"
     inputs.mkdir()
-    for part in range(5):  # one commit per file: five parts
+    for part in range(5):  # one commit per file: five parts, written by one Spark task
         ids = range(part * 6000, (part + 1) * 6000)
         pq.write_table(pa.table({"id": list(ids), "kind": ["/fills"] * 6000}), inputs / f"f{part}.parquet")
     args = [str(pair.paths["a"]), "--input", str(inputs), "--format", "parquet", "--client", "loader",
             "--topic-column", "kind"]
+    # the task fails after writing its second part: the driver has committed both, from the task's
+    # announcements (the task itself never returns them)
+    failed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.part_written@2:raise"})
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    error = failed.stderr.strip().splitlines()[-1]
+    assert error.startswith("replication backfill: ") and "f0.parquet (and the files after it in its task): a " \
+        "Spark task failed: " in error and "failpoint backfill.part_written reached (pass 2)" in error, error
+    assert "run the same backfill again to finish" in error
+    wait_until(lambda: stored(pair, "a", "loader") == 12_000, timeout=120, what="the two parts written")
+    # killed -9 right after its second commit (parts 3 and 4)
     killed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.after_part@2"})
     assert killed.returncode == -9 and "failpoint backfill.after_part reached" in killed.stderr
-    wait_until(lambda: stored(pair, "a", "loader") == 12_000, timeout=120, what="the two committed parts")
+    wait_until(lambda: stored(pair, "a", "loader") == 24_000, timeout=120, what="the four committed parts")
     rerun = cli(*args, "--wait", "300")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "18,000 written, 0 rejected, in 3 new commit(s)" in rerun.stdout
+    assert "6,000 written, 0 rejected, in 1 new commit(s)" in rerun.stdout
     assert "stored every backfilled row (client loader through 30,000)" in rerun.stdout
     assert "backfill" in rerun.stderr and "rows/s" in rerun.stderr, "the progress bar, with its rate"
     assert publisher_rows(pair, "a", "loader") == list(range(1, 30_001))
@@ -195,3 +209,22 @@ def test_a_part_writes_good_rows_to_the_inbox_and_each_bad_one_to_rejected_with_
     assert reasons[2].startswith(f"{source} row 4: topic '/other' (json) is not recorded in solo's TransactionLog")
     assert reasons[3].startswith(f"{source} row 5: body is not valid JSON")
     assert part.bad == reasons
+
+
+def test_files_share_a_task_up_to_its_rows_unless_that_leaves_a_core_idle_and_keep_their_order():
+    def works(*rows: int) -> list:
+        out, seq, number = [], 1, 1
+        for n, count in enumerate(rows):
+            out.append(backfill._Work(f"f{n}", count, seq, number))
+            seq, number = seq + count, number + out[-1].parts
+        return out
+
+    def names(groups: list) -> list[list[str]]:
+        return [[w.path for w in group] for group in groups]
+
+    assert names(backfill._task_groups(works(*[1000] * 6), cores=2)) == [["f0", "f1", "f2"], ["f3", "f4", "f5"]]
+    small = backfill.TASK_ROWS // 4
+    assert names(backfill._task_groups(works(*[small] * 8), cores=1)) == [
+        ["f0", "f1", "f2", "f3"], ["f4", "f5", "f6", "f7"]], "no task beyond TASK_ROWS"
+    assert names(backfill._task_groups(works(10, 3 * backfill.TASK_ROWS, 10, 10), cores=2)) == [
+        ["f0"], ["f1"], ["f2", "f3"]], "a large file is a task of its own"

@@ -99,6 +99,11 @@ class StorageLayout:
         """Where a bootstrap keeps the source's SOW records until its txlog copy is done."""
         return self.root / "_bootstrap"
 
+    def backfill_parts(self, client: str) -> Path:
+        """Where the Spark tasks of a backfill by ``client`` announce each part they have written (see
+        :mod:`replication.backfill`); scratch, cleared by the client's next backfill."""
+        return self.root / "_backfill" / client.encode().hex()
+
     def ack_file(self, upstream: str) -> Path:
         return self.control / "acks" / f"{upstream}.json"
 
