@@ -176,10 +176,15 @@ def test_bodies_made_column_wise_are_what_orjson_makes_of_each_row_and_other_row
     assert generated and bodies.to_pylist() == [orjson.dumps(row) for row in table.to_pylist()]
     assert backfill._rows_as_json(table).to_pylist() == bodies.to_pylist()
     # a string JSON must escape, or a type the column-wise path does not cover: the per-row path, same text
-    for odd in (pa.table({"s": ['say "hi"', "a\\b", "tab\tnl\n"]}), pa.table({"px": [1.5, 1e20, None]})):
+    for odd in (pa.table({"s": ['say "hi"', "a\\b", "tab\tnl\n"]}), pa.table({"px": [1.5, 1e20, None]}),
+                pa.table({"s": ["plain", 'one "quote"']}), pa.table({"s": ["back\\slash", None]}),
+                pa.table({"s": pa.array(["bell\x07"], pa.large_string())}), pa.table({"s": ["\x1f"]})):
         assert backfill._rows_as_json(odd) is None
         assert backfill._bodies(odd, backfill.Options("c", "parquet", topic="/t"))[0].to_pylist() == \
             [orjson.dumps(row) for row in odd.to_pylist()]
+    # only the rows of a slice count: its neighbours' characters do not send it down the per-row path
+    sliced = pa.table({"s": ['"before"', "inside", "also inside", "after\n"]}).slice(1, 2)
+    assert backfill._rows_as_json(sliced).to_pylist() == [orjson.dumps(row) for row in sliced.to_pylist()]
 
 
 def test_a_part_writes_good_rows_to_the_inbox_and_each_bad_one_to_rejected_with_its_row_and_reason(tmp_path):
