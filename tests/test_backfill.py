@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -233,3 +234,28 @@ def test_files_share_a_task_up_to_its_rows_unless_that_leaves_a_core_idle_and_ke
         ["f0", "f1", "f2", "f3"], ["f4", "f5", "f6", "f7"]], "no task beyond TASK_ROWS"
     assert names(backfill._task_groups(works(10, 3 * backfill.TASK_ROWS, 10, 10), cores=2)) == [
         ["f0"], ["f1"], ["f2", "f3"]], "a large file is a task of its own"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_bar_cut_short_by_an_error_ends_its_line_and_a_finished_one_shows_its_last_state():
+    from replication.commands.progress import ProgressBar
+
+    screen = _Terminal()
+    with pytest.raises(RuntimeError), ProgressBar("backfill x", "rows", stream=screen) as bar:
+        bar.update(12_000, 30_000)
+        raise RuntimeError("a task failed")
+    assert "12,000/30,000 rows" in screen.getvalue() and screen.getvalue().endswith("\x1b[K\n")
+    assert screen.getvalue().count("\n") == 1, "the bar's line ends; no final line is added before the error"
+    untouched = _Terminal()
+    with pytest.raises(RuntimeError), ProgressBar("bootstrap x", stream=untouched):
+        raise RuntimeError("no instance there")
+    assert untouched.getvalue() == "", "an error before any progress: the error alone"
+    done = _Terminal()
+    with ProgressBar("backfill x", "rows", stream=done) as bar:
+        bar.update(30_000, 30_000)
+    last = done.getvalue().split("\r")[-1]
+    assert last.startswith(f"backfill x [{'#' * 30}] 30,000/30,000 rows") and last.endswith("\n"), last

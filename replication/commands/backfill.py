@@ -51,9 +51,8 @@ def run(args: argparse.Namespace) -> int:
     options = backfill.Options(args.client, args.fmt, args.topic, args.topic_column, args.data_column,
                                args.message_type)
     spark = session(f"replication backfill {cfg.name}")
-    bar = ProgressBar(f"backfill {cfg.name}", "rows")
-    result = backfill.run(spark, cfg, args.input, options, progress=bar.update)
-    bar.close()
+    with ProgressBar(f"backfill {cfg.name}", "rows") as bar:
+        result = backfill.run(spark, cfg, args.input, options, progress=bar.update)
     for line in result.bad or []:
         print(f"rejected: {line}", file=sys.stderr)
     if result.rejected > len(result.bad or []):

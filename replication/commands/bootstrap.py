@@ -43,9 +43,8 @@ def run(args: argparse.Namespace) -> int:
               "bootstraps)", file=sys.stderr)
         return 0
     addresses = (parse_location(args.source, base_dir="."),) if args.source else None
-    bar = ProgressBar(f"bootstrap {cfg.name}", "source rows")
-    result = bootstrap.run(cfg, layout, addresses=addresses, progress=bar.update)
-    bar.close()
+    with ProgressBar(f"bootstrap {cfg.name}", "source rows") as bar:
+        result = bootstrap.run(cfg, layout, addresses=addresses, progress=bar.update)
     print(f"{cfg.name}: bootstrapped from {result.source}: {result.rows:,} txlog rows, {result.sow_records:,} SOW "
           f"records in {result.seconds:.1f} s")
     return 0

@@ -27,6 +27,7 @@ class ProgressBar:
         self._last_line = 0.0
         self._done = 0
         self._total = 0
+        self._drawn = False
 
     def update(self, done: int, total: int) -> None:
         self._done, self._total = done, total
@@ -34,6 +35,7 @@ class ProgressBar:
         if self.tty:
             self.stream.write("\r" + self.line(now) + "\x1b[K")
             self.stream.flush()
+            self._drawn = True
         elif now - self._last_line >= LOG_EVERY_S:
             self._last_line = now
             self.stream.write(self.line(now) + "\n")
@@ -51,6 +53,18 @@ class ProgressBar:
     def close(self) -> None:
         self.stream.write(("\r" if self.tty else "") + self.line() + ("\x1b[K\n" if self.tty else "\n"))
         self.stream.flush()
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        """Closed at the end of the work; cut short by an error, a bar drawn on a terminal ends its line, so the
+        error is said on a line of its own (and nothing else is added)."""
+        if kind is None:
+            self.close()
+        elif self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _clock(seconds: float) -> str:
