@@ -39,9 +39,10 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -247,16 +248,20 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
     where = str(announced)
     sc = spark.sparkContext
     job_group = f"backfill {options.client} {announced.name}"
+    stopping = threading.Event()
 
     def job(works: list[_Work]) -> list[Part]:
         def task(group: list[_Work]) -> list[Part]:
             return [p for w in group for p in _file_parts(cfg, w, options, inbox, rejected, done, where)]
 
+        if stopping.is_set():  # the run ends early: no new job
+            return []
         sc.setJobGroup(job_group, f"backfill {works[0].path} ...", interruptOnCancel=True)
         return sc.parallelize([works], 1).map(task).collect()[0]
 
     cores = max(1, sc.defaultParallelism)
     pool = ThreadPoolExecutor(cores, thread_name_prefix="backfill-job")
+    jobs: list[tuple[list[_Work], Future]] = []
     try:
         jobs = [(group, pool.submit(job, group)) for group in _task_groups(todo, cores)]  # run in this order
         for group, future in jobs:
@@ -282,8 +287,16 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
                 if part.number > given:
                     yield part
     finally:  # (a run that stops early, on a failed task or commit, stops the jobs still running)
+        stopping.set()
         pool.shutdown(wait=False, cancel_futures=True)
-        sc.cancelJobGroup(job_group)
+        running = [future for _, future in jobs if not future.done()]
+        while running:  # (again until they end: a thread may submit its job just after a cancel)
+            try:
+                sc.cancelJobGroup(job_group)
+            except Exception:  # (Spark gone: its jobs with it) the error that ended the run is the one to see
+                log.warning("backfill: could not cancel the jobs still running", exc_info=True)
+                break
+            running = list(wait(running, timeout=0.5).not_done)
         pool.shutdown(wait=True)
         shutil.rmtree(announced, ignore_errors=True)
 
@@ -293,11 +306,14 @@ def _task_groups(todo: list[_Work], cores: int) -> list[list[_Work]]:
     without a task; a larger file alone."""
     most = min(TASK_ROWS, -(-sum(w.rows for w in todo) // cores))
     groups: list[list[_Work]] = []
+    rows = 0  # of the last group
     for work in todo:
-        if groups and sum(w.rows for w in groups[-1]) + work.rows <= most:
+        if groups and rows + work.rows <= most:
             groups[-1].append(work)
+            rows += work.rows
         else:
             groups.append([work])
+            rows = work.rows
     return groups
 
 
@@ -309,17 +325,22 @@ def _cause(exc: Exception) -> str:
 
 
 def _announce(where: str, part: Part) -> None:
-    """(In a Spark task.) Tell the driver ``part`` is written: its fields, in a file renamed into place."""
+    """(In a Spark task.) Tell the driver ``part`` is written: its fields, in a file renamed into place. Only an
+    early notice (the task's result has the part too): a failure to write it does not fail the task."""
     path = Path(where) / f"{part.number}.json"
-    temporary = path.with_suffix(".tmp")
-    temporary.write_bytes(orjson.dumps(dataclasses.asdict(part)))
-    os.replace(temporary, path)
+    temporary = path.with_name(f".{part.number}.{uuid.uuid4().hex}.tmp")  # (an attempt of its own)
+    try:
+        temporary.write_bytes(orjson.dumps(dataclasses.asdict(part)))
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
 
 
 def _announcement(where: Path, number: int) -> Part | None:
+    """The part ``number`` a task announced; None: none yet (or one that cannot be read: the result has it)."""
     try:
         return Part(**orjson.loads((where / f"{number}.json").read_bytes()))
-    except FileNotFoundError:
+    except (OSError, ValueError, TypeError):
         return None
 
 
@@ -348,6 +369,8 @@ def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, 
         buffer, buffered = [], 0
 
     for batch in files.batches(work.path, options.fmt):
+        if position + buffered + batch.num_rows > work.rows:
+            raise _changed(work)
         offset = 0
         while offset < batch.num_rows:
             take = min(batch.num_rows - offset, CHUNK_ROWS - buffered)
@@ -358,7 +381,16 @@ def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, 
                 flush()
     if buffered:
         flush()
+    if position != work.rows:
+        raise _changed(work)
     return parts
+
+
+def _changed(work: _Work) -> BackfillInputError:
+    """(In a Spark task.) Its rows are numbered from the plan's count: a file that changed since would number
+    rows of the next file's too."""
+    return BackfillInputError(f"{work.path}: its row count is not the {work.rows:,} the plan counted; the file "
+                              "changed during the backfill. Fix: leave the inputs unchanged while it runs")
 
 
 def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa.Table, options: Options,

@@ -108,22 +108,23 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]
 def test_a_backfill_whose_task_fails_or_that_is_killed_completes_on_a_rerun_with_no_duplicate(pair, tmp_path):
     inputs = tmp_path / "in"
     inputs.mkdir()
-    for part in range(5):  # one commit per file: five parts, written by one Spark task
+    for part in range(5):  # one commit per file: five parts
         ids = range(part * 6000, (part + 1) * 6000)
         pq.write_table(pa.table({"id": list(ids), "kind": ["/fills"] * 6000}), inputs / f"f{part}.parquet")
     args = [str(pair.paths["a"]), "--input", str(inputs), "--format", "parquet", "--client", "loader",
             "--topic-column", "kind"]
-    # the task fails after writing its second part: the driver has committed both, from the task's
-    # announcements (the task itself never returns them)
-    failed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.part_written@2:raise"})
+    # Two cores: tasks [f0, f1], [f2, f3], [f4]. Each of the first two fails after writing its second part;
+    # the driver has committed f0's and f1's parts from the first task's announcements (it never returned them).
+    two_cores = {"REPLICATION_SPARK_MASTER": "local[2]"}
+    failed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.part_written@2:raise", **two_cores})
     assert failed.returncode == 1, failed.stderr[-3000:]
-    error = failed.stderr.strip().splitlines()[-1]
+    error = next(line for line in failed.stderr.splitlines() if line.startswith("replication backfill: "))
     assert error.startswith("replication backfill: ") and "f0.parquet (and the files after it in its task): a " \
         "Spark task failed: " in error and "failpoint backfill.part_written reached (pass 2)" in error, error
     assert "run the same backfill again to finish" in error
     wait_until(lambda: stored(pair, "a", "loader") == 12_000, timeout=120, what="the two parts written")
     # killed -9 right after its second commit (parts 3 and 4)
-    killed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.after_part@2"})
+    killed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.after_part@2", **two_cores})
     assert killed.returncode == -9 and "failpoint backfill.after_part reached" in killed.stderr
     wait_until(lambda: stored(pair, "a", "loader") == 24_000, timeout=120, what="the four committed parts")
     rerun = cli(*args, "--wait", "300")
@@ -215,6 +216,24 @@ def test_a_part_writes_good_rows_to_the_inbox_and_each_bad_one_to_rejected_with_
     assert reasons[2].startswith(f"{source} row 4: topic '/other' (json) is not recorded in solo's TransactionLog")
     assert reasons[3].startswith(f"{source} row 5: body is not valid JSON")
     assert part.bad == reasons
+
+
+def test_a_file_whose_row_count_changed_since_the_plan_stops_its_task_naming_it(tmp_path):
+    # rows are numbered from the plan's counts: a file that grew would take the next file's numbers
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(7))}), source)
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "rejected").mkdir()
+    options = backfill.Options("loader", "parquet", topic="/orders")
+    for planned in (5, 9):
+        with pytest.raises(backfill.BackfillInputError, match=f"{source}: its row count is not the {planned} the "
+                           "plan counted; the file changed during the backfill"):
+            backfill._file_parts(cfg, backfill._Work(str(source), planned, 1, 1), options, str(tmp_path / "inbox"),
+                                 str(tmp_path / "rejected"), None)
+    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 7, 1, 1), options, str(tmp_path / "inbox"),
+                                   str(tmp_path / "rejected"), None)
+    assert (part.rows, part.last_good_seq) == (7, 7)
 
 
 def test_files_share_a_task_up_to_its_rows_unless_that_leaves_a_core_idle_and_keep_their_order():

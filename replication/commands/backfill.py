@@ -67,16 +67,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _wait_stored(cfg: config.InstanceConfig, client: str, seq: int, timeout: float) -> None:
     layout = StorageLayout.of(cfg.storage)
-    bar = ProgressBar(f"stored by {cfg.name}", "messages")
     deadline = time.monotonic() + timeout
-    while True:
-        stored = stored_per_publisher(layout).get(client, 0)
-        bar.update(stored, seq)
-        if stored >= seq:
-            bar.close()
-            print(f"{cfg.name}: stored every backfilled row (client {client} through {seq:,})")
-            return
-        if time.monotonic() > deadline:
-            raise ReplicationError(f"{cfg.name} has stored client {client} through {stored:,} of {seq:,} after "
-                                   f"{timeout:.0f}s; is the instance running? It takes the rest when it runs")
-        time.sleep(0.5)
+    with ProgressBar(f"stored by {cfg.name}", "messages") as bar:
+        while True:
+            stored = stored_per_publisher(layout).get(client, 0)
+            bar.update(stored, seq)
+            if stored >= seq:
+                break
+            if time.monotonic() > deadline:
+                raise ReplicationError(f"{cfg.name} has stored client {client} through {stored:,} of {seq:,} after "
+                                       f"{timeout:.0f}s; is the instance running? It takes the rest when it runs")
+            time.sleep(0.5)
+    print(f"{cfg.name}: stored every backfilled row (client {client} through {seq:,})")

@@ -8,6 +8,7 @@ drift apart.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -102,7 +103,7 @@ class StorageLayout:
     def backfill_parts(self, client: str) -> Path:
         """Where the Spark tasks of a backfill by ``client`` announce each part they have written (see
         :mod:`replication.backfill`); scratch, cleared by the client's next backfill."""
-        return self.root / "_backfill" / client.encode().hex()
+        return self.root / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]  # (any name, any length)
 
     def ack_file(self, upstream: str) -> Path:
         return self.control / "acks" / f"{upstream}.json"
