@@ -62,6 +62,7 @@ from replication.connectors import files
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
 from replication.errors import InputError, ReplicationError
+from replication.expressions.columnar import needs_json_escape
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_errors, publisher_id
 from replication.storage.layout import StorageLayout
@@ -447,21 +448,6 @@ def _bodies(rows: pa.Table, options: Options) -> tuple[pa.Array, bool]:
     return pa.array([dumps(row, default=str) for row in rows.to_pylist()], pa.binary()), generated
 
 
-def _needs_escape(column: pa.ChunkedArray) -> bool:
-    """Whether a string column holds a character a JSON string cannot hold as it is (``"``, ``\\``, a control
-    character): such a column takes the per-row path. Scans the columns' bytes (a regex per value costs ~3x)."""
-    for chunk in column.chunks:
-        validity, offsets, data = chunk.buffers()
-        if data is None or not len(chunk):
-            continue
-        kind = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
-        ends = np.frombuffer(offsets, dtype=kind)[chunk.offset:chunk.offset + len(chunk) + 1]
-        text = np.frombuffer(data, dtype=np.uint8)[ends[0]:ends[-1]]
-        if (text < 0x20).any() or (text == 0x22).any() or (text == 0x5C).any():
-            return True
-    return False
-
-
 def _rows_as_json(rows: pa.Table) -> pa.Array | None:
     """Each row as the JSON object ``orjson.dumps(row)`` makes, built column by column in Arrow (no dict
     per row); None when a column is of a type (or holds a string) this does not cover."""
@@ -475,7 +461,7 @@ def _rows_as_json(rows: pa.Table) -> pa.Array | None:
         elif pa.types.is_boolean(kind):
             text = pc.if_else(column, "true", "false")
         elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            if _needs_escape(column):
+            if needs_json_escape(column):
                 return None
             text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
         else:

@@ -10,7 +10,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.expressions.columnar import value_bytes
+from replication.expressions.columnar import needs_json_escape, value_bytes
 
 
 def body_value(message_type: str, data: bytes | None) -> object:
@@ -33,10 +33,6 @@ def body_value(message_type: str, data: bytes | None) -> object:
 
 #: ``pyarrow.compute.strftime`` format of times in JSON output: ISO 8601, UTC, microseconds.
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-
-#: Characters a JSON string cannot hold as they are.
-_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
-
 
 def json_lines(rows: pa.Table, fields: Sequence[str]) -> bytes:
     """``rows`` as JSON lines, one object per row with ``fields`` in order: the object ``orjson.dumps`` makes of
@@ -65,8 +61,7 @@ def _json_text(rows: pa.Table, name: str) -> pa.Array:
         text = pc.cast(column, pa.string())
     elif pa.types.is_timestamp(kind):
         text = pc.binary_join_element_wise('"', pc.strftime(column, format=TIME_FORMAT), '"', "")
-    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and not pc.any(
-            pc.match_substring_regex(column, _NEEDS_ESCAPE)).as_py():
+    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and not needs_json_escape(column):
         text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
     else:
         text = pa.array([orjson.dumps(value).decode() for value in column.to_pylist()], pa.string())
