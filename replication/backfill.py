@@ -453,21 +453,30 @@ def _rows_as_json(rows: pa.Table) -> pa.Array | None:
     per row); None when a column is of a type (or holds a string) this does not cover."""
     if rows.num_columns == 0 or rows.num_rows == 0:
         return None
+    # Literal text between columns accumulates in ``text``; a string column without nulls has its quotes
+    # in that text, not quoted on its own (a join less per column, ~a third of the bodies' time).
     pieces: list = []
+    text = ""
     for position, (name, column) in enumerate(zip(rows.column_names, rows.columns)):
         kind = column.type
+        text += ("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":"
         if pa.types.is_integer(kind):
-            text = pc.cast(column, pa.string())
+            value = pc.cast(column, pa.string())
         elif pa.types.is_boolean(kind):
-            text = pc.if_else(column, "true", "false")
+            value = pc.if_else(column, "true", "false")
         elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
             if needs_json_escape(column):
                 return None
-            text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
+            if column.null_count == 0:
+                pieces += [text + '"', column.cast(pa.string())]
+                text = '"'
+                continue
+            value = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
         else:
             return None
-        pieces += [("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":", pc.fill_null(text, "null")]
-    joined = pc.binary_join_element_wise(*pieces, "}", "")
+        pieces += [text, pc.fill_null(value, "null")]
+        text = ""
+    joined = pc.binary_join_element_wise(*pieces, text + "}", "")
     return joined.combine_chunks().cast(pa.binary())  # (a table's columns: chunked)
 
 

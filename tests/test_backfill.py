@@ -177,6 +177,10 @@ def test_bodies_made_column_wise_are_what_orjson_makes_of_each_row_and_other_row
     bodies, generated = backfill._bodies(table, backfill.Options("c", "parquet", topic="/t"))
     assert generated and bodies.to_pylist() == [orjson.dumps(row) for row in table.to_pylist()]
     assert backfill._rows_as_json(table).to_pylist() == bodies.to_pylist()
+    # string columns without nulls (their quotes go in the text between columns), first, inner and last
+    plain = pa.table({"sym": ["A", ""], "n": [1, None], "desk": pa.array(["x", "é"], pa.large_string()),
+                      "on": [True, True], "note": ["last", "one"]})
+    assert backfill._rows_as_json(plain).to_pylist() == [orjson.dumps(row) for row in plain.to_pylist()]
     # a string JSON must escape, or a type the column-wise path does not cover: the per-row path, same text
     for odd in (pa.table({"s": ['say "hi"', "a\\b", "tab\tnl\n"]}), pa.table({"px": [1.5, 1e20, None]}),
                 pa.table({"s": ["plain", 'one "quote"']}), pa.table({"s": ["back\\slash", None]}),
