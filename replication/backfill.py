@@ -62,7 +62,7 @@ from replication.connectors import files
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
 from replication.errors import InputError, ReplicationError
-from replication.expressions.columnar import needs_json_escape
+from replication.expressions.columnar import json_objects, needs_json_escape
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_errors, publisher_id
 from replication.storage.layout import StorageLayout
@@ -453,30 +453,22 @@ def _rows_as_json(rows: pa.Table) -> pa.Array | None:
     per row); None when a column is of a type (or holds a string) this does not cover."""
     if rows.num_columns == 0 or rows.num_rows == 0:
         return None
-    # Literal text between columns accumulates in ``text``; a string column without nulls has its quotes
-    # in that text, not quoted on its own (a join less per column, ~a third of the bodies' time).
-    pieces: list = []
-    text = ""
-    for position, (name, column) in enumerate(zip(rows.column_names, rows.columns)):
+    members = []
+    for name, column in zip(rows.column_names, rows.columns):
         kind = column.type
-        text += ("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":"
         if pa.types.is_integer(kind):
-            value = pc.cast(column, pa.string())
+            members.append((name, pc.fill_null(pc.cast(column, pa.string()), "null"), False))
         elif pa.types.is_boolean(kind):
-            value = pc.if_else(column, "true", "false")
+            members.append((name, pc.fill_null(pc.if_else(column, "true", "false"), "null"), False))
         elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
             if needs_json_escape(column):
                 return None
-            if column.null_count == 0:
-                pieces += [text + '"', column.cast(pa.string())]
-                text = '"'
-                continue
-            value = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
+            text = column.cast(pa.string())
+            members.append((name, text, True) if column.null_count == 0 else
+                           (name, pc.fill_null(pc.binary_join_element_wise('"', text, '"', ""), "null"), False))
         else:
             return None
-        pieces += [text, pc.fill_null(value, "null")]
-        text = ""
-    joined = pc.binary_join_element_wise(*pieces, text + "}", "")
+    joined = json_objects(members)
     return joined.combine_chunks().cast(pa.binary())  # (a table's columns: chunked)
 
 

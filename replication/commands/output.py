@@ -10,7 +10,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.expressions.columnar import needs_json_escape, value_bytes
+from replication.expressions.columnar import (
+    json_objects,
+    needs_json_escape,
+    value_bytes,
+)
 
 
 def body_value(message_type: str, data: bytes | None) -> object:
@@ -44,28 +48,28 @@ def json_lines(rows: pa.Table, fields: Sequence[str]) -> bytes:
     """
     if rows.num_rows == 0:
         return b""
-    pieces: list = []
-    for position, name in enumerate(fields):
-        pieces += [("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":", _json_text(rows, name)]
-    lines = pc.binary_join_element_wise(*pieces, "}\n", "")
+    lines = json_objects([(name, *_json_text(rows, name)) for name in fields], end="}\n")
     return value_bytes(lines).to_pybytes()
 
 
-def _json_text(rows: pa.Table, name: str) -> pa.Array:
-    """Each value of column ``name`` as JSON text (``null`` for a null)."""
+def _json_text(rows: pa.Table, name: str) -> tuple[pa.Array, bool]:
+    """Each value of column ``name`` as JSON text (``null`` for a null), or as strings to quote (``True``: no
+    null, nothing to escape): a member of :func:`json_objects`."""
     column = rows[name].combine_chunks()
     kind = column.type
     if name == "data":
-        return _body_text(rows["message_type"].combine_chunks(), column)
+        return _body_text(rows["message_type"].combine_chunks(), column), False
     if pa.types.is_integer(kind):
         text = pc.cast(column, pa.string())
     elif pa.types.is_timestamp(kind):
         text = pc.binary_join_element_wise('"', pc.strftime(column, format=TIME_FORMAT), '"', "")
     elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and not needs_json_escape(column):
+        if column.null_count == 0:
+            return column.cast(pa.string()), True
         text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
     else:
         text = pa.array([orjson.dumps(value).decode() for value in column.to_pylist()], pa.string())
-    return pc.fill_null(text, "null")
+    return pc.fill_null(text, "null"), False
 
 
 def _body_text(message_types: pa.Array, data: pa.Array) -> pa.Array:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import orjson
@@ -215,6 +215,19 @@ def needs_json_escape(values: pa.Array | pa.ChunkedArray) -> bool:
         if (text < 0x20).any() or (text == 0x22).any() or (text == 0x5C).any():
             return True
     return False
+
+
+def json_objects(members: Sequence[tuple[str, pa.Array | pa.ChunkedArray, bool]], end: str = "}") -> pa.Array:
+    """One JSON object per row, its members in order (then ``end``): ``(name, values, quote)`` where ``values``
+    is each row's JSON text, or with ``quote`` string values with no null and no character to escape (see
+    :func:`needs_json_escape`), whose quotes go in the literal text between members (no join of their own)."""
+    pieces: list = []
+    text = ""  # literal text since the last member's values
+    for position, (name, values, quote) in enumerate(members):
+        text += ("{" if position == 0 else ",") + orjson.dumps(name).decode() + ":"
+        pieces += [text + '"' if quote else text, values]
+        text = '"' if quote else ""
+    return pc.binary_join_element_wise(*pieces, text + end, "")
 
 
 def _sample_types(bodies: pa.Array, paths: list[tuple[str, ...]]) -> dict[tuple[str, ...], pa.DataType]:
