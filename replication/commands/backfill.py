@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     expand(args.input, args.fmt)  # a missing input is said before Spark starts (and prints its banner)
     options = backfill.Options(args.client, args.fmt, args.topic, args.topic_column, args.data_column,
                                args.message_type)
-    spark = session(f"replication backfill {cfg.name}")
+    spark = session(f"replication backfill {cfg.name}", short_lived=True)
     with ProgressBar(f"backfill {cfg.name}", "rows") as bar:
         result = backfill.run(spark, cfg, args.input, options, progress=bar.update)
     for line in result.bad or []:

@@ -39,6 +39,13 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.streaming.pollingDelay": "50ms",
 }
 
+#: JVM options of a Spark application that lives for one command (``replication backfill``). Its rows
+#: are handled in Python tasks and its JVM only schedules them, so C2's compilations of Spark's own
+#: code are CPU it never earns back: C1 alone takes a 1M-row backfill command from ~6.5 to ~5.7 s
+#: (bench/bootstrap.py, command). Instances keep C2: their Kafka reads pass through the JVM, and with
+#: C1 alone their ingest fell from 140k to 93k rows/s (bench/ingest.py).
+SHORT_LIVED_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 
 def _launches_jvm() -> bool:
     """True when building a session here starts Spark's JVM (not under spark-submit, no context yet)."""
@@ -67,10 +74,28 @@ def _without_sigterm(launch: Callable[[], T]) -> T:
         signal.signal(signal.SIGTERM, previous)
 
 
-def session(app_name: str = "replication", *, master: str | None = None) -> "SparkSession":
+def _with_java_options(options: str, launch: Callable[[], T]) -> T:
+    """Run ``launch`` with ``options`` added to ``SPARK_SUBMIT_OPTS``, which Spark's launcher puts on the
+    command line of a client-mode driver's JVM. Unlike ``spark.driver.extraJavaOptions`` it replaces no
+    options the user gave (in spark-defaults.conf or ``PYSPARK_SUBMIT_ARGS``)."""
+    given = os.environ.get("SPARK_SUBMIT_OPTS")
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{given or ''} {options}".strip()
+    try:
+        return launch()
+    finally:
+        if given is None:
+            del os.environ["SPARK_SUBMIT_OPTS"]
+        else:
+            os.environ["SPARK_SUBMIT_OPTS"] = given
+
+
+def session(app_name: str = "replication", *, master: str | None = None,
+            short_lived: bool = False) -> "SparkSession":
     """Return the active SparkSession, or build one with :data:`DEFAULT_CONF`.
 
     Settings given by ``spark-submit`` (``--master``, ``--conf``) win: defaults only fill gaps.
+    ``short_lived``: the session serves one command and ends with it, so a JVM started here gets
+    :data:`SHORT_LIVED_JAVA_OPTIONS`.
     """
     from pyspark.sql import SparkSession
 
@@ -98,6 +123,11 @@ def session(app_name: str = "replication", *, master: str | None = None) -> "Spa
         extra = given.get("spark.driver.extraClassPath", None)
         for key, value in local_fs.spark_conf(master or given.get("spark.master", ""), extra).items():
             builder = builder.config(key, value)
-    spark = _without_sigterm(builder.getOrCreate) if _launches_jvm() else builder.getOrCreate()
+    if not _launches_jvm():
+        spark = builder.getOrCreate()
+    elif short_lived:
+        spark = _without_sigterm(lambda: _with_java_options(SHORT_LIVED_JAVA_OPTIONS, builder.getOrCreate))
+    else:
+        spark = _without_sigterm(builder.getOrCreate)
     spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))
     return spark

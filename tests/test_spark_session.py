@@ -1,0 +1,39 @@
+"""The JVM options of the sessions ``replication.connectors.spark.session`` builds."""
+
+import json
+import os
+import subprocess
+import sys
+
+from replication.connectors.spark.session import SHORT_LIVED_JAVA_OPTIONS, session
+
+
+def tiered_stop_at(spark) -> str:
+    """The highest JIT tier the session's JVM compiles to (4: C2, the JVM's default; 1: C1 alone)."""
+    jvm = spark._jvm
+    bean_class = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class)
+    return bean.getVMOption("TieredStopAtLevel").getValue()
+
+
+def test_an_instances_session_keeps_the_jvms_c2_compiler(spark):
+    # the test session is built as the instances' is (replication run, notebooks)
+    assert tiered_stop_at(spark) == "4"
+
+
+def test_a_short_lived_commands_jvm_compiles_with_c1_alone_and_keeps_the_users_options():
+    assert SHORT_LIVED_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
+    env = {**os.environ, "SPARK_SUBMIT_OPTS": "-Dprobe.kept=yes", "REPLICATION_SPARK_LOG_LEVEL": "ERROR"}
+    out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    # C1 alone, the user's own option too, and SPARK_SUBMIT_OPTS as the user set it once the JVM is up
+    assert seen == {"tiered_stop_at": "1", "property": "yes", "env_after": "-Dprobe.kept=yes"}
+
+
+if __name__ == "__main__":  # the probe the test above runs in a process of its own (its own JVM)
+    probe = session("short-lived probe", short_lived=True)
+    print(json.dumps({"tiered_stop_at": tiered_stop_at(probe),
+                      "property": probe._jvm.java.lang.System.getProperty("probe.kept"),
+                      "env_after": os.environ.get("SPARK_SUBMIT_OPTS")}))
+    probe.stop()
