@@ -13,7 +13,11 @@ One run prints (issue 13, "Performance"):
    Python workers and broker): both keep the cores busy, so the ratio of
    their work bounds the ratio of their speeds;
 3. the backfill driver's peak memory (the ``replication backfill`` process,
-   ``VmHWM``) with 1M and with 4M input rows: it must not grow with the input.
+   ``VmHWM``) with 1M and with 4M input rows: it must not grow with the input;
+4. the ``replication backfill`` command's own time (its JVM's start included) for
+   M rows into a stopped instance, as it runs (its short-lived JVM compiles with
+   C1 alone) vs with the JVM's default C2 put back (``_JAVA_OPTIONS``), in turn,
+   best of three each.
 
     .venv/bin/python bench/bootstrap.py --quick    # 400k / 200k rows, memory at 200k and 800k
     .venv/bin/python bench/bootstrap.py
@@ -34,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import build_txlog, format_table, run_benchmark, tree_cpu_seconds, wait_until  # noqa: E402
 
-PHASES = ("bootstrap", "backfill", "memory")
+PHASES = ("bootstrap", "backfill", "memory", "command")
 
 
 def write_config(workdir: Path, name: str, bootstrap: str, extra: str = "") -> Path:
@@ -192,9 +196,32 @@ def memory_phase(spark, workdir: Path, bootstrap: str, args) -> list[str]:
             format_table(["input rows", "peak RSS MB"], rows)]
 
 
+def command_phase(spark, workdir: Path, bootstrap: str, args) -> list[str]:
+    directory = workdir / "command-input"
+    input_files(directory, args.backfill_rows)
+    # _JAVA_OPTIONS comes after the command line, so it overrides the command's -XX:TieredStopAtLevel=1
+    variants = {"as it runs (C1 alone)": {},
+                "with C2 (the JVM's default)": {"_JAVA_OPTIONS": "-XX:TieredStopAtLevel=4"}}
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(3):
+        for name, env in variants.items():
+            path = write_config(workdir, f"command-{uuid.uuid4().hex[:5]}", bootstrap)
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "replication.cli", "backfill", str(path), "--input", str(directory),
+                            "--format", "parquet", "--client", "cmd", "--topic", "/orders"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env}, check=True)
+            seconds[name].append(time.perf_counter() - started)
+    ours, c2 = (min(seconds[name]) for name in variants)
+    return [f"`replication backfill` of {args.backfill_rows:,} rows into a stopped instance (the command's wall time):",
+            format_table(["", "best s", "runs s"], [
+                (name, f"{min(runs):.1f}", ", ".join(f"{s:.1f}" for s in runs)) for name, runs in seconds.items()]),
+            f"with C2 / as it runs (time): {c2 / ours:.2f}"]
+
+
 def measure(spark, workdir: Path, bootstrap: str, args) -> str:
     report = []
-    for phase, fn in (("bootstrap", bootstrap_phase), ("backfill", backfill_phase), ("memory", memory_phase)):
+    for phase, fn in (("bootstrap", bootstrap_phase), ("backfill", backfill_phase), ("memory", memory_phase),
+                      ("command", command_phase)):
         if phase in args.only.split(","):
             report += ["", f"== {phase}"] + fn(spark, workdir, bootstrap, args)
     return "\n".join(report)
