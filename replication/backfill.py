@@ -62,7 +62,7 @@ from replication.connectors import files
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
 from replication.errors import InputError, ReplicationError
-from replication.expressions.columnar import json_objects, needs_json_escape
+from replication.expressions.columnar import json_member, json_objects
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_errors, publisher_id
 from replication.storage.layout import StorageLayout
@@ -455,19 +455,10 @@ def _rows_as_json(rows: pa.Table) -> pa.Array | None:
         return None
     members = []
     for name, column in zip(rows.column_names, rows.columns):
-        kind = column.type
-        if pa.types.is_integer(kind):
-            members.append((name, pc.fill_null(pc.cast(column, pa.string()), "null"), False))
-        elif pa.types.is_boolean(kind):
-            members.append((name, pc.fill_null(pc.if_else(column, "true", "false"), "null"), False))
-        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            if needs_json_escape(column):
-                return None
-            text = column.cast(pa.string())
-            members.append((name, text, True) if column.null_count == 0 else
-                           (name, pc.fill_null(pc.binary_join_element_wise('"', text, '"', ""), "null"), False))
-        else:
+        member = json_member(column)
+        if member is None:
             return None
+        members.append((name, *member))
     joined = json_objects(members)
     return joined.combine_chunks().cast(pa.binary())  # (a table's columns: chunked)
 

@@ -10,11 +10,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.expressions.columnar import (
-    json_objects,
-    needs_json_escape,
-    value_bytes,
-)
+from replication.expressions.columnar import json_member, json_objects, value_bytes
 
 
 def body_value(message_type: str, data: bytes | None) -> object:
@@ -59,17 +55,13 @@ def _json_text(rows: pa.Table, name: str) -> tuple[pa.Array, bool]:
     kind = column.type
     if name == "data":
         return _body_text(rows["message_type"].combine_chunks(), column), False
-    if pa.types.is_integer(kind):
-        text = pc.cast(column, pa.string())
-    elif pa.types.is_timestamp(kind):
-        text = pc.binary_join_element_wise('"', pc.strftime(column, format=TIME_FORMAT), '"', "")
-    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and not needs_json_escape(column):
-        if column.null_count == 0:
-            return column.cast(pa.string()), True
-        text = pc.binary_join_element_wise('"', column.cast(pa.string()), '"', "")
-    else:
-        text = pa.array([orjson.dumps(value).decode() for value in column.to_pylist()], pa.string())
-    return pc.fill_null(text, "null"), False
+    if pa.types.is_timestamp(kind):
+        return pc.fill_null(pc.binary_join_element_wise('"', pc.strftime(column, format=TIME_FORMAT), '"', ""),
+                            "null"), False
+    member = json_member(column)
+    if member is not None:
+        return member
+    return pa.array([orjson.dumps(value).decode() for value in column.to_pylist()], pa.string()), False
 
 
 def _body_text(message_types: pa.Array, data: pa.Array) -> pa.Array:
