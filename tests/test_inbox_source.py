@@ -350,3 +350,40 @@ def test_inbox_rows_replace_version_rows_by_the_rows_as_candidates(tmp_path):
         "amps-a", "group-amps-a", "amps-a")
     assert received["data"] == b'{"n":1}' and received["inbox_version"] == 1
     assert InboxRows(cfg, str(inbox))(batch.slice(1, 1)).to_pylist() == [rows[0]]  # no versions: as it was
+
+
+#: The ingest query's inbox planner, as Spark's planner process runs it: plan one batch, hand its rows over.
+_PLANNER_PROCESS = """
+import json, sys
+import pyspark.sql.streaming.python_streaming_source_runner  # what the planner process runs
+from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
+from replication.connectors.delta.inbox_stream import InboxSource
+
+source = InboxSource({"path": sys.argv[1], "versionsOnly": "true", "maxRowsPerTrigger": "1000"})
+schema = source.schema()
+reader = source.streamReader(schema)
+start = reader.initialOffset()
+end = reader.latestOffset(start, reader.getDefaultReadLimit())
+reader.partitions(start, end)
+batches = list(records_to_arrow_batches(reader.getCache(start, end), 10_000, schema, source))
+print(json.dumps({"versions": [v for b in batches for v in b.column("inbox_version").to_pylist()],
+                  "pandas": "pandas" in sys.modules}))
+"""
+
+
+def test_the_inbox_planner_hands_over_a_batch_without_importing_pandas(tmp_path):
+    # pandas costs a new planner process ~0.4 CPU-s to import, and the first inbox batch after every
+    # start would wait for it: nothing in the planner's path needs it.
+    import json
+    import subprocess
+    import sys
+
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    a = Upstream(inbox, "amps-a")
+    for _ in range(3):
+        a.push(4)  # versions 1..3
+    out = subprocess.run([sys.executable, "-c", _PLANNER_PROCESS, str(inbox)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"versions": [0, 1, 2, 3], "pandas": False}
