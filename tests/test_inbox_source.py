@@ -372,7 +372,7 @@ print(json.dumps({"versions": [v for b in batches for v in b.column("inbox_versi
 
 
 def test_the_inbox_planner_hands_over_a_batch_without_importing_pandas(tmp_path):
-    # pandas costs a new planner process ~0.4 CPU-s to import, and the first inbox batch after every
+    # pandas costs a new planner process ~0.2 CPU-s to import, and the first inbox batch after every
     # start would wait for it: nothing in the planner's path needs it.
     import json
     import subprocess

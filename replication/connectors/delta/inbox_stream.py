@@ -398,7 +398,7 @@ def _int64_range(first: int, last: int) -> pa.Array:
     """``first`` .. ``last`` as an int64 array, from a numpy buffer.
 
     ``pa.array`` of Python or numpy values imports pandas on its first call in a
-    process (~0.4 CPU-s). In the source's planner process that import would
+    process (~0.2 CPU-s). In the source's planner process that import would
     hold up the first inbox batch after every start; nothing else there needs pandas.
     """
     values = np.arange(first, last + 1, dtype=np.int64)
