@@ -142,10 +142,7 @@ class Result:
 def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Options,
         progress: Progress | None = None) -> Result:
     """Backfill ``inputs`` into ``cfg``'s instance (see the module docstring)."""
-    if cfg.replication_transport is None:
-        raise BackfillInputError(
-            f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "
-            "Fix: add <Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>")
+    check_target(cfg)
     layout = StorageLayout.of(cfg.storage)
     inbox = create_inbox(layout.inbox)
     rejected = open_or_create(layout.rejected, REJECTED_SCHEMA, name=f"{cfg.name} rejected")
@@ -176,6 +173,14 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     if progress is not None:
         progress(result.rows, result.last_seq)
     return result
+
+
+def check_target(cfg: InstanceConfig) -> None:
+    """Raise :class:`BackfillInputError` when ``cfg``'s instance cannot take a backfill (checked before any work)."""
+    if cfg.replication_transport is None:
+        raise BackfillInputError(
+            f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "
+            "Fix: add <Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>")
 
 
 @dataclass(frozen=True)

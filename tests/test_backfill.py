@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -167,6 +168,16 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
                   "--topic", "/t")
     assert missing.returncode == 2 and missing.stderr.strip().endswith("absent: no such file or directory")
     assert len(missing.stderr.strip().splitlines()) == 1
+    # an instance without an inbox: said in one line, before Spark starts (its banner would follow on stderr)
+    no_inbox = tmp_path / "no-inbox.xml"
+    no_inbox.write_text(re.sub(r"<Transport>\s*<Name>amps-replication</Name>.*?</Transport>", "",
+                               pair.paths["a"].read_text(), flags=re.S))
+    refused = cli(str(no_inbox), "--input", str(lines), "--format", "jsonl", "--client", "c", "--topic", "/t")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines() == [
+        f"replication backfill: {pair.name('a')} has no incoming amps-replication transport: backfilled rows "
+        "enter through the inbox. Fix: add <Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
+        "</Transport>"]
 
 
 def test_bodies_made_column_wise_are_what_orjson_makes_of_each_row_and_other_rows_take_the_row_path():

@@ -47,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from replication.connectors.spark.session import session
 
     cfg = config.load(args.config)
-    expand(args.input, args.fmt)  # a missing input is said before Spark starts (and prints its banner)
+    # what needs no Spark is said before it starts (and prints its banner): an instance without an inbox,
+    # a missing input
+    backfill.check_target(cfg)
+    expand(args.input, args.fmt)
     options = backfill.Options(args.client, args.fmt, args.topic, args.topic_column, args.data_column,
                                args.message_type)
     spark = session(f"replication backfill {cfg.name}", short_lived=True)
