@@ -33,6 +33,7 @@ Order of effects:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -65,6 +66,7 @@ from replication.errors import InputError, ReplicationError
 from replication.expressions.columnar import json_member, json_objects
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_errors, publisher_id
+from replication.storage.control import read_json, write_json_atomic
 from replication.storage.layout import StorageLayout
 from replication.txlog import REJECTED_SCHEMA
 
@@ -142,12 +144,12 @@ class Result:
 def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Options,
         progress: Progress | None = None) -> Result:
     """Backfill ``inputs`` into ``cfg``'s instance (see the module docstring)."""
-    check_target(cfg)
+    check(cfg, options)
     layout = StorageLayout.of(cfg.storage)
     inbox = create_inbox(layout.inbox)
     rejected = open_or_create(layout.rejected, REJECTED_SCHEMA, name=f"{cfg.name} rejected")
     app_id = f"backfill:{options.client}"
-    done_inbox, done_rejected = inbox.transaction_version(app_id), rejected.transaction_version(app_id)
+    done_inbox = inbox.transaction_version(app_id)
     work: list[_Work] = []
     seq = number = 1
     for item in _plan(spark, files.expand(inputs, options.fmt), options):
@@ -155,14 +157,16 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         seq += item.rows
         number += work[-1].parts
     result = Result(last_seq=seq - 1, bad=[])
+    _check_same_input(cfg, layout, options.client, work, done_inbox)
     todo = [w for w in work if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
     for part in _written_parts(spark, cfg, layout, todo, options, done_inbox):
-        if part.rejected is not None and (done_rejected is None or part.number > done_rejected):
-            _commit(rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
-        if part.inbox is not None:
-            _commit(inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
+        committed = False
+        if part.rejected is not None:
+            committed |= _commit(layout.rejected, rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
+        # the inbox's app transaction is the run's position, so a part of rejected rows only commits it too
+        committed |= _commit(layout.inbox, inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
         failpoints.hit("backfill.after_part")
-        result.parts += 1
+        result.parts += committed
         result.stored += part.rows - part.rejected_rows
         result.rejected += part.rejected_rows
         result.last_stored_seq = max(result.last_stored_seq, part.last_good_seq)
@@ -175,12 +179,54 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     return result
 
 
-def check_target(cfg: InstanceConfig) -> None:
-    """Raise :class:`BackfillInputError` when ``cfg``'s instance cannot take a backfill (checked before any work)."""
+def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, work: list[_Work],
+                      done: int | None) -> None:
+    """Refuse inputs that differ from those a previous backfill by ``client`` committed parts of; then record
+    this run's (before it commits anything).
+
+    A client's sequence numbers are its rows' positions in the input, and a re-run skips the parts already
+    committed: other files in their place would have their rows taken for those already stored, silently.
+    Files are compared by name and row count (a file may be given by another path); more may follow.
+    """
+    path = layout.backfill_input(client)
+    previous = read_json(path, {}).get("files", [])
+    files_now = [[Path(w.path).name, w.rows, w.first_number] for w in work]
+    for k, (name, rows, first_number) in enumerate(previous):
+        if done is None or first_number > done:
+            break  # (nothing of this file or those after it is committed)
+        now = files_now[k] if k < len(files_now) else None
+        if now is None or now[:2] != [name, rows]:
+            given = f"{now[0]} ({now[1]:,} rows)" if now else "no file"
+            raise BackfillInputError(
+                f"client {client} has backfilled other input into {cfg.name}: its file {k + 1} was {name} "
+                f"({rows:,} rows), this run's is {given}. Its sequence numbers are the rows' positions, so a "
+                "re-run must give the same files first (more may follow). Fix: give the same input to finish or "
+                "extend that backfill, or a new --client for other data")
+    write_json_atomic(path, {"client": client, "files": files_now})
+
+
+def check(cfg: InstanceConfig, options: Options) -> None:
+    """Raise :class:`BackfillInputError` for a backfill that could store nothing: an instance without an
+    inbox, an empty client, a ``--topic`` not recorded, bodies that cannot be of ``--type``. Needs no input
+    and no Spark, so a command says it first."""
     if cfg.replication_transport is None:
         raise BackfillInputError(
             f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "
             "Fix: add <Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>")
+    if not options.client.strip():
+        raise BackfillInputError("--client is empty: every message names its publisher. Fix: give the client "
+                                 "name the messages carry, e.g. --client history-2024")
+    if options.topic is not None and not options.topic:
+        raise BackfillInputError("--topic is empty. Fix: give the AMPS topic of the messages, or --topic-column")
+    if options.topic is not None and not TopicRecorder(cfg)(options.topic, options.message_type):
+        raise BackfillInputError(
+            f"topic {options.topic!r} ({options.message_type}) is not recorded in {cfg.name}'s TransactionLog: "
+            "every row would be rejected. Fix: add a matching <TransactionLog><Topic>, or give a recorded --topic")
+    if options.data_column is None and options.message_type in ("fix", "nvfix", "xml"):
+        raise BackfillInputError(
+            f"--type {options.message_type} needs --data-column: without it each body is the row as JSON (a JSON "
+            f"line as written), which is not a {options.message_type} message. Fix: name the column holding the "
+            "bodies")
 
 
 @dataclass(frozen=True)
@@ -305,6 +351,9 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
             running = list(wait(running, timeout=0.5).not_done)
         pool.shutdown(wait=True)
         shutil.rmtree(announced, ignore_errors=True)
+        with contextlib.suppress(OSError):  # (the client's scratch directory, when no other run uses it)
+            scratch.rmdir()
+            scratch.parent.rmdir()
 
 
 def _task_groups(todo: list[_Work], cores: int) -> list[list[_Work]]:
@@ -365,7 +414,8 @@ def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, 
     def flush() -> None:
         nonlocal buffer, buffered, position, number
         if done is None or number > done:
-            rows = pa.concat_tables(buffer) if buffer else pa.table({})
+            # (JSON lines batches hold the fields their lines have: by name, absent ones null)
+            rows = pa.concat_tables(buffer, promote_options="default") if buffer else pa.table({})
             parts.append(_part(cfg, work, position, number, rows, options, recorded, now, inbox, rejected))
             if announce is not None:
                 _announce(announce, parts[-1])
@@ -411,6 +461,9 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
               rows[options.topic_column].cast(pa.string()).combine_chunks())
     bodies, generated = _bodies(rows, options)
     reasons: dict[int, str] = {}
+    if not generated:  # a body made from the row is valid JSON; one given is checked for its message type
+        # (first: a line that is not JSON has no topic field either, and its body is what to fix)
+        reasons.update(body_errors(options.message_type, bodies.to_pylist()))
     for topic in pc.unique(topics).to_pylist():  # few distinct topics: one check each
         why = (f"no topic (column {options.topic_column!r} is empty)" if not topic else
                None if recorded(topic, options.message_type) else
@@ -418,10 +471,8 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
                "matching <TransactionLog><Topic>")
         if why:
             hits = pc.is_null(topics) if topic is None else pc.fill_null(pc.equal(topics, topic), False)
-            reasons.update({int(i): why for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False))})
-    if not generated:  # a body made from the row is valid JSON; one given is checked for its message type
-        for i, why in body_errors(options.message_type, bodies.to_pylist()).items():
-            reasons.setdefault(i, why)
+            for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist():
+                reasons.setdefault(i, why)
     seqs = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
     bad = [(i, f"{work.path} row {position + i + 1}: {reasons[i]}") for i in sorted(reasons)]
     kept = pa.table({"topic": topics, "data": bodies, "publisher_seq": seqs})
@@ -530,14 +581,18 @@ def _write(table_dir: str, rows: pa.Table) -> dict:
 # -- 3. the commits ---------------------------------------------------------------------------
 
 
-def _commit(table: DeltaTable, schema: pa.Schema, add: dict, app_id: str, number: int) -> None:
-    """Commit one written file as app transaction ``app_id`` version ``number`` (skipped when already in)."""
+def _commit(where: Path, table: DeltaTable, schema: pa.Schema, add: dict | None, app_id: str, number: int) -> bool:
+    """Commit one written file (None: none, the version alone) as app transaction ``app_id`` version
+    ``number``; False when that version is in already (a re-run's copy of the file is then removed)."""
     table.update_incremental()
     if (table.transaction_version(app_id) or 0) >= number:
-        return
+        if add is not None:
+            (where / add["path"]).unlink(missing_ok=True)  # (never in the log: its name is this run's own)
+        return False
     table.create_write_transaction(
-        [AddAction(add["path"], add["size"], {}, add["modification_time"], True, add["stats"])],
+        [AddAction(add["path"], add["size"], {}, add["modification_time"], True, add["stats"])] if add else [],
         mode="append", schema=schema,
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, number)],
                                            custom_metadata={"replication.backfill": app_id}),
     )
+    return True

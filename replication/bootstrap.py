@@ -174,9 +174,10 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...]) -> Source:
             layout = StorageLayout.of(address)
             source_cfg = read_instance_config(layout.instance_json)
             DeltaTable(str(layout.txlog))
-        except (FileNotFoundError, TableNotFoundError):
+        except (FileNotFoundError, NotADirectoryError, TableNotFoundError):
             tried.append(f"{address}: no instance there (no txlog and instance.json: not an instance, or it never "
-                         "started)")
+                         "started)" + (" (a file: an instance is addressed by its storage directory, not its "
+                                       "config)" if os.path.isfile(address) else ""))
             continue
         except ReplicationError as exc:
             tried.append(f"{address}: {exc}")

@@ -18,6 +18,7 @@ from kafka import KafkaConsumer, TopicPartition
 from fabric_support import ONE_WAY
 from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
 from replication import backfill, config
+from replication.connectors import files
 from replication.destination.resync import stored_per_publisher
 from replication.messages import BACKFILL_LINK, publisher_id
 from replication.storage.layout import StorageLayout
@@ -156,6 +157,10 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
         backfill.run(spark, cfg, [str(lines)], backfill.Options("x", "jsonl", topic="/t", data_column="payload"))
     assert DeltaTable(str(pair.storage("a") / "inbox")).transaction_version("backfill:x") is None, "nothing written"
 
+    # a part of rejected rows only commits the inbox's position alone: the running instance goes on past it
+    all_bad = tmp_path / "all-bad.jsonl"
+    all_bad.write_bytes(b'{"v": \n"unterminated\n')
+    assert backfill.run(spark, cfg, [str(all_bad)], backfill.Options("all-bad", "jsonl", topic="/t")).rejected == 2
     result = cli(str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
                  "--topic", "/lines", "--wait", "120")
     assert result.returncode == 1, result.stderr[-2000:]
@@ -293,3 +298,70 @@ def test_a_progress_bar_cut_short_by_an_error_ends_its_line_and_a_finished_one_s
         bar.update(30_000, 30_000)
     last = done.getvalue().split("\r")[-1]
     assert last.startswith(f"backfill x [{'#' * 30}] 30,000/30,000 rows") and last.endswith("\n"), last
+
+
+def test_options_that_could_store_nothing_are_refused_before_any_work(tmp_path):
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9", txlog_topics=(
+        "<Topic><Name>/orders</Name><MessageType>json</MessageType></Topic>"
+        "<Topic><Name>/fix</Name><MessageType>fix</MessageType></Topic>"))))
+    refused = {
+        "--client is empty": backfill.Options(" ", "csv", topic="/orders"),
+        "--topic is empty": backfill.Options("c", "csv", topic=""),
+        "topic '/other' (json) is not recorded in solo's TransactionLog: every row would be rejected":
+            backfill.Options("c", "csv", topic="/other"),
+        "--type fix needs --data-column": backfill.Options("c", "csv", topic="/fix", message_type="fix"),
+    }
+    for message, options in refused.items():
+        with pytest.raises(backfill.BackfillInputError, match=re.escape(message)):
+            backfill.check(cfg, options)
+    backfill.check(cfg, backfill.Options("c", "csv", topic="/fix", data_column="body", message_type="fix"))
+    backfill.check(cfg, backfill.Options("c", "csv", topic_column="t"))  # (each row's topic is checked per row)
+
+
+def test_a_client_backfills_the_same_input_again_or_extends_it_but_never_other_files_in_its_place(spark, tmp_path):
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    inbox = tmp_path / "solo" / "inbox"
+    first, second = tmp_path / "day1.csv", tmp_path / "day2.csv"
+    first.write_text("id\n1\n2\n3\n")
+    second.write_text("id\n10\n20\n30\n40\n50\n")
+    options = backfill.Options("history", "csv", topic="/orders")
+    assert backfill.run(spark, cfg, [str(first)], options).parts == 1
+    with pytest.raises(backfill.BackfillInputError, match=re.escape(
+            "client history has backfilled other input into solo: its file 1 was day1.csv (3 rows), this run's is "
+            "day2.csv (5 rows)")):
+        backfill.run(spark, cfg, [str(second)], options)
+    again = backfill.run(spark, cfg, [str(first)], options)
+    assert (again.parts, again.last_seq) == (0, 3)
+    extended = backfill.run(spark, cfg, [str(first), str(second)], options)
+    assert (extended.parts, extended.stored, extended.last_seq) == (1, 5, 8)
+    rows = DeltaTable(str(inbox)).to_pyarrow_table(columns=["publisher_seq", "data"]).sort_by("publisher_seq")
+    assert rows.to_pylist() == [{"publisher_seq": s, "data": json.dumps({"id": v}, separators=(",", ":")).encode()}
+                                for s, v in enumerate([1, 2, 3, 10, 20, 30, 40, 50], start=1)]
+    assert not (tmp_path / "solo" / "_backfill").exists(), "the tasks' scratch is gone once a run ends"
+
+
+def test_a_part_of_rejected_rows_only_is_done_once_and_json_lines_may_differ_in_fields(spark, tmp_path):
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{bad json\n["not", "an object"]\n{"topic": ""}\n')
+    options = backfill.Options("lines", "jsonl", topic_column="topic")
+    first = backfill.run(spark, cfg, [str(bad)], options)
+    assert (first.parts, first.stored, first.rejected) == (1, 0, 3)
+    assert first.bad[0].startswith(f"{bad} row 1: body is not valid JSON (")  # (not "no topic": it has none)
+    assert first.bad[1:] == [f"{bad} row {n}: no topic (column 'topic' is empty)" for n in (2, 3)]
+    rejected_dir = tmp_path / "solo" / "rejected"
+    files_before = sorted(rejected_dir.glob("*.parquet"))
+    again = backfill.run(spark, cfg, [str(bad)], options)
+    assert (again.parts, again.rejected) == (0, 0)
+    assert sorted(rejected_dir.glob("*.parquet")) == files_before, "a re-run leaves no uncommitted copy behind"
+    assert len(DeltaTable(str(rejected_dir)).to_pyarrow_table()) == 3
+
+    # more lines than a read batch, the last with other fields than the rest (and no topic column before it)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(f'{{"a": {n}}}\n' for n in range(files.BATCH_ROWS)) + '{"b": "x", "topic": "/t"}\n')
+    result = backfill.run(spark, cfg, [str(mixed)], backfill.Options("mixed", "jsonl", topic_column="topic"))
+    assert (result.stored, result.rejected) == (1, files.BATCH_ROWS)
+    stored = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "publisher_seq",
+                                                                                     "topic", "data"])
+    assert [r for r in stored.to_pylist() if r["publisher"] == "mixed"] == [
+        {"publisher": "mixed", "publisher_seq": files.BATCH_ROWS + 1, "topic": "/t", "data": b'{"b": "x", "topic": "/t"}'}]

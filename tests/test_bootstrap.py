@@ -174,6 +174,10 @@ def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(bro
     first = cli("bootstrap", str(paths[a]))
     assert first.returncode == 1 and f"{tmp_path / b}: no instance there" in first.stderr
     assert "Traceback" not in first.stderr and len(first.stderr.strip().splitlines()) == 1
+    config_file = cli("bootstrap", str(paths[a]), "--from", str(paths[b]))  # b's config, not its storage
+    assert config_file.returncode == 1 and len(config_file.stderr.strip().splitlines()) == 1, config_file.stderr
+    assert (f"{paths[b]}: no instance there (no txlog and instance.json: not an instance, or it never started) (a "
+            "file: an instance is addressed by its storage directory, not its config)") in config_file.stderr
     proc = InstanceProcess(paths[b], tmp_path / "b.log")  # `replication run`: it must not wait for ever
     code = proc.wait_killed(timeout=300)
     assert code == 1, proc.log_text()[-2000:]

@@ -47,12 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from replication.connectors.spark.session import session
 
     cfg = config.load(args.config)
-    # what needs no Spark is said before it starts (and prints its banner): an instance without an inbox,
-    # a missing input
-    backfill.check_target(cfg)
-    expand(args.input, args.fmt)
     options = backfill.Options(args.client, args.fmt, args.topic, args.topic_column, args.data_column,
                                args.message_type)
+    # what needs no Spark is said before it starts (and prints its banner): options that could store
+    # nothing, a missing input
+    backfill.check(cfg, options)
+    expand(args.input, args.fmt)
     spark = session(f"replication backfill {cfg.name}", short_lived=True)
     with ProgressBar(f"backfill {cfg.name}", "rows") as bar:
         result = backfill.run(spark, cfg, args.input, options, progress=bar.update)

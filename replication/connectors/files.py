@@ -61,19 +61,18 @@ def expand(paths: list[str], fmt: str) -> list[str]:
 
 
 def describe(path: str, fmt: str) -> InputFile:
-    """Row count and columns of one file (JSON lines: the first line's fields); InputError when unreadable."""
+    """Row count and columns of one file (JSON lines: the fields any line has); InputError when unreadable."""
     try:
         if fmt in COUNTED_IN_FOOTER:
             import pyarrow.parquet as pq
 
             meta = pq.ParquetFile(path)
             return InputFile(path, meta.metadata.num_rows, tuple(meta.schema_arrow.names))
-        rows, columns = 0, ()
+        rows, columns = 0, {}
         for batch in batches(path, fmt):
-            if not columns:
-                columns = tuple(n for n in batch.schema.names if n != LINE)
+            columns.update(dict.fromkeys(n for n in batch.schema.names if n != LINE))
             rows += batch.num_rows
-        return InputFile(path, rows, columns)
+        return InputFile(path, rows, tuple(columns))
     except InputError:
         raise
     except Exception as exc:  # whatever the reader says of a bad file

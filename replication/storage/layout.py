@@ -105,6 +105,10 @@ class StorageLayout:
         :mod:`replication.backfill`); scratch, cleared by the client's next backfill."""
         return self.root / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]  # (any name, any length)
 
+    def backfill_input(self, client: str) -> Path:
+        """The files (name, rows) of the backfills by ``client``, in order: a re-run must give them first."""
+        return self.control / "backfill" / f"{hashlib.sha256(client.encode()).hexdigest()[:32]}.json"
+
     def ack_file(self, upstream: str) -> Path:
         return self.control / "acks" / f"{upstream}.json"
 
