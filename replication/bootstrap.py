@@ -122,8 +122,9 @@ def needed(cfg: InstanceConfig, layout: StorageLayout) -> bool:
 
 
 def run(cfg: InstanceConfig, layout: StorageLayout, *, addresses: tuple[str, ...] | None = None,
-        progress: Progress | None = None) -> Result:
-    """Bootstrap ``cfg``'s instance (see the module docstring); ``addresses`` overrides the source list."""
+        progress: Progress | None = None, log_result: bool = True) -> Result:
+    """Bootstrap ``cfg``'s instance (see the module docstring); ``addresses`` overrides the source list (given
+    as ``--from``). ``log_result``: log the summary (a command prints it instead)."""
     started = time.monotonic()
     spec = cfg.bootstrap
     topics = spec.topics if spec is not None else cfg.txlog_topics
@@ -134,7 +135,8 @@ def run(cfg: InstanceConfig, layout: StorageLayout, *, addresses: tuple[str, ...
         log.warning("%s: resuming the bootstrap from %s (%s) interrupted after %d rows", cfg.name, state.source_name,
                     state.source, state.rows_copied)
     else:
-        source = choose_source(cfg, addresses or (spec.inet_addrs if spec is not None else ()))
+        source = choose_source(cfg, addresses, given_by="--from") if addresses else \
+            choose_source(cfg, spec.inet_addrs if spec is not None else ())
         src_txlog = TxlogFiles(str(source.layout.txlog))
         staged = _stage_sow(cfg, layout, source, topics, src_txlog) if "sow" in data_types else None
         src_txlog.refresh()  # after the SOW snapshot: the txlog reaches at least as far as the SOW tables
@@ -151,16 +153,19 @@ def run(cfg: InstanceConfig, layout: StorageLayout, *, addresses: tuple[str, ...
     done.write(layout.bootstrap_json)
     shutil.rmtree(layout.bootstrap_staging, ignore_errors=True)
     result = Result(source.address, rows, records, time.monotonic() - started)
-    log.warning("%s: bootstrapped from %s (%s): %d txlog rows, %d SOW records in %.1fs", cfg.name, source.cfg.name,
-                source.address, rows, records, result.seconds)
+    if log_result:
+        log.warning("%s: bootstrapped from %s (%s): %d txlog rows, %d SOW records in %.1fs", cfg.name,
+                    source.cfg.name, source.address, rows, records, result.seconds)
     return result
 
 
 # -- the source ---------------------------------------------------------------------------
 
 
-def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...]) -> Source:
-    """The first address holding an instance (a txlog and an ``instance.json``), in priority order."""
+def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...], *,
+                  given_by: str = "<Bootstrap><Transport><InetAddr>") -> Source:
+    """The first address holding an instance (a txlog and an ``instance.json``), in priority order;
+    ``given_by``: what gave the addresses (the fix names it)."""
     if not addresses:
         raise BootstrapError(f"{cfg.name}: no bootstrap source: give <Bootstrap><Transport><InetAddr> in the config, "
                              "or --from ADDRESS")
@@ -184,8 +189,7 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...]) -> Source:
             continue
         return Source(address, layout, source_cfg)
     raise BootstrapError(f"{cfg.name}: no usable bootstrap source; tried " + "; ".join(tried)
-                         + ". Fix: start the source instance once, or point <Bootstrap><Transport><InetAddr> at an "
-                         "instance's storage")
+                         + f". Fix: start the source instance once, or point {given_by} at an instance's storage")
 
 
 def _check_not_mutual(cfg: InstanceConfig, source: Source, source_through: int) -> None:

@@ -150,6 +150,7 @@ def test_kill_9_mid_bootstrap_then_restart_gives_the_uninterrupted_result(fabric
 
     whole = cli("bootstrap", str(paths["whole"]), env=small)
     assert whole.returncode == 0, whole.stderr
+    assert "bootstrapped from" in whole.stdout and "bootstrapped from" not in whole.stderr, "the summary, once"
     killed = cli("bootstrap", str(paths["killed"]), env={**small, "REPLICATION_FAILPOINTS": "bootstrap.after_chunk@3"})
     assert killed.returncode == -9 and "failpoint bootstrap.after_chunk reached" in killed.stderr
     name = config.load(str(paths["killed"])).name
@@ -174,10 +175,18 @@ def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(bro
     first = cli("bootstrap", str(paths[a]))
     assert first.returncode == 1 and f"{tmp_path / b}: no instance there" in first.stderr
     assert "Traceback" not in first.stderr and len(first.stderr.strip().splitlines()) == 1
+    # a --from that names no instance is a bad argument: exit 2, one line, the fix names --from
     config_file = cli("bootstrap", str(paths[a]), "--from", str(paths[b]))  # b's config, not its storage
-    assert config_file.returncode == 1 and len(config_file.stderr.strip().splitlines()) == 1, config_file.stderr
+    assert config_file.returncode == 2 and len(config_file.stderr.strip().splitlines()) == 1, config_file.stderr
     assert (f"{paths[b]}: no instance there (no txlog and instance.json: not an instance, or it never started) (a "
             "file: an instance is addressed by its storage directory, not its config)") in config_file.stderr
+    absent = cli("bootstrap", str(paths[a]), "--from", str(tmp_path / "absent"))
+    assert absent.returncode == 2 and absent.stderr.strip().endswith(
+        "Fix: start the source instance once, or point --from at an instance's storage"), absent.stderr
+    empty = cli("bootstrap", str(paths[a]), "--from", "")
+    assert empty.returncode == 2 and empty.stderr.strip().splitlines() == [
+        "replication bootstrap: --from is empty. Fix: give the source instance's storage directory, or leave --from "
+        "out to use the config's <Bootstrap>"], empty.stderr
     proc = InstanceProcess(paths[b], tmp_path / "b.log")  # `replication run`: it must not wait for ever
     code = proc.wait_killed(timeout=300)
     assert code == 1, proc.log_text()[-2000:]

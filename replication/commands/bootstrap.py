@@ -16,7 +16,7 @@ from replication import bootstrap, config
 from replication.commands.progress import ProgressBar
 from replication.config.parser import parse_location
 from replication.connectors.delta.tables import open_or_create
-from replication.errors import ConfigError
+from replication.errors import ConfigError, InputError
 from replication.storage.control import write_instance_config
 from replication.storage.layout import StorageLayout
 from replication.txlog import TXLOG_SCHEMA
@@ -33,6 +33,16 @@ def run(args: argparse.Namespace) -> int:
     if cfg.bootstrap is None and args.source is None:
         raise ConfigError(f"{args.config}: instance {cfg.name} has no <Bootstrap>: give the source with "
                           "--from ADDRESS, or add <Bootstrap> to the config")
+    addresses = None
+    if args.source is not None:  # (a wrong --from is a bad argument: said before anything is written here)
+        if not args.source.strip():
+            raise InputError("--from is empty. Fix: give the source instance's storage directory, or leave --from "
+                             "out to use the config's <Bootstrap>")
+        addresses = (parse_location(args.source, base_dir="."),)
+        try:
+            bootstrap.choose_source(cfg, addresses, given_by="--from")
+        except bootstrap.BootstrapError as exc:
+            raise InputError(str(exc)) from None
     layout = StorageLayout.of(cfg.storage)
     layout.root.mkdir(parents=True, exist_ok=True)
     write_instance_config(cfg, layout.instance_json)  # what the source checks: do we bootstrap from it?
@@ -42,9 +52,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{cfg.name}: nothing to do: its transaction log holds messages (an instance with messages never "
               "bootstraps)", file=sys.stderr)
         return 0
-    addresses = (parse_location(args.source, base_dir="."),) if args.source else None
     with ProgressBar(f"bootstrap {cfg.name}", "source rows") as bar:
-        result = bootstrap.run(cfg, layout, addresses=addresses, progress=bar.update)
+        result = bootstrap.run(cfg, layout, addresses=addresses, progress=bar.update, log_result=False)
     print(f"{cfg.name}: bootstrapped from {result.source}: {result.rows:,} txlog rows, {result.sow_records:,} SOW "
           f"records in {result.seconds:.1f} s")
     return 0
