@@ -59,11 +59,10 @@ from deltalake.transaction import AddAction
 
 from replication import failpoints
 from replication.config.model import InstanceConfig
-from replication.connectors import files
+from replication.connectors import files, row_json
 from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
 from replication.errors import InputError, ReplicationError
-from replication.expressions.columnar import json_member, json_objects
 from replication.ingest.classify import TopicRecorder
 from replication.messages import BACKFILL_LINK, body_errors, publisher_id
 from replication.storage.control import read_json, write_json_atomic
@@ -132,12 +131,17 @@ class Result:
     stored: int = 0
     """Rows written to the inbox (messages the instance will store, unless it has them already)."""
     rejected: int = 0
+    """Rows of this run's parts rejected."""
+    rejected_earlier: int = 0
+    """Rows of parts an earlier run committed that were rejected then: their sequence numbers are taken, so
+    only a backfill under another client brings them in."""
     parts: int = 0
     """Parts this run wrote and committed (a re-run of a finished backfill: 0)."""
     last_seq: int = 0
     """The client's highest sequence (the inputs' row count)."""
     last_stored_seq: int = 0
-    """The highest sequence written to the inbox: the instance has stored everything once it holds this."""
+    """The highest sequence written to the inbox, by this run or an earlier one: the instance has stored
+    everything once it holds this."""
     bad: list[str] | None = None
 
 
@@ -152,13 +156,25 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     done_inbox = inbox.transaction_version(app_id)
     work: list[_Work] = []
     seq = number = 1
-    for item in _plan(spark, files.expand(inputs, options.fmt), options):
-        work.append(_Work(item.path, item.rows, seq, number))
+    paths = files.expand(inputs, options.fmt)
+    try:
+        deltas = files.delta_files(inputs) if options.fmt == "delta" else {}
+    except InputError as exc:
+        raise BackfillInputError(str(exc)) from None
+    for item in _plan(spark, paths, options, deltas):
+        work.append(_Work(item.path, item.rows, seq, number, deltas.get(item.path)))
         seq += item.rows
         number += work[-1].parts
     result = Result(last_seq=seq - 1, bad=[])
     _check_same_input(cfg, layout, options.client, work, done_inbox)
     todo = [w for w in work if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
+    # the parts an earlier run committed: their rejects still stand (their sequence numbers are taken)
+    through = _last_seq_through(work, done_inbox or 0)
+    earlier = _earlier_rejects(layout, options.client, through)
+    result.rejected_earlier = len(earlier)
+    result.bad.extend(why for _, why in earlier[:20])
+    rejected_seqs = {s for s, _ in earlier}
+    result.last_stored_seq = next((s for s in range(through, 0, -1) if s not in rejected_seqs), 0)
     for part in _written_parts(spark, cfg, layout, todo, options, done_inbox):
         committed = False
         if part.rejected is not None:
@@ -177,6 +193,27 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     if progress is not None:
         progress(result.rows, result.last_seq)
     return result
+
+
+def _last_seq_through(work: list[_Work], number: int) -> int:
+    """The sequence of the last row of part ``number`` (0: none)."""
+    last = 0
+    for w in work:
+        if w.first_number > number:
+            break
+        last = min(w.first_seq + w.rows, w.first_seq + (number - w.first_number + 1) * CHUNK_ROWS) - 1
+    return last
+
+
+def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> list[tuple[int, str]]:
+    """``(seq, reason)`` of the client's backfilled rows ``<= through`` in ``rejected/``, in sequence order."""
+    if through <= 0:
+        return []
+    table = DeltaTable(str(layout.rejected)).to_pyarrow_dataset().to_table(
+        columns=["publisher_seq", "reason"],
+        filter=(pc.field("source") == "backfill") & (pc.field("publisher") == client))
+    seqs = pc.cast(table["publisher_seq"], pa.int64()).to_pylist()
+    return sorted((s, why) for s, why in zip(seqs, table["reason"].to_pylist()) if s <= through)
 
 
 def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, work: list[_Work],
@@ -237,6 +274,8 @@ class _Work:
     rows: int
     first_seq: int
     first_number: int
+    delta: files.DeltaFile | None = None
+    """A Delta table's file: what it does not hold itself (partition values)."""
 
     @property
     def parts(self) -> int:
@@ -246,8 +285,9 @@ class _Work:
 # -- 1. the plan ------------------------------------------------------------------------------
 
 
-def _plan(spark: SparkSession, paths: list[str], options: Options) -> list[files.InputFile]:
-    """Each file's rows and columns; a bad file stops the run."""
+def _plan(spark: SparkSession, paths: list[str], options: Options,
+          deltas: dict[str, files.DeltaFile]) -> list[files.InputFile]:
+    """Each file's rows and columns (a Delta table's file: the table's); a bad file stops the run."""
     fmt = options.fmt
     if fmt in files.COUNTED_IN_FOOTER:  # a few footers read here: no Spark job to schedule
         with ThreadPoolExecutor(min(8, max(1, len(paths)))) as pool:
@@ -255,6 +295,8 @@ def _plan(spark: SparkSession, paths: list[str], options: Options) -> list[files
     else:  # counting reads every row: Spark's tasks do, one per file
         described = spark.sparkContext.parallelize(paths, max(1, len(paths))).map(
             lambda path: _describe_or_error(path, fmt)).collect()
+    described = [dataclasses.replace(d, columns=tuple(deltas[d.path].schema.names), schema=deltas[d.path].schema)
+                 if not isinstance(d, str) and d.path in deltas else d for d in described]
     errors = [d for d in described if isinstance(d, str)]
     if errors:
         raise BackfillInputError(errors[0] + (f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""))
@@ -266,7 +308,26 @@ def _plan(spark: SparkSession, paths: list[str], options: Options) -> list[files
                 f"{item.path}: no column {', '.join(repr(c) for c in missing)} (its columns: "
                 f"{', '.join(item.columns) or 'none'}). Fix: name an existing column with --topic-column / "
                 "--data-column")
+        problem = _body_column_problem(item, options)
+        if problem and item.rows:
+            raise BackfillInputError(problem)
     return described
+
+
+def _body_column_problem(item: files.InputFile, options: Options) -> str | None:
+    """Why ``--data-column`` cannot hold the bodies (its type, where the file says it), else None."""
+    if options.data_column is None or item.schema is None:
+        return None
+    kind = item.schema.field(options.data_column).type
+    if pa.types.is_struct(kind) and options.message_type == "json":
+        return None  # (each value a JSON object)
+    nested = (pa.types.is_struct(kind) or pa.types.is_map(kind) or pa.types.is_union(kind) or
+              pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind))
+    if not nested:
+        return None
+    return (f"{item.path}: column {options.data_column!r} is {kind}, not a column of bodies: a body column holds "
+            "text or bytes (with --type json a struct too, each value an object). Fix: name the column holding the "
+            "bodies with --data-column, or leave it out to send each row as a JSON object")
 
 
 def _describe_or_error(path: str, fmt: str) -> files.InputFile | str:
@@ -424,7 +485,7 @@ def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, 
         number += 1
         buffer, buffered = [], 0
 
-    for batch in files.batches(work.path, options.fmt):
+    for batch in files.batches(work.path, options.fmt, work.delta):
         if position + buffered + batch.num_rows > work.rows:
             raise _changed(work)
         offset = 0
@@ -474,7 +535,11 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
             for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist():
                 reasons.setdefault(i, why)
     seqs = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64))
-    bad = [(i, f"{work.path} row {position + i + 1}: {reasons[i]}") for i in sorted(reasons)]
+    if files.LINE_NUMBER in rows.column_names:  # (a text file: its line, blank lines counted)
+        lines = rows[files.LINE_NUMBER].to_pylist()
+        bad = [(i, f"{work.path} line {lines[i]}: {reasons[i]}") for i in sorted(reasons)]
+    else:
+        bad = [(i, f"{work.path} row {position + i + 1}: {reasons[i]}") for i in sorted(reasons)]
     kept = pa.table({"topic": topics, "data": bodies, "publisher_seq": seqs})
     if bad:
         good = np.ones(n, dtype=bool)
@@ -487,36 +552,22 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
 
 
 def _bodies(rows: pa.Table, options: Options) -> tuple[pa.Array, bool]:
-    """Each row's message body (its data column as text or bytes, the JSON line as written, or the row as a
-    JSON object), and whether the backfill generated them (the row as JSON: valid by construction)."""
+    """Each row's message body (its data column as text or bytes, a struct's value as a JSON object, the JSON
+    line as written, or the row as a JSON object), and whether the backfill generated them (JSON objects:
+    valid by construction)."""
     if options.data_column is not None:
         column = rows[options.data_column].combine_chunks()
+        if pa.types.is_struct(column.type):  # (the plan let only --type json through)
+            objects = row_json.rows_as_json(pa.Table.from_struct_array(column))
+            if not column.null_count:
+                return objects, True
+            return pc.if_else(column.is_valid(), objects, pa.scalar(None, pa.binary())), False
         if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
             return column.cast(pa.binary()), False
         return column.cast(pa.string()).cast(pa.binary()), False
     if files.LINE in rows.column_names:
         return rows[files.LINE].combine_chunks().cast(pa.binary()), False
-    generated = options.message_type == "json"
-    bodies = _rows_as_json(rows)
-    if bodies is not None:
-        return bodies, generated
-    dumps = orjson.dumps
-    return pa.array([dumps(row, default=str) for row in rows.to_pylist()], pa.binary()), generated
-
-
-def _rows_as_json(rows: pa.Table) -> pa.Array | None:
-    """Each row as the JSON object ``orjson.dumps(row)`` makes, built column by column in Arrow (no dict
-    per row); None when a column is of a type (or holds a string) this does not cover."""
-    if rows.num_columns == 0 or rows.num_rows == 0:
-        return None
-    members = []
-    for name, column in zip(rows.column_names, rows.columns):
-        member = json_member(column)
-        if member is None:
-            return None
-        members.append((name, *member))
-    joined = json_objects(members)
-    return joined.combine_chunks().cast(pa.binary())  # (a table's columns: chunked)
+    return row_json.rows_as_json(rows, csv=options.fmt == "csv"), options.message_type == "json"
 
 
 def _inbox_rows(cfg: InstanceConfig, options: Options, kept: pa.Table, now: datetime) -> pa.Table:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import io
 import json
 import os
@@ -18,8 +20,10 @@ from kafka import KafkaConsumer, TopicPartition
 from fabric_support import ONE_WAY
 from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
 from replication import backfill, config
-from replication.connectors import files
+from replication.commands import backfill as backfill_command
+from replication.connectors import files, row_json
 from replication.destination.resync import stored_per_publisher
+from replication.errors import ReplicationError
 from replication.messages import BACKFILL_LINK, publisher_id
 from replication.storage.layout import StorageLayout
 
@@ -164,11 +168,20 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
     result = cli(str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
                  "--topic", "/lines", "--wait", "120")
     assert result.returncode == 1, result.stderr[-2000:]
-    assert f"rejected: {lines} row 3: body is not valid JSON" in result.stderr
+    assert f"rejected: {lines} line 3: body is not valid JSON" in result.stderr
     assert "3 written, 1 rejected" in result.stdout and "Traceback" not in result.stderr
     assert publisher_rows(pair, "a", "lines") == [1, 2, 4]
+    # a re-run stores nothing new, but its rows' rejects stand: still said, still exit 1; --wait waits for
+    # the rows an earlier run wrote (stored already here)
+    again = cli(str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
+                "--topic", "/lines", "--wait", "120")
+    assert again.returncode == 1, again.stderr[-2000:]
+    assert f"rejected: {lines} line 3: body is not valid JSON" in again.stderr
+    assert "1 of these rows were rejected by an earlier run of this backfill and stay so" in again.stderr
+    assert "0 written, 0 rejected (1 rejected by an earlier run), in 0 new commit(s)" in again.stdout
+    assert "stored every backfilled row (client lines through 4)" in again.stdout
     (bad,) = [r for r in rejected_rows(pair.root, pair.name("a")) if r["publisher"] == "lines"]
-    assert bad["publisher_seq"] == "3" and bad["reason"].startswith(f"{lines} row 3: body is not valid JSON")
+    assert bad["publisher_seq"] == "3" and bad["reason"].startswith(f"{lines} line 3: body is not valid JSON")
     missing = cli(str(pair.paths["a"]), "--input", str(tmp_path / "absent"), "--format", "csv", "--client", "c",
                   "--topic", "/t")
     assert missing.returncode == 2 and missing.stderr.strip().endswith("absent: no such file or directory")
@@ -185,28 +198,55 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
         "</Transport>"]
 
 
-def test_bodies_made_column_wise_are_what_orjson_makes_of_each_row_and_other_rows_take_the_row_path():
+def test_a_row_as_json_is_what_orjson_makes_of_it_and_each_type_has_a_json_form_a_reader_expects():
     import orjson
 
     table = pa.table({"id": pa.array([1, None, -3], pa.int64()), "sym": ["ACME", "é✓", None],
                       "ok": [True, False, None], "big": pa.array([2**64 - 1, 0, 5], pa.uint64())})
     bodies, generated = backfill._bodies(table, backfill.Options("c", "parquet", topic="/t"))
     assert generated and bodies.to_pylist() == [orjson.dumps(row) for row in table.to_pylist()]
-    assert backfill._rows_as_json(table).to_pylist() == bodies.to_pylist()
     # string columns without nulls (their quotes go in the text between columns), first, inner and last
     plain = pa.table({"sym": ["A", ""], "n": [1, None], "desk": pa.array(["x", "é"], pa.large_string()),
                       "on": [True, True], "note": ["last", "one"]})
-    assert backfill._rows_as_json(plain).to_pylist() == [orjson.dumps(row) for row in plain.to_pylist()]
-    # a string JSON must escape, or a type the column-wise path does not cover: the per-row path, same text
-    for odd in (pa.table({"s": ['say "hi"', "a\\b", "tab\tnl\n"]}), pa.table({"px": [1.5, 1e20, None]}),
-                pa.table({"s": ["plain", 'one "quote"']}), pa.table({"s": ["back\\slash", None]}),
-                pa.table({"s": pa.array(["bell\x07"], pa.large_string())}), pa.table({"s": ["\x1f"]})):
-        assert backfill._rows_as_json(odd) is None
-        assert backfill._bodies(odd, backfill.Options("c", "parquet", topic="/t"))[0].to_pylist() == \
-            [orjson.dumps(row) for row in odd.to_pylist()]
-    # only the rows of a slice count: its neighbours' characters do not send it down the per-row path
+    assert row_json.rows_as_json(plain).to_pylist() == [orjson.dumps(row) for row in plain.to_pylist()]
+    # strings JSON must escape, floats: dumped value by value, the same text
+    for odd in (pa.table({"s": ['say "hi"', "a\\b", "tab\tnl\n"], "n": [1, 2, 3]}), pa.table({"px": [1.5, 1e20, None]}),
+                pa.table({"s": ["back\\slash", None]}), pa.table({"s": pa.array(["bell\x07"], pa.large_string())})):
+        assert row_json.rows_as_json(odd).to_pylist() == [orjson.dumps(row) for row in odd.to_pylist()]
+    # only the rows of a slice count
     sliced = pa.table({"s": ['"before"', "inside", "also inside", "after\n"]}).slice(1, 2)
-    assert backfill._rows_as_json(sliced).to_pylist() == [orjson.dumps(row) for row in sliced.to_pylist()]
+    assert row_json.rows_as_json(sliced).to_pylist() == [orjson.dumps(row) for row in sliced.to_pylist()]
+    # what orjson has no form for, or Python's str() would spell its own way
+    kinds = pa.table({
+        "raw": pa.array([b"\x00\xff", None]),
+        "ts": pa.array([1_700_000_000_123_456_789, None], pa.timestamp("ns", tz="UTC")),
+        "wait": pa.array([5_000_000_001, -1], pa.duration("ns")), "pause": pa.array([1_500_000, 0], pa.duration("us")),
+        "price": pa.array([decimal.Decimal("1.50"), None], pa.decimal128(5, 2)),
+        "tags": pa.array([[("desk", 7)], None], pa.map_(pa.string(), pa.int64())),
+        "nested": pa.array([{"x": 1, "m": [("a", "b")]}, None],
+                           pa.struct([("x", pa.int64()), ("m", pa.map_(pa.string(), pa.string()))])),
+        "day": pa.array([datetime.date(2024, 1, 2), None]), "px": [float("nan"), 2.0]})
+    assert [json.loads(b) for b in row_json.rows_as_json(kinds).to_pylist()] == [
+        {"raw": "AP8=", "ts": "2023-11-14T22:13:20.123456789+00:00", "wait": "PT5.000000001S", "pause": "PT1.5S",
+         "price": 1.5, "tags": {"desk": 7}, "nested": {"x": 1, "m": {"a": "b"}}, "day": "2024-01-02", "px": None},
+        {"raw": None, "ts": None, "wait": "-PT0.000000001S", "pause": "PT0S", "price": None, "tags": None,
+         "nested": None, "day": None, "px": 2.0}]
+    assert b'"price":1.50' in row_json.rows_as_json(kinds).to_pylist()[0], "a decimal's digits, as a number"
+
+
+def test_csv_cells_are_text_and_a_cell_that_is_a_json_value_is_that_value(spark, tmp_path):
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    source = tmp_path / "zips.csv"
+    # numbers for more than the ~1 MB a type is guessed from, then text in the same column
+    rows = [f"{n:08d},{n},1.5e3,TRUE,x" for n in range(1, 130_001)] + ['n/a,-0,"",true,"say ""hi"""', "02134,,,false,"]
+    source.write_text("zip,n,px,flag,note\n" + "\n".join(rows) + "\n")
+    result = backfill.run(spark, cfg, [str(source)], backfill.Options("zips", "csv", topic="/orders"))
+    assert (result.stored, result.rejected) == (130_002, 0)
+    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher_seq", "data"])
+    bodies = dict(zip(inbox["publisher_seq"].to_pylist(), inbox["data"].to_pylist()))
+    assert json.loads(bodies[1]) == {"zip": "00000001", "n": 1, "px": 1500.0, "flag": "TRUE", "note": "x"}
+    assert bodies[130_001] == b'{"zip":"n/a","n":-0,"px":"","flag":true,"note":"say \\"hi\\""}'
+    assert json.loads(bodies[130_002]) == {"zip": "02134", "n": None, "px": None, "flag": False, "note": None}
 
 
 def test_a_part_writes_good_rows_to_the_inbox_and_each_bad_one_to_rejected_with_its_row_and_reason(tmp_path):
@@ -331,9 +371,18 @@ def test_a_client_backfills_the_same_input_again_or_extends_it_but_never_other_f
             "day2.csv (5 rows)")):
         backfill.run(spark, cfg, [str(second)], options)
     again = backfill.run(spark, cfg, [str(first)], options)
-    assert (again.parts, again.last_seq) == (0, 3)
+    assert (again.parts, again.last_seq, again.last_stored_seq, again.rejected_earlier) == (0, 3, 3, 0)
     extended = backfill.run(spark, cfg, [str(first), str(second)], options)
     assert (extended.parts, extended.stored, extended.last_seq) == (1, 5, 8)
+    # --wait on the instance, which is not running: said at once, and the reason of the timeout
+    bar_and_notes = io.StringIO()
+    with pytest.raises(ReplicationError, match=re.escape(
+            "solo has stored client history through 0 of 8 after 0s: it is not running (no fresh heartbeat in "
+            "its storage); it stores the rest when it starts")):
+        backfill_command._wait_stored(cfg, "history", extended.last_stored_seq, 0.2, stream=bar_and_notes)
+    assert f"solo is not running (no fresh heartbeat in {StorageLayout.of(cfg.storage).heartbeat_json})" in \
+        bar_and_notes.getvalue()
+    assert "0/8 messages  0 messages/s  -:--:-- left" in bar_and_notes.getvalue(), "no rate: no time left to say"
     rows = DeltaTable(str(inbox)).to_pyarrow_table(columns=["publisher_seq", "data"]).sort_by("publisher_seq")
     assert rows.to_pylist() == [{"publisher_seq": s, "data": json.dumps({"id": v}, separators=(",", ":")).encode()}
                                 for s, v in enumerate([1, 2, 3, 10, 20, 30, 40, 50], start=1)]
@@ -343,16 +392,17 @@ def test_a_client_backfills_the_same_input_again_or_extends_it_but_never_other_f
 def test_a_part_of_rejected_rows_only_is_done_once_and_json_lines_may_differ_in_fields(spark, tmp_path):
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{bad json\n["not", "an object"]\n{"topic": ""}\n')
+    bad.write_text('{bad json\n\n["not", "an object"]\n{"topic": ""}\n')  # (a blank line: not a row)
     options = backfill.Options("lines", "jsonl", topic_column="topic")
     first = backfill.run(spark, cfg, [str(bad)], options)
     assert (first.parts, first.stored, first.rejected) == (1, 0, 3)
-    assert first.bad[0].startswith(f"{bad} row 1: body is not valid JSON (")  # (not "no topic": it has none)
-    assert first.bad[1:] == [f"{bad} row {n}: no topic (column 'topic' is empty)" for n in (2, 3)]
+    assert first.bad[0].startswith(f"{bad} line 1: body is not valid JSON (")  # (not "no topic": it has none)
+    assert first.bad[1:] == [f"{bad} line {n}: no topic (column 'topic' is empty)" for n in (3, 4)]
     rejected_dir = tmp_path / "solo" / "rejected"
     files_before = sorted(rejected_dir.glob("*.parquet"))
     again = backfill.run(spark, cfg, [str(bad)], options)
-    assert (again.parts, again.rejected) == (0, 0)
+    assert (again.parts, again.rejected, again.rejected_earlier, again.last_stored_seq) == (0, 0, 3, 0)
+    assert again.bad == first.bad, "an earlier run's rejects are said again"
     assert sorted(rejected_dir.glob("*.parquet")) == files_before, "a re-run leaves no uncommitted copy behind"
     assert len(DeltaTable(str(rejected_dir)).to_pyarrow_table()) == 3
 
@@ -365,3 +415,43 @@ def test_a_part_of_rejected_rows_only_is_done_once_and_json_lines_may_differ_in_
                                                                                      "topic", "data"])
     assert [r for r in stored.to_pylist() if r["publisher"] == "mixed"] == [
         {"publisher": "mixed", "publisher_seq": files.BATCH_ROWS + 1, "topic": "/t", "data": b'{"b": "x", "topic": "/t"}'}]
+
+
+def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(spark, tmp_path):
+    from deltalake import write_deltalake
+
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    table = tmp_path / "orders-delta"
+    write_deltalake(str(table), pa.table({"id": [1, 2], "day": ["2024-01-01", "2024-01-02"]}), partition_by=["day"])
+    write_deltalake(str(table), pa.table({"id": [3], "day": ["2024-01-02"], "desk": ["fx"]}), mode="append",
+                    partition_by=["day"], schema_mode="merge")
+    result = backfill.run(spark, cfg, [str(table)], backfill.Options("delta", "delta", topic="/orders"))
+    assert (result.stored, result.rejected) == (3, 0)
+    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "data"])
+    bodies = sorted((json.loads(d) for p, d in zip(inbox["publisher"].to_pylist(), inbox["data"].to_pylist())
+                     if p == "delta"), key=lambda body: body["id"])
+    assert bodies == [{"id": 1, "day": "2024-01-01", "desk": None}, {"id": 2, "day": "2024-01-02", "desk": None},
+                      {"id": 3, "day": "2024-01-02", "desk": "fx"}], \
+        "each row with its partition value, and null for a column added after its file was written"
+    for config_key, value, why in (("delta.columnMapping.mode", "name", "column mapping (mode name)"),
+                                   ("delta.enableDeletionVectors", "true", "deletion vectors enabled")):
+        refused = tmp_path / f"refused-{value}"
+        write_deltalake(str(refused), pa.table({"id": [1]}), configuration={config_key: value})
+        with pytest.raises(backfill.BackfillInputError, match=re.escape(f"{refused}: a Delta table with {why} is "
+                                                                        "not supported yet")):
+            backfill.run(spark, cfg, [str(refused)], backfill.Options("refused", "delta", topic="/orders"))
+
+    # a struct column of bodies: each value an object (a null one rejected); a list is no body
+    source = tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"payload": pa.array([{"qty": 5, "side": "buy"}, None]), "legs": [[1], [2]]}), source)
+    nested = backfill.run(spark, cfg, [str(source)], backfill.Options("nested", "parquet", topic="/orders",
+                                                                     data_column="payload"))
+    assert (nested.stored, nested.rejected) == (1, 1) and nested.bad[0].startswith(f"{source} row 2: ")
+    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "data"])
+    assert [d for p, d in zip(inbox["publisher"].to_pylist(), inbox["data"].to_pylist()) if p == "nested"] == [
+        b'{"qty":5,"side":"buy"}']
+    for column, message_type in (("legs", "json"), ("payload", "xml")):
+        with pytest.raises(backfill.BackfillInputError, match=re.escape(
+                f"{source}: column {column!r} is ") + ".* not a column of bodies"):
+            backfill.run(spark, cfg, [str(source)], backfill.Options(  # (a topic column: xml is not recorded here)
+                "bad-column", "parquet", topic_column="legs", data_column=column, message_type=message_type))

@@ -6,8 +6,11 @@ so a run repeated, or re-run after a kill, stores nothing twice. Spark reads
 the inputs in bounded chunks; a progress bar on stderr shows rows, rate and
 time left. Rows the instance cannot take (topic not recorded, a body that is
 not of its message type) go to ``rejected/`` with file and row; they are
-listed on stderr and make the exit code 1. ``--wait`` returns once the
-instance has stored every row (it must be running).
+listed on stderr and make the exit code 1, on a re-run too (the rejects of parts an
+earlier run committed stand: their sequence numbers are taken). ``--wait``
+returns once the instance has stored every row it was given, by this run or
+an earlier one; a stopped instance is said at once (it stores them when it
+starts).
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TextIO
 
 from replication import backfill, config
 from replication.commands.progress import ProgressBar
 from replication.config.model import MESSAGE_TYPES
-from replication.connectors.files import FORMATS, expand
-from replication.destination.resync import stored_per_publisher
+from replication.connectors.files import FORMATS, delta_files, expand
+from replication.destination.resync import heartbeat_fresh, stored_per_publisher
 from replication.errors import ReplicationError
 from replication.storage.layout import StorageLayout
 
@@ -53,32 +57,52 @@ def run(args: argparse.Namespace) -> int:
     # nothing, a missing input
     backfill.check(cfg, options)
     expand(args.input, args.fmt)
+    if args.fmt == "delta":
+        delta_files(args.input)
     spark = session(f"replication backfill {cfg.name}", short_lived=True)
     with ProgressBar(f"backfill {cfg.name}", "rows") as bar:
         result = backfill.run(spark, cfg, args.input, options, progress=bar.update)
     for line in result.bad or []:
         print(f"rejected: {line}", file=sys.stderr)
-    if result.rejected > len(result.bad or []):
-        print(f"rejected: ... {result.rejected - len(result.bad or []):,} more (see {cfg.storage}/rejected)",
+    rejected = result.rejected + result.rejected_earlier
+    if rejected > len(result.bad or []):
+        print(f"rejected: ... {rejected - len(result.bad or []):,} more (see {cfg.storage}/rejected)",
               file=sys.stderr)
+    if result.rejected_earlier:
+        print(f"rejected: {result.rejected_earlier:,} of these rows were rejected by an earlier run of this backfill "
+              "and stay so: their sequence numbers are taken. Fix their cause, then backfill those rows under a new "
+              "--client", file=sys.stderr)
+    earlier = f" ({result.rejected_earlier:,} rejected by an earlier run)" if result.rejected_earlier else ""
     print(f"{cfg.name}: backfilled {result.rows:,} rows as client {args.client} (sequences 1..{result.last_seq:,}): "
-          f"{result.stored:,} written, {result.rejected:,} rejected, in {result.parts:,} new commit(s)")
+          f"{result.stored:,} written, {result.rejected:,} rejected{earlier}, in {result.parts:,} new commit(s)")
     if args.wait is not None and result.last_stored_seq:
         _wait_stored(cfg, args.client, result.last_stored_seq, args.wait)
-    return 1 if result.rejected else 0
+    return 1 if rejected else 0
 
 
-def _wait_stored(cfg: config.InstanceConfig, client: str, seq: int, timeout: float) -> None:
+def _wait_stored(cfg: config.InstanceConfig, client: str, seq: int, timeout: float,
+                 stream: TextIO | None = None) -> None:
+    """Until the instance has stored the client's ``seq``; a stopped instance is said at once (it stores the
+    rows when it starts), and an instance still stopped at the timeout is the error's reason."""
     layout = StorageLayout.of(cfg.storage)
     deadline = time.monotonic() + timeout
-    with ProgressBar(f"stored by {cfg.name}", "messages") as bar:
+    stored = stored_per_publisher(layout).get(client, 0)
+    said_stopped = False
+    with ProgressBar(f"stored by {cfg.name}", "messages", start=stored, stream=stream) as bar:
         while True:
             stored = stored_per_publisher(layout).get(client, 0)
             bar.update(stored, seq)
             if stored >= seq:
                 break
+            running = heartbeat_fresh(layout)
             if time.monotonic() > deadline:
+                why = ("it is not running (no fresh heartbeat in its storage); it stores the rest when it starts"
+                       if not running else "it is running but has not caught up; see `replication status`")
                 raise ReplicationError(f"{cfg.name} has stored client {client} through {stored:,} of {seq:,} after "
-                                       f"{timeout:.0f}s; is the instance running? It takes the rest when it runs")
+                                       f"{timeout:.0f}s: {why}")
+            if not running and not said_stopped:
+                bar.note(f"{cfg.name} is not running (no fresh heartbeat in {layout.heartbeat_json}): it stores the "
+                         f"rows when it starts; waiting up to {timeout:.0f}s")
+                said_stopped = True
             time.sleep(0.5)
     print(f"{cfg.name}: stored every backfilled row (client {client} through {seq:,})")

@@ -17,8 +17,11 @@ LOG_EVERY_S = 5.0
 class ProgressBar:
     """``bar.update(done, total)`` as work goes; ``bar.close()`` at the end."""
 
-    def __init__(self, label: str, unit: str = "rows", *, stream: TextIO | None = None, width: int = 30) -> None:
+    def __init__(self, label: str, unit: str = "rows", *, stream: TextIO | None = None, width: int = 30,
+                 start: int = 0) -> None:
+        """``start``: what was done before this bar (a wait's rows stored already): not in its rate."""
         self.label = label
+        self.start = start
         self.unit = unit
         self.stream = stream or sys.stderr
         self.width = width
@@ -43,12 +46,22 @@ class ProgressBar:
 
     def line(self, now: float | None = None) -> str:
         elapsed = max((now or time.monotonic()) - self.started, 1e-9)
-        rate = self._done / elapsed
+        rate = max(0, self._done - self.start) / elapsed
         fraction = min(1.0, self._done / self._total) if self._total else 1.0
         filled = int(fraction * self.width)
-        left = (self._total - self._done) / rate if rate > 0 and self._total > self._done else 0.0
+        if self._total <= self._done:
+            left = _clock(0)
+        else:  # (nothing done yet: no rate to say it from)
+            left = _clock((self._total - self._done) / rate) if rate > 0 else "-:--:--"
         return (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self._done:,}/{self._total:,} "
-                f"{self.unit}  {rate:,.0f} {self.unit}/s  {_clock(left)} left")
+                f"{self.unit}  {rate:,.0f} {self.unit}/s  {left} left")
+
+    def note(self, text: str) -> None:
+        """A line of its own under the bar (a terminal's bar is drawn again below it)."""
+        self.stream.write(("\r\x1b[K" if self.tty and self._drawn else "") + text + "\n")
+        if self.tty and self._drawn:
+            self.stream.write(self.line())
+        self.stream.flush()
 
     def close(self) -> None:
         self.stream.write(("\r" if self.tty else "") + self.line() + ("\x1b[K\n" if self.tty else "\n"))

@@ -24,6 +24,8 @@ COUNTED_IN_FOOTER = ("parquet", "delta")
 BATCH_ROWS = 20_000
 #: The raw line of a JSON lines row.
 LINE = "_line"
+#: Its number in the file (blank lines count): where a reason points.
+LINE_NUMBER = "_line_number"
 _SUFFIXES = {"parquet": (".parquet", ".parq"), "jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",)}
 
 
@@ -32,6 +34,51 @@ class InputFile:
     path: str
     rows: int
     columns: tuple[str, ...]
+    schema: pa.Schema | None = None
+    """The columns' types, where the file says them (Parquet); JSON lines fields and CSV cells are text."""
+
+
+@dataclass(frozen=True)
+class DeltaFile:
+    """What a Delta table's data file does not hold itself: its partition values, the table's columns."""
+
+    partition: tuple[tuple[str, object], ...]
+    schema: pa.Schema
+    """The table's columns, in order (a file written before a column was added lacks it: null)."""
+
+
+def delta_files(paths: list[str]) -> dict[str, DeltaFile]:
+    """Each data file of the Delta tables ``paths`` (by its path, as :func:`expand` gives it): its partition
+    values and the table's columns. A table this reader could misread is refused: deletion vectors (rows
+    deleted but still in a file) and column mapping (columns renamed from the files' names)."""
+    from urllib.parse import unquote
+
+    from deltalake import DeltaTable
+
+    out: dict[str, DeltaFile] = {}
+    for raw in paths:
+        table = DeltaTable(raw)
+        mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if mapping != "none":
+            raise InputError(f"{raw}: a Delta table with column mapping (mode {mapping}) is not supported yet: its "
+                             "files' column names are not the table's. Fix: backfill from a copy without it, e.g. "
+                             "Parquet written by spark.read.format('delta').load(...).write.parquet(...), "
+                             "--format parquet")
+        schema = pa.schema(table.schema().to_arrow())
+        if "deletionVectors" in (table.protocol().reader_features or []):
+            # (deltalake says which files have deleted rows to no reader of its files: refused when they may)
+            raise InputError(f"{raw}: a Delta table with deletion vectors enabled is not supported yet: its files "
+                             "may still hold deleted rows. Fix: backfill from a copy without them, e.g. Parquet "
+                             "written by spark.read.format('delta').load(...).write.parquet(...), --format parquet")
+        adds = pa.table(table.get_add_actions(flatten=True))
+        columns = table.metadata().partition_columns
+        by_name = {unquote(path).rsplit("/", 1)[-1]: index for index, path in enumerate(adds["path"].to_pylist())}
+        values = {name: adds[f"partition.{name}"].to_pylist() for name in columns}
+        for uri in table.file_uris():
+            path = uri.removeprefix("file://")
+            index = by_name[path.rsplit("/", 1)[-1]]
+            out[path] = DeltaFile(tuple((name, values[name][index]) for name in columns), schema)
+    return out
 
 
 def expand(paths: list[str], fmt: str) -> list[str]:
@@ -67,10 +114,10 @@ def describe(path: str, fmt: str) -> InputFile:
             import pyarrow.parquet as pq
 
             meta = pq.ParquetFile(path)
-            return InputFile(path, meta.metadata.num_rows, tuple(meta.schema_arrow.names))
+            return InputFile(path, meta.metadata.num_rows, tuple(meta.schema_arrow.names), meta.schema_arrow)
         rows, columns = 0, {}
         for batch in batches(path, fmt):
-            columns.update(dict.fromkeys(n for n in batch.schema.names if n != LINE))
+            columns.update(dict.fromkeys(n for n in batch.schema.names if n not in (LINE, LINE_NUMBER)))
             rows += batch.num_rows
         return InputFile(path, rows, tuple(columns))
     except InputError:
@@ -79,41 +126,70 @@ def describe(path: str, fmt: str) -> InputFile:
         raise InputError(f"{path}: cannot be read as {fmt} ({exc})") from None
 
 
-def batches(path: str, fmt: str) -> Iterator[pa.Table]:
-    """The file's rows, ``BATCH_ROWS`` at a time, in file order."""
+def batches(path: str, fmt: str, delta: DeltaFile | None = None) -> Iterator[pa.Table]:
+    """The file's rows, ``BATCH_ROWS`` at a time, in file order (a Delta table's file: with its partition
+    values, in the table's columns)."""
     if fmt in ("parquet", "delta"):
         import pyarrow.parquet as pq
 
         for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
-            yield pa.Table.from_batches([batch])
+            table = pa.Table.from_batches([batch])
+            yield table if delta is None else _as_table_row(table, delta)
     elif fmt == "csv":
-        import pyarrow.csv as csv
-
-        reader = csv.open_csv(path)
-        for batch in reader:
-            yield pa.Table.from_batches([batch])
+        yield from _csv_cells(path)
     elif fmt == "jsonl":
         yield from _json_lines(path)
     else:
         raise InputError(f"{path}: unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
 
 
+def _as_table_row(rows: pa.Table, delta: DeltaFile) -> pa.Table:
+    """A Delta data file's rows as the table's: its partition values added, a column it lacks null."""
+    constants = dict(delta.partition)
+    columns = []
+    for field in delta.schema:
+        if field.name in constants:
+            columns.append(pa.repeat(pa.scalar(constants[field.name], field.type), rows.num_rows))
+        elif field.name in rows.column_names:
+            columns.append(rows[field.name])
+        else:
+            columns.append(pa.nulls(rows.num_rows, field.type))
+    return pa.table(columns, names=delta.schema.names)
+
+
+def _csv_cells(path: str) -> Iterator[pa.Table]:
+    """A CSV file's cells as text: no type is guessed (a guess from the first block loses ``0`` of ``02134`` and
+    fails on a later block's text); an empty cell is null, a quoted empty one the empty string."""
+    import csv as text_csv
+
+    import pyarrow.csv as csv
+
+    with open(path, newline="", encoding="utf-8") as fh:
+        header = next(text_csv.reader(fh), [])
+    options = csv.ConvertOptions(column_types={name: pa.string() for name in header}, null_values=[""],
+                                 strings_can_be_null=True, quoted_strings_can_be_null=False)
+    for batch in csv.open_csv(path, convert_options=options):
+        yield pa.Table.from_batches([batch])
+
+
 def _json_lines(path: str) -> Iterator[pa.Table]:
     lines: list[bytes] = []
+    numbers: list[int] = []
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, start=1):
             line = line.strip()
             if not line:
                 continue
             lines.append(line)
+            numbers.append(number)
             if len(lines) == BATCH_ROWS:
-                yield _json_table(lines, path, number)
-                lines = []
+                yield _json_table(lines, numbers)
+                lines, numbers = [], []
     if lines:
-        yield _json_table(lines, path, -1)
+        yield _json_table(lines, numbers)
 
 
-def _json_table(lines: list[bytes], path: str, at: int) -> pa.Table:
+def _json_table(lines: list[bytes], numbers: list[int]) -> pa.Table:
     rows = []
     for line in lines:
         try:
@@ -121,9 +197,10 @@ def _json_table(lines: list[bytes], path: str, at: int) -> pa.Table:
         except orjson.JSONDecodeError:
             value = None  # the backfill rejects the row with its reason; its line is kept
         rows.append(value if isinstance(value, dict) else {})
-    names = list(dict.fromkeys(name for row in rows for name in row))
+    names = list(dict.fromkeys(name for row in rows for name in row if name not in (LINE, LINE_NUMBER)))
     columns = {name: pa.array([_json_text(row.get(name)) for row in rows], pa.string()) for name in names}
     columns[LINE] = pa.array(lines, pa.binary())
+    columns[LINE_NUMBER] = pa.array(numbers, pa.int64())
     return pa.table(columns)
 
 
