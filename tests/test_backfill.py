@@ -247,6 +247,9 @@ def test_csv_cells_are_text_and_a_cell_that_is_a_json_value_is_that_value(spark,
     assert json.loads(bodies[1]) == {"zip": "00000001", "n": 1, "px": 1500.0, "flag": "TRUE", "note": "x"}
     assert bodies[130_001] == b'{"zip":"n/a","n":-0,"px":"","flag":true,"note":"say \\"hi\\""}'
     assert json.loads(bodies[130_002]) == {"zip": "02134", "n": None, "px": None, "flag": False, "note": None}
+    marked = tmp_path / "marked.csv"  # (a byte order mark, as spreadsheets write: not part of the first name)
+    marked.write_bytes("\ufeffzip,n\n02134,5\n".encode())
+    assert [b.to_pylist() for b in files.batches(str(marked), "csv")] == [[{"zip": "02134", "n": "5"}]]
 
 
 def test_a_part_writes_good_rows_to_the_inbox_and_each_bad_one_to_rejected_with_its_row_and_reason(tmp_path):

@@ -164,7 +164,7 @@ def _csv_cells(path: str) -> Iterator[pa.Table]:
 
     import pyarrow.csv as csv
 
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # (a byte order mark is not in the first name)
         header = next(text_csv.reader(fh), [])
     options = csv.ConvertOptions(column_types={name: pa.string() for name in header}, null_values=[""],
                                  strings_can_be_null=True, quoted_strings_can_be_null=False)
