@@ -156,11 +156,11 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     done_inbox = inbox.transaction_version(app_id)
     work: list[_Work] = []
     seq = number = 1
-    paths = files.expand(inputs, options.fmt)
-    try:
+    try:  # (a Delta table's files and what they do not hold themselves: from one snapshot)
         deltas = files.delta_files(inputs) if options.fmt == "delta" else {}
     except InputError as exc:
         raise BackfillInputError(str(exc)) from None
+    paths = list(deltas) if options.fmt == "delta" else files.expand(inputs, options.fmt)
     for item in _plan(spark, paths, options, deltas):
         work.append(_Work(item.path, item.rows, seq, number, deltas.get(item.path)))
         seq += item.rows
@@ -169,12 +169,9 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     _check_same_input(cfg, layout, options.client, work, done_inbox)
     todo = [w for w in work if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
     # the parts an earlier run committed: their rejects still stand (their sequence numbers are taken)
-    through = _last_seq_through(work, done_inbox or 0)
-    earlier = _earlier_rejects(layout, options.client, through)
-    result.rejected_earlier = len(earlier)
-    result.bad.extend(why for _, why in earlier[:20])
-    rejected_seqs = {s for s, _ in earlier}
-    result.last_stored_seq = next((s for s in range(through, 0, -1) if s not in rejected_seqs), 0)
+    result.rejected_earlier, first_reasons, result.last_stored_seq = _earlier_rejects(
+        layout, options.client, _last_seq_through(work, done_inbox or 0))
+    result.bad.extend(first_reasons)
     for part in _written_parts(spark, cfg, layout, todo, options, done_inbox):
         committed = False
         if part.rejected is not None:
@@ -205,15 +202,27 @@ def _last_seq_through(work: list[_Work], number: int) -> int:
     return last
 
 
-def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> list[tuple[int, str]]:
-    """``(seq, reason)`` of the client's backfilled rows ``<= through`` in ``rejected/``, in sequence order."""
+def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> tuple[int, list[str], int]:
+    """The client's backfilled rows ``<= through`` in ``rejected/``: how many, the first ``20`` reasons (in
+    sequence order), and the highest sequence ``<= through`` not rejected (0: none). Only their sequence
+    numbers are read whole: an earlier run may have rejected millions."""
     if through <= 0:
-        return []
-    table = DeltaTable(str(layout.rejected)).to_pyarrow_dataset().to_table(
-        columns=["publisher_seq", "reason"],
-        filter=(pc.field("source") == "backfill") & (pc.field("publisher") == client))
-    seqs = pc.cast(table["publisher_seq"], pa.int64()).to_pylist()
-    return sorted((s, why) for s, why in zip(seqs, table["reason"].to_pylist()) if s <= through)
+        return 0, [], 0
+    dataset = DeltaTable(str(layout.rejected)).to_pyarrow_dataset()
+    mine = (pc.field("source") == "backfill") & (pc.field("publisher") == client)
+    seqs = pc.cast(dataset.to_table(columns=["publisher_seq"], filter=mine)["publisher_seq"], pa.int64()).to_numpy()
+    seqs = np.unique(seqs[seqs <= through])  # (sorted)
+    reasons: list[str] = []
+    if seqs.size:
+        first = [str(s) for s in seqs[:20].tolist()]
+        found = dataset.to_table(columns=["publisher_seq", "reason"],
+                                 filter=mine & pc.field("publisher_seq").isin(first))
+        by_seq = dict(zip(found["publisher_seq"].to_pylist(), found["reason"].to_pylist()))
+        reasons = [by_seq[s] for s in first if s in by_seq]
+    # below the run of rejected sequences that ends at ``through`` (if one does)
+    from_top = through - seqs[::-1]
+    run = int(np.argmin(from_top == np.arange(seqs.size))) if (from_top != np.arange(seqs.size)).any() else seqs.size
+    return int(seqs.size), reasons, through - run
 
 
 def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, work: list[_Work],
@@ -316,8 +325,8 @@ def _plan(spark: SparkSession, paths: list[str], options: Options,
 
 def _body_column_problem(item: files.InputFile, options: Options) -> str | None:
     """Why ``--data-column`` cannot hold the bodies (its type, where the file says it), else None."""
-    if options.data_column is None or item.schema is None:
-        return None
+    if options.data_column is None or item.schema is None or options.data_column not in item.schema.names:
+        return None  # (a file without the column: said by the column check, or has no rows to read)
     kind = item.schema.field(options.data_column).type
     if pa.types.is_struct(kind) and options.message_type == "json":
         return None  # (each value a JSON object)

@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from replication import failpoints
 from replication.config.fabric import addresses_of, normalize_address
@@ -186,6 +186,9 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...], *,
             continue
         except ReplicationError as exc:
             tried.append(f"{address}: {exc}")
+            continue
+        except (OSError, DeltaError) as exc:  # (permission denied, an unreadable mount, a broken txlog)
+            tried.append(f"{address}: cannot be read ({getattr(exc, 'strerror', None) or exc})")
             continue
         return Source(address, layout, source_cfg)
     raise BootstrapError(f"{cfg.name}: no usable bootstrap source; tried " + "; ".join(tried)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from deltalake.transaction import AddAction
 from kafka import KafkaConsumer, TopicPartition
 
 from fabric_support import ONE_WAY
@@ -225,12 +226,14 @@ def test_a_row_as_json_is_what_orjson_makes_of_it_and_each_type_has_a_json_form_
         "tags": pa.array([[("desk", 7)], None], pa.map_(pa.string(), pa.int64())),
         "nested": pa.array([{"x": 1, "m": [("a", "b")]}, None],
                            pa.struct([("x", pa.int64()), ("m", pa.map_(pa.string(), pa.string()))])),
-        "day": pa.array([datetime.date(2024, 1, 2), None]), "px": [float("nan"), 2.0]})
+        "day": pa.array([datetime.date(2024, 1, 2), None]), "px": [float("nan"), 2.0],
+        "small": pa.array([1.1, float("inf")], pa.float32()), "at": pa.array([1001, None], pa.time64("ns"))})
     assert [json.loads(b) for b in row_json.rows_as_json(kinds).to_pylist()] == [
         {"raw": "AP8=", "ts": "2023-11-14T22:13:20.123456789+00:00", "wait": "PT5.000000001S", "pause": "PT1.5S",
-         "price": 1.5, "tags": {"desk": 7}, "nested": {"x": 1, "m": {"a": "b"}}, "day": "2024-01-02", "px": None},
+         "price": 1.5, "tags": {"desk": 7}, "nested": {"x": 1, "m": {"a": "b"}}, "day": "2024-01-02", "px": None,
+         "small": 1.1, "at": "00:00:00.000001001"},
         {"raw": None, "ts": None, "wait": "-PT0.000000001S", "pause": "PT0S", "price": None, "tags": None,
-         "nested": None, "day": None, "px": 2.0}]
+         "nested": None, "day": None, "px": 2.0, "small": None, "at": None}]
     assert b'"price":1.50' in row_json.rows_as_json(kinds).to_pylist()[0], "a decimal's digits, as a number"
 
 
@@ -238,15 +241,18 @@ def test_csv_cells_are_text_and_a_cell_that_is_a_json_value_is_that_value(spark,
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
     source = tmp_path / "zips.csv"
     # numbers for more than the ~1 MB a type is guessed from, then text in the same column
-    rows = [f"{n:08d},{n},1.5e3,TRUE,x" for n in range(1, 130_001)] + ['n/a,-0,"",true,"say ""hi"""', "02134,,,false,"]
+    rows = [f"{n:08d},{n},1.5e3,TRUE,x" for n in range(1, 130_001)] + ['n/a,-0,"",true,"say ""hi"""', "02134,,,false,",
+                                                                        "7,12345678901234567890123,1e999,0.5e-3,1."]
     source.write_text("zip,n,px,flag,note\n" + "\n".join(rows) + "\n")
     result = backfill.run(spark, cfg, [str(source)], backfill.Options("zips", "csv", topic="/orders"))
-    assert (result.stored, result.rejected) == (130_002, 0)
+    assert (result.stored, result.rejected) == (130_003, 0)
     inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher_seq", "data"])
     bodies = dict(zip(inbox["publisher_seq"].to_pylist(), inbox["data"].to_pylist()))
     assert json.loads(bodies[1]) == {"zip": "00000001", "n": 1, "px": 1500.0, "flag": "TRUE", "note": "x"}
     assert bodies[130_001] == b'{"zip":"n/a","n":-0,"px":"","flag":true,"note":"say \\"hi\\""}'
     assert json.loads(bodies[130_002]) == {"zip": "02134", "n": None, "px": None, "flag": False, "note": None}
+    # an integer a double would round (an id) and a number no double holds stay text, as written
+    assert bodies[130_003] == b'{"zip":7,"n":"12345678901234567890123","px":"1e999","flag":0.5e-3,"note":"1."}'
     marked = tmp_path / "marked.csv"  # (a byte order mark, as spreadsheets write: not part of the first name)
     marked.write_bytes("\ufeffzip,n\n02134,5\n".encode())
     assert [b.to_pylist() for b in files.batches(str(marked), "csv")] == [[{"zip": "02134", "n": "5"}]]
@@ -436,6 +442,22 @@ def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(sp
     assert bodies == [{"id": 1, "day": "2024-01-01", "desk": None}, {"id": 2, "day": "2024-01-02", "desk": None},
                       {"id": 3, "day": "2024-01-02", "desk": "fx"}], \
         "each row with its partition value, and null for a column added after its file was written"
+    # files of one name in two partitions (as a converted Parquet directory has): each keeps its own value
+    twins = tmp_path / "twins-delta"
+    twins_table = DeltaTable.create(str(twins), pa.schema([("id", pa.int64()), ("day", pa.string())]),
+                                    partition_by=["day"])
+    adds = []
+    for n, day in enumerate(("2024-01-01", "2024-01-02")):
+        (twins / f"day={day}").mkdir()
+        pq.write_table(pa.table({"id": [n]}), twins / f"day={day}" / "part-00000.parquet")
+        adds.append(AddAction(f"day={day}/part-00000.parquet", (twins / f"day={day}" / "part-00000.parquet").stat()
+                              .st_size, {"day": day}, 0, True, json.dumps({"numRecords": 1})))
+    twins_table.create_write_transaction(adds, mode="append", schema=twins_table.schema().to_arrow())
+    twins_result = backfill.run(spark, cfg, [str(twins)], backfill.Options("twins", "delta", topic="/orders"))
+    assert twins_result.stored == 2
+    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "data"])
+    assert sorted(d for p, d in zip(inbox["publisher"].to_pylist(), inbox["data"].to_pylist()) if p == "twins") == [
+        b'{"id":0,"day":"2024-01-01"}', b'{"id":1,"day":"2024-01-02"}']
     for config_key, value, why in (("delta.columnMapping.mode", "name", "column mapping (mode name)"),
                                    ("delta.enableDeletionVectors", "true", "deletion vectors enabled")):
         refused = tmp_path / f"refused-{value}"
@@ -453,6 +475,10 @@ def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(sp
     inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "data"])
     assert [d for p, d in zip(inbox["publisher"].to_pylist(), inbox["data"].to_pylist()) if p == "nested"] == [
         b'{"qty":5,"side":"buy"}']
+    empty = tmp_path / "empty.parquet"  # (no rows, and not the column: nothing to read, no error)
+    pq.write_table(pa.table({"other": pa.array([], pa.string())}), empty)
+    assert backfill.run(spark, cfg, [str(empty)], backfill.Options("empty", "parquet", topic="/orders",
+                                                                  data_column="payload")).rows == 0
     for column, message_type in (("legs", "json"), ("payload", "xml")):
         with pytest.raises(backfill.BackfillInputError, match=re.escape(
                 f"{source}: column {column!r} is ") + ".* not a column of bodies"):

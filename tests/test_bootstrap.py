@@ -172,10 +172,7 @@ def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(bro
     for name, other in ((a, b), (b, a)):
         paths[name] = write_config(tmp_path, name, broker.bootstrap,
                                    replication=bootstrap_xml(TOPICS, [tmp_path / other]))
-    first = cli("bootstrap", str(paths[a]))
-    assert first.returncode == 1 and f"{tmp_path / b}: no instance there" in first.stderr
-    assert "Traceback" not in first.stderr and len(first.stderr.strip().splitlines()) == 1
-    # a --from that names no instance is a bad argument: exit 2, one line, the fix names --from
+    # a --from that names no instance is a bad argument: exit 2, one line, the fix names --from, nothing written
     config_file = cli("bootstrap", str(paths[a]), "--from", str(paths[b]))  # b's config, not its storage
     assert config_file.returncode == 2 and len(config_file.stderr.strip().splitlines()) == 1, config_file.stderr
     assert (f"{paths[b]}: no instance there (no txlog and instance.json: not an instance, or it never started) (a "
@@ -187,6 +184,15 @@ def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(bro
     assert empty.returncode == 2 and empty.stderr.strip().splitlines() == [
         "replication bootstrap: --from is empty. Fix: give the source instance's storage directory, or leave --from "
         "out to use the config's <Bootstrap>"], empty.stderr
+    remote = cli("bootstrap", str(paths[a]), "--from", "s3://bucket/amps-b")
+    assert remote.returncode == 2 and remote.stderr.strip().splitlines() == [
+        "replication bootstrap: --from 's3://bucket/amps-b': s3:// locations are not supported yet (an instance's "
+        "control files, its heartbeat, acknowledgements and link state, need a local or mounted filesystem). Fix: "
+        "give the source instance's storage directory: a path, or file:///absolute/path"], remote.stderr
+    assert not (tmp_path / a).exists(), "a bad --from writes nothing"
+    first = cli("bootstrap", str(paths[a]))
+    assert first.returncode == 1 and f"{tmp_path / b}: no instance there" in first.stderr
+    assert "Traceback" not in first.stderr and len(first.stderr.strip().splitlines()) == 1
     proc = InstanceProcess(paths[b], tmp_path / "b.log")  # `replication run`: it must not wait for ever
     code = proc.wait_killed(timeout=300)
     assert code == 1, proc.log_text()[-2000:]

@@ -23,7 +23,7 @@ from typing import TextIO
 from replication import backfill, config
 from replication.commands.progress import ProgressBar
 from replication.config.model import MESSAGE_TYPES
-from replication.connectors.files import FORMATS, delta_files, expand
+from replication.connectors.files import FORMATS, expand
 from replication.destination.resync import heartbeat_fresh, stored_per_publisher
 from replication.errors import ReplicationError
 from replication.storage.layout import StorageLayout
@@ -57,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
     # nothing, a missing input
     backfill.check(cfg, options)
     expand(args.input, args.fmt)
-    if args.fmt == "delta":
-        delta_files(args.input)
     spark = session(f"replication backfill {cfg.name}", short_lived=True)
     with ProgressBar(f"backfill {cfg.name}", "rows") as bar:
         result = backfill.run(spark, cfg, args.input, options, progress=bar.update)

@@ -38,7 +38,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.source.strip():
             raise InputError("--from is empty. Fix: give the source instance's storage directory, or leave --from "
                              "out to use the config's <Bootstrap>")
-        addresses = (parse_location(args.source, base_dir="."),)
+        try:
+            addresses = (parse_location(args.source, base_dir="."),)
+        except ConfigError as exc:  # (its fix speaks of a config file's paths: --from's are the shell's)
+            what = getattr(exc, "what", str(exc))
+            raise InputError(f"--from {what}. Fix: give the source instance's storage directory: a path, or "
+                             "file:///absolute/path") from None
         try:
             bootstrap.choose_source(cfg, addresses, given_by="--from")
         except bootstrap.BootstrapError as exc:

@@ -48,53 +48,58 @@ class DeltaFile:
 
 
 def delta_files(paths: list[str]) -> dict[str, DeltaFile]:
-    """Each data file of the Delta tables ``paths`` (by its path, as :func:`expand` gives it): its partition
-    values and the table's columns. A table this reader could misread is refused: deletion vectors (rows
-    deleted but still in a file) and column mapping (columns renamed from the files' names)."""
+    """Each data file of the Delta tables ``paths``, in order (a table's files in its snapshot's order): its
+    path, partition values and the table's columns, all from one snapshot of each table. A table this reader
+    could misread is refused: deletion vectors (rows deleted but still in a file) and column mapping (columns
+    renamed from the files' names)."""
     from urllib.parse import unquote
 
     from deltalake import DeltaTable
 
     out: dict[str, DeltaFile] = {}
     for raw in paths:
-        table = DeltaTable(raw)
+        try:
+            table = DeltaTable(raw)
+        except Exception as exc:  # deltalake's own error types
+            raise InputError(f"{raw}: not a readable Delta table ({exc})") from None
         mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
         if mapping != "none":
             raise InputError(f"{raw}: a Delta table with column mapping (mode {mapping}) is not supported yet: its "
                              "files' column names are not the table's. Fix: backfill from a copy without it, e.g. "
                              "Parquet written by spark.read.format('delta').load(...).write.parquet(...), "
                              "--format parquet")
-        schema = pa.schema(table.schema().to_arrow())
         if "deletionVectors" in (table.protocol().reader_features or []):
             # (deltalake says which files have deleted rows to no reader of its files: refused when they may)
             raise InputError(f"{raw}: a Delta table with deletion vectors enabled is not supported yet: its files "
                              "may still hold deleted rows. Fix: backfill from a copy without them, e.g. Parquet "
                              "written by spark.read.format('delta').load(...).write.parquet(...), --format parquet")
+        schema = pa.schema(table.schema().to_arrow())
         adds = pa.table(table.get_add_actions(flatten=True))
         columns = table.metadata().partition_columns
-        by_name = {unquote(path).rsplit("/", 1)[-1]: index for index, path in enumerate(adds["path"].to_pylist())}
         values = {name: adds[f"partition.{name}"].to_pylist() for name in columns}
+        # a file by its path in the table (as in the log, escaped once more than on disk): a file name alone
+        # may repeat in several partitions
+        at = {unquote(path): index for index, path in enumerate(adds["path"].to_pylist())}
+        root = table.table_uri.removeprefix("file://").rstrip("/") + "/"
         for uri in table.file_uris():
             path = uri.removeprefix("file://")
-            index = by_name[path.rsplit("/", 1)[-1]]
+            index = at.get(path.removeprefix(root)) if path.startswith(root) else None
+            if index is None:
+                raise InputError(f"{raw}: its data file {path} is not among the snapshot's files as this reader "
+                                 "sees them; not supported yet. Fix: backfill from a Parquet copy, --format parquet")
             out[path] = DeltaFile(tuple((name, values[name][index]) for name in columns), schema)
     return out
 
 
 def expand(paths: list[str], fmt: str) -> list[str]:
     """The input files, in input order: each path as given; a directory's files sorted by name (a Delta
-    table's data files in its snapshot's order)."""
+    table's data files in its snapshot's order: see :func:`delta_files`)."""
+    if fmt == "delta":
+        return list(delta_files(paths))
     out: list[str] = []
     for raw in paths:
         path = Path(raw)
-        if fmt == "delta":
-            from deltalake import DeltaTable
-
-            try:
-                out.extend(uri.removeprefix("file://") for uri in DeltaTable(str(path)).file_uris())
-            except Exception as exc:  # deltalake's own error types
-                raise InputError(f"{raw}: not a readable Delta table ({exc})") from None
-        elif path.is_dir():
+        if path.is_dir():
             found = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIXES[fmt]
                            and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts))
             if not found:

@@ -6,14 +6,17 @@ columns are joined into one object per row, members in column order, as
 ``orjson.dumps`` writes a dict. What each type becomes:
 
 - integers, floats, booleans: JSON numbers and booleans (NaN and infinities:
-  null; a decimal: its digits, a number);
+  null; a decimal: its digits, a number; a map's keys that collide as text:
+  the last one's value);
 - strings: strings; binary: base64 strings;
 - dates, times, timestamps: ISO 8601 strings, nanoseconds kept;
 - durations: ISO 8601 durations in seconds (``PT5.5S``, ``-PT0.000000001S``);
 - structs and maps: objects (a map's keys as text); lists: arrays;
-- CSV cells, read as text: a cell that is a JSON number (``-1.5e3``), ``true``
-  or ``false`` is that value, an empty cell null (a quoted one ``""``), any
-  other a string (so ``02134``, ``TRUE`` and ``1,5`` are kept as written).
+- CSV cells, read as text: a cell that is a JSON number (``-1.5e3``, an
+  integer of up to 15 digits; a longer one, an id a double would round, stays
+  text), ``true`` or ``false`` is that value, an empty cell null (a quoted one
+  ``""``), any other a string (so ``02134``, ``TRUE`` and ``1,5`` are kept as
+  written).
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from replication.expressions.columnar import (
     needs_json_escape,
 )
 
-#: A CSV cell written as JSON as it is: a JSON number, true or false.
-_JSON_LITERAL = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false)$"
+#: CSV cells written as JSON as they are: an integer of up to 15 digits (any a double holds exactly: a longer
+#: one, an id, stays text), true, false.
+_JSON_INTEGER_OR_BOOLEAN = r"^(-?(0|[1-9][0-9]{0,14})|true|false)$"
+#: ... and a JSON number with a fraction or an exponent, when finite as a double.
+_JSON_FRACTION = r"^-?(0|[1-9][0-9]*)(\.[0-9]+([eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)$"
 
 
 def rows_as_json(rows: pa.Table, *, csv: bool = False) -> pa.Array:
@@ -54,6 +60,11 @@ def _member(column: pa.Array, csv: bool) -> tuple[pa.Array, bool]:
     member = json_member(column)
     if member is not None:
         return member
+    if pa.types.is_float32(kind) or pa.types.is_float16(kind):  # (as a double it would gain digits: 1.1 -> 1.10000002)
+        text = pc.if_else(pc.is_finite(column), pc.cast(column, pa.string()), pa.scalar(None, pa.string()))
+        return pc.fill_null(text, "null"), False
+    if pa.types.is_time(kind):  # (as Python's time: nanoseconds lost)
+        return pc.fill_null(pc.binary_join_element_wise('"', pc.cast(column, pa.string()), '"', ""), "null"), False
     plain = _needs_plain(kind)
     dumps = orjson.dumps
     return pa.array([dumps(_plain(value, kind) if plain else value, default=_json_default).decode()
@@ -63,7 +74,10 @@ def _member(column: pa.Array, csv: bool) -> tuple[pa.Array, bool]:
 def _csv_cells(column: pa.Array) -> pa.Array:
     """JSON text of CSV cells: a JSON number or boolean as it is, an empty cell null, any other a string."""
     column = column.cast(pa.string())
-    literal = pc.fill_null(pc.match_substring_regex(column, _JSON_LITERAL), False)
+    fraction = pc.fill_null(pc.match_substring_regex(column, _JSON_FRACTION), False)
+    finite = pc.is_finite(pc.cast(pc.if_else(fraction, column, "0"), pa.float64()))
+    literal = pc.or_(pc.fill_null(pc.match_substring_regex(column, _JSON_INTEGER_OR_BOOLEAN), False),
+                     pc.and_(fraction, finite))
     if needs_json_escape(column):
         quoted = pa.array([None if v is None else orjson.dumps(v).decode() for v in column.to_pylist()],
                           pa.string())
