@@ -219,9 +219,10 @@ def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> tuple[
                                  filter=mine & pc.field("publisher_seq").isin(first))
         by_seq = dict(zip(found["publisher_seq"].to_pylist(), found["reason"].to_pylist()))
         reasons = [by_seq[s] for s in first if s in by_seq]
-    # below the run of rejected sequences that ends at ``through`` (if one does)
-    from_top = through - seqs[::-1]
-    run = int(np.argmin(from_top == np.arange(seqs.size))) if (from_top != np.arange(seqs.size)).any() else seqs.size
+    # below the run of rejected sequences that ends at ``through`` (if one does): its length is where the
+    # sequences, from the top, first leave through, through - 1, ...
+    gaps = np.flatnonzero(seqs[::-1] != through - np.arange(seqs.size))
+    run = int(gaps[0]) if gaps.size else seqs.size
     return int(seqs.size), reasons, through - run
 
 
@@ -330,9 +331,7 @@ def _body_column_problem(item: files.InputFile, options: Options) -> str | None:
     kind = item.schema.field(options.data_column).type
     if pa.types.is_struct(kind) and options.message_type == "json":
         return None  # (each value a JSON object)
-    nested = (pa.types.is_struct(kind) or pa.types.is_map(kind) or pa.types.is_union(kind) or
-              pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind))
-    if not nested:
+    if not pa.types.is_nested(kind):
         return None
     return (f"{item.path}: column {options.data_column!r} is {kind}, not a column of bodies: a body column holds "
             "text or bytes (with --type json a struct too, each value an object). Fix: name the column holding the "

@@ -26,6 +26,8 @@ BATCH_ROWS = 20_000
 LINE = "_line"
 #: Its number in the file (blank lines count): where a reason points.
 LINE_NUMBER = "_line_number"
+#: The columns a JSON lines batch adds to its fields.
+_RAW = (LINE, LINE_NUMBER)
 _SUFFIXES = {"parquet": (".parquet", ".parq"), "jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",)}
 
 
@@ -122,7 +124,7 @@ def describe(path: str, fmt: str) -> InputFile:
             return InputFile(path, meta.metadata.num_rows, tuple(meta.schema_arrow.names), meta.schema_arrow)
         rows, columns = 0, {}
         for batch in batches(path, fmt):
-            columns.update(dict.fromkeys(n for n in batch.schema.names if n not in (LINE, LINE_NUMBER)))
+            columns.update(dict.fromkeys(n for n in batch.schema.names if n not in _RAW))
             rows += batch.num_rows
         return InputFile(path, rows, tuple(columns))
     except InputError:
@@ -202,7 +204,7 @@ def _json_table(lines: list[bytes], numbers: list[int]) -> pa.Table:
         except orjson.JSONDecodeError:
             value = None  # the backfill rejects the row with its reason; its line is kept
         rows.append(value if isinstance(value, dict) else {})
-    names = list(dict.fromkeys(name for row in rows for name in row if name not in (LINE, LINE_NUMBER)))
+    names = list(dict.fromkeys(name for row in rows for name in row if name not in _RAW))
     columns = {name: pa.array([_json_text(row.get(name)) for row in rows], pa.string()) for name in names}
     columns[LINE] = pa.array(lines, pa.binary())
     columns[LINE_NUMBER] = pa.array(numbers, pa.int64())

@@ -115,9 +115,13 @@ def _needs_plain(kind: pa.DataType) -> bool:
         return True
     if pa.types.is_struct(kind):
         return any(_needs_plain(kind.field(i).type) for i in range(kind.num_fields))
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+    if _is_list(kind):
         return _needs_plain(kind.value_type)
     return False
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
 
 
 def _plain(value: Any, kind: pa.DataType) -> Any:
@@ -130,6 +134,6 @@ def _plain(value: Any, kind: pa.DataType) -> Any:
     if pa.types.is_struct(kind):
         return {kind.field(i).name: _plain(value.get(kind.field(i).name), kind.field(i).type)
                 for i in range(kind.num_fields)}
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+    if _is_list(kind):
         return [_plain(v, kind.value_type) for v in value]
     return value
