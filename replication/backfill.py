@@ -21,14 +21,19 @@ Order of effects:
    before anything is written, naming the file;
 2. Spark tasks (one job each, as many at a time as Spark has cores) read their
    files in bounded batches, check each row (topic recorded here, body of its
-   message type) and write Parquet files of inbox rows (and of rejected rows,
-   with file and row in the reason), one part per ``CHUNK_ROWS`` rows; only
-   file metadata goes to the driver, announced part by part as it is written;
-3. the driver commits the parts to the inbox (and ``rejected/``) in sequence
-   order, one commit per part, as soon as a part and those before it are
-   written, each an idempotent app transaction ``backfill:<client>`` whose
-   version is the part's number: a re-run skips the parts already committed,
-   and the ingest never sees a later part first.
+   message type) and write each part of ``CHUNK_ROWS`` rows as a txlog file,
+   the rows as the instance stores them but for their ``seq``, in the inbox's
+   staging directory (:mod:`replication.ingest.staged_parts`; and a Parquet
+   file of its rejected rows, with file and row in the reason); only file
+   metadata goes to the driver, announced part by part as it is written;
+3. the driver commits the parts to the inbox (a descriptor of each staged file,
+   no rows) and ``rejected/``, in sequence order, one commit per part, as soon
+   as a part and those before it are written, each an idempotent app
+   transaction ``backfill:<client>`` whose version is the part's number: a
+   re-run skips the parts already committed, and the ingest never sees a later
+   part first. The ingest stores a part by moving its file into the txlog and
+   writing its seqs in, without reading or writing its rows again (or, when
+   it cannot take the part as it is, classifies its rows like any others).
 """
 
 from __future__ import annotations
@@ -60,11 +65,16 @@ from deltalake.transaction import AddAction
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors import files, row_json
-from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
+from replication.connectors.delta.inbox_stream import (
+    INBOX_SCHEMA,
+    STAGED_PART_KEY,
+    create_inbox,
+)
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
 from replication.errors import InputError, ReplicationError
+from replication.ingest import staged_parts
 from replication.ingest.classify import TopicRecorder
-from replication.messages import BACKFILL_LINK, body_errors, publisher_id
+from replication.messages import MAX_MESSAGE_BYTES, body_errors
 from replication.storage.control import read_json, write_json_atomic
 from replication.storage.layout import StorageLayout
 from replication.txlog import REJECTED_SCHEMA
@@ -74,7 +84,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Rows per inbox commit: the ingest takes at least one commit per micro-batch, so this bounds its batches.
+#: Rows per part (one inbox commit, one staged file): the ingest takes at least one commit per micro-batch, so this
+#: bounds its batches when it classifies the rows.
 CHUNK_ROWS = 100_000
 #: Input rows per Spark task: consecutive small files share one (a job's scheduling is paid once for them);
 #: a larger file is a task of its own.
@@ -116,20 +127,21 @@ class Part:
     number: int
     first_seq: int
     rows: int
-    inbox: dict | None
+    staged: str | None
+    """The descriptor of its staged file (None: every row rejected)."""
     rejected: dict | None
     bad: list[str]
     """The first few rejected rows, as ``file row N: reason``."""
     rejected_rows: int
     last_good_seq: int
-    """The highest sequence of a row written to the inbox (0: none)."""
+    """The highest sequence of a row handed to the instance (0: none)."""
 
 
 @dataclass
 class Result:
     rows: int = 0
     stored: int = 0
-    """Rows written to the inbox (messages the instance will store, unless it has them already)."""
+    """Rows handed to the instance (messages it will store, unless it has them already)."""
     rejected: int = 0
     """Rows of this run's parts rejected."""
     rejected_earlier: int = 0
@@ -140,7 +152,7 @@ class Result:
     last_seq: int = 0
     """The client's highest sequence (the inputs' row count)."""
     last_stored_seq: int = 0
-    """The highest sequence written to the inbox, by this run or an earlier one: the instance has stored
+    """The highest sequence handed to the instance, by this run or an earlier one: the instance has stored
     everything once it holds this."""
     bad: list[str] | None = None
 
@@ -177,7 +189,7 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         if part.rejected is not None:
             committed |= _commit(layout.rejected, rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
         # the inbox's app transaction is the run's position, so a part of rejected rows only commits it too
-        committed |= _commit(layout.inbox, inbox, INBOX_SCHEMA, part.inbox, app_id, part.number)
+        committed |= _commit_staged(layout, inbox, part.staged, app_id, part.number)
         failpoints.hit("backfill.after_part")
         result.parts += committed
         result.stored += part.rows - part.rejected_rows
@@ -362,6 +374,9 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
     if not todo:
         return
     inbox, rejected = str(layout.inbox), str(layout.rejected)
+    staging = layout.backfill_staging(options.client)
+    _remove_uncommitted(staging, done)
+    staging.mkdir(parents=True, exist_ok=True)
     scratch = layout.backfill_parts(options.client)
     shutil.rmtree(scratch, ignore_errors=True)  # a killed run's announcements
     announced = scratch / uuid.uuid4().hex
@@ -373,7 +388,8 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
 
     def job(works: list[_Work]) -> list[Part]:
         def task(group: list[_Work]) -> list[Part]:
-            return [p for w in group for p in _file_parts(cfg, w, options, inbox, rejected, done, where)]
+            return [p for w in group for p in _file_parts(cfg, w, options, (inbox, str(staging)), rejected, done,
+                                                          where)]
 
         if stopping.is_set():  # the run ends early: no new job
             return []
@@ -468,9 +484,10 @@ def _announcement(where: Path, number: int) -> Part | None:
         return None
 
 
-def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, rejected: str,
+def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, staging: tuple[str, str], rejected: str,
                 done: int | None, announce: str | None = None) -> list[Part]:
-    """(In a Spark task.) One file's rows as inbox rows, in parts of ``CHUNK_ROWS`` rows; parts a previous
+    """(In a Spark task.) One file's rows as staged parts of ``CHUNK_ROWS`` rows (``staging``: the inbox's
+    directory and the client's staging directory in it); parts a previous
     run committed (``<= done``) are read past, not written. Each part written is announced in the directory
     ``announce`` (when given)."""
     recorded = TopicRecorder(cfg)
@@ -485,7 +502,7 @@ def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, inbox: str, 
         if done is None or number > done:
             # (JSON lines batches hold the fields their lines have: by name, absent ones null)
             rows = pa.concat_tables(buffer, promote_options="default") if buffer else pa.table({})
-            parts.append(_part(cfg, work, position, number, rows, options, recorded, now, inbox, rejected))
+            parts.append(_part(cfg, work, position, number, rows, options, recorded, now, staging, rejected))
             if announce is not None:
                 _announce(announce, parts[-1])
             failpoints.hit("backfill.part_written")
@@ -519,8 +536,8 @@ def _changed(work: _Work) -> BackfillInputError:
 
 
 def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa.Table, options: Options,
-          recorded: TopicRecorder, now: datetime, inbox: str, rejected: str) -> Part:
-    """Rows ``position ...`` of the file: checked, written as an inbox file and a rejected file.
+          recorded: TopicRecorder, now: datetime, staging: tuple[str, str], rejected: str) -> Part:
+    """Rows ``position ...`` of the file: checked, written as a staged part and a rejected file.
 
     Columns stay Arrow arrays from the input to the file written; only a rejected row is spelled out.
     """
@@ -533,6 +550,9 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
     if not generated:  # a body made from the row is valid JSON; one given is checked for its message type
         # (first: a line that is not JSON has no topic field either, and its body is what to fix)
         reasons.update(body_errors(options.message_type, bodies.to_pylist()))
+    sizes = pc.fill_null(pc.binary_length(bodies), 0).to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(sizes > MAX_MESSAGE_BYTES).tolist():  # (what the instance refuses of any publish)
+        reasons.setdefault(i, f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit")
     for topic in pc.unique(topics).to_pylist():  # few distinct topics: one check each
         why = (f"no topic (column {options.topic_column!r} is empty)" if not topic else
                None if recorded(topic, options.message_type) else
@@ -553,9 +573,14 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
         good = np.ones(n, dtype=bool)
         good[[i for i, _ in bad]] = False
         kept = kept.filter(pa.array(good))
-    inbox_add = _write(inbox, _inbox_rows(cfg, options, kept, now)) if kept.num_rows else None
+    staged = None
+    if kept.num_rows:
+        inbox, directory = (Path(p) for p in staging)
+        rows = staged_parts.part_rows(cfg.name, options.client, options.message_type, kept["topic"].combine_chunks(),
+                                      kept["data"].combine_chunks(), kept["publisher_seq"].combine_chunks(), now)
+        staged = staged_parts.write_part(directory, inbox, rows, name=staged_parts.staged_name(number)).to_json()
     rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, first_seq, now)) if bad else None
-    return Part(number, first_seq, n, inbox_add, rejected_add, [why for _, why in bad[:20]], len(bad),
+    return Part(number, first_seq, n, staged, rejected_add, [why for _, why in bad[:20]], len(bad),
                 kept["publisher_seq"][-1].as_py() if kept.num_rows else 0)
 
 
@@ -578,29 +603,6 @@ def _bodies(rows: pa.Table, options: Options) -> tuple[pa.Array, bool]:
     return row_json.rows_as_json(rows, csv=options.fmt == "csv"), options.message_type == "json"
 
 
-def _inbox_rows(cfg: InstanceConfig, options: Options, kept: pa.Table, now: datetime) -> pa.Table:
-    """Inbox rows of the ``kept`` topics, bodies and sequence numbers: publishes of ``options.client`` here."""
-    n = kept.num_rows
-    ts = pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n)
-    nulls = pa.nulls(n, pa.string())
-    seqs = kept["publisher_seq"]
-
-    def constant(value: str) -> pa.Array:
-        return pa.repeat(pa.scalar(value, pa.string()), n)
-
-    # messages.bookmark(client, seq) of every row, column-wise: "<publisher id>|<seq>|"
-    bookmarks = pc.binary_join_element_wise(str(publisher_id(options.client)), pc.cast(seqs, pa.string()), "", "|")
-    columns = {
-        "bookmark": bookmarks, "publisher": constant(options.client), "publisher_seq": seqs, "topic": kept["topic"],
-        "message_type": constant(options.message_type), "command": constant("publish"), "sow_key": nulls,
-        "sow_keys": nulls, "filter": nulls, "data": kept["data"], "origin": constant(cfg.name),
-        "received_from": nulls, "received_from_group": nulls, "path": pa.nulls(n, pa.list_(pa.string())),
-        "publish_time": ts, "persist_time": ts, "upstream_seq": seqs, "link": constant(BACKFILL_LINK),
-        "link_group": constant(BACKFILL_LINK),
-    }
-    return pa.table({name: columns[name] for name in INBOX_SCHEMA.names}).cast(INBOX_SCHEMA)
-
-
 def _rejected_rows(options: Options, bad: list[tuple[int, str]], topics: pa.Array, bodies: pa.Array,
                    first_seq: int, now: datetime) -> pa.Table:
     n = len(bad)
@@ -620,29 +622,50 @@ _DISTINCT_PER_ROW = {*DISTINCT_PER_ROW, "reason"}
 
 
 def _write(table_dir: str, rows: pa.Table) -> dict:
-    """Write one Parquet data file into a Delta table's directory; its add action's fields (not yet committed)."""
+    """Write rejected rows as one Parquet data file of ``rejected/``; its add action's fields (not yet
+    committed)."""
     name = f"backfill-{uuid.uuid4().hex}.parquet"
     path = Path(table_dir) / name
-    # Dictionaries only where values repeat, statistics only on the sequence numbers (no reader of the
-    # inbox filters on another column), snappy: half the write time of the defaults with zstd, for files
-    # ~3x larger.
+    # Dictionaries only where values repeat, statistics only on the sequence numbers, snappy
     pq.write_table(rows, path, compression="snappy",
                    use_dictionary=[c for c in rows.column_names if c not in _DISTINCT_PER_ROW],
-                   write_statistics=[c for c in rows.column_names if c in ("publisher_seq", "upstream_seq")])
-    stats = {"numRecords": rows.num_rows}
-    if "upstream_seq" in rows.column_names and rows.num_rows:
-        stats["minValues"] = {"upstream_seq": pc.min(rows["upstream_seq"]).as_py()}
-        stats["maxValues"] = {"upstream_seq": pc.max(rows["upstream_seq"]).as_py()}
+                   write_statistics=["publisher_seq"])
     return {"path": name, "size": path.stat().st_size, "modification_time": int(time.time() * 1000),
-            "stats": json.dumps(stats)}
+            "stats": json.dumps({"numRecords": rows.num_rows})}
 
 
 # -- 3. the commits ---------------------------------------------------------------------------
 
 
+def _commit_staged(layout: StorageLayout, inbox: DeltaTable, descriptor: str | None, app_id: str,
+                   number: int) -> bool:
+    """Hand the instance one staged part (None: none, the position alone): an inbox commit of its descriptor,
+    app transaction ``app_id`` version ``number``; False when that version is in already (this run's staged
+    file is then removed)."""
+    inbox.update_incremental()
+    if (inbox.transaction_version(app_id) or 0) >= number:
+        if descriptor is not None:
+            (layout.inbox / staged_parts.StagedPart.from_json(descriptor).file).unlink(missing_ok=True)
+        return False
+    metadata = {"replication.backfill": app_id, **({STAGED_PART_KEY: descriptor} if descriptor else {})}
+    inbox.create_write_transaction([], mode="append", schema=INBOX_SCHEMA, commit_properties=CommitProperties(
+        app_transactions=[Transaction(app_id, number)], custom_metadata=metadata))
+    return True
+
+
+def _remove_uncommitted(staging: Path, done: int | None) -> None:
+    """A killed run's staged files: those of parts not committed (numbered above ``done``)."""
+    if not staging.is_dir():
+        return
+    for path in staging.glob("*.parquet"):
+        number = path.name.split("-", 1)[0]
+        if number.isdigit() and (done is None or int(number) > done):
+            path.unlink(missing_ok=True)
+
+
 def _commit(where: Path, table: DeltaTable, schema: pa.Schema, add: dict | None, app_id: str, number: int) -> bool:
-    """Commit one written file (None: none, the version alone) as app transaction ``app_id`` version
-    ``number``; False when that version is in already (a re-run's copy of the file is then removed)."""
+    """Commit one written file of rejected rows as app transaction ``app_id`` version ``number``; False when that
+    version is in already (a re-run's copy of the file is then removed)."""
     table.update_incremental()
     if (table.transaction_version(app_id) or 0) >= number:
         if add is not None:

@@ -29,7 +29,9 @@ from replication.connectors.kafka.broker import ensure_topics
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
+from replication.ingest.classify import TopicRecorder
 from replication.ingest.inputs import InboxRows, ReadHere, ingest_stream
+from replication.ingest.staged_parts import StagedParts
 from replication.ingest.writer import IngestWriter
 from replication.sow.compactor import Compactor
 from replication.sow.keys import SowTopics
@@ -143,6 +145,8 @@ class Instance:
             sow=self.sow,
             txlog_files=TxlogFiles(str(self.layout.txlog)) if self.sow is not None else None,
             sow_committed=self.compactor.committed if self.compactor is not None else None,
+            staged=StagedParts(self.cfg, self.layout, TopicRecorder(self.cfg)) if self.cfg.replication_transport
+            else None,
         )
         self._start_ingest()
         if self.compactor is not None:

@@ -16,17 +16,27 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
-from kafka import KafkaConsumer, TopicPartition
-
 from fabric_support import ONE_WAY
-from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
+from factories import (
+    destination_xml,
+    rejected_rows,
+    replication_xml,
+    wait_until,
+    write_config,
+)
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
 from replication import backfill, config
 from replication.commands import backfill as backfill_command
 from replication.connectors import files, row_json
+from replication.connectors.delta.inbox_stream import staged_parts
+from replication.connectors.delta.stats import file_stats
 from replication.destination.resync import stored_per_publisher
 from replication.errors import ReplicationError
-from replication.messages import BACKFILL_LINK, publisher_id
+from replication.ingest.staged_parts import StagedPart
+from replication.messages import publisher_id
 from replication.storage.layout import StorageLayout
+from replication.txlog import TXLOG_SCHEMA
 
 
 def persisted_acks(bootstrap: str, instance: str, client: str) -> int:
@@ -43,6 +53,14 @@ def persisted_acks(bootstrap: str, instance: str, client: str) -> int:
                 best = max(best, int(ack["seq"]))
     consumer.close()
     return best
+
+
+def handed_over(root, columns: list[str]) -> pa.Table:
+    """What backfills handed an instance that has not stored it (it does not run): the rows of the staged parts
+    its inbox's commits name, in inbox order."""
+    inbox = root / "inbox"
+    parts = [StagedPart.from_json(text) for _, text in staged_parts(str(inbox), 0, DeltaTable(str(inbox)).version())]
+    return pa.concat_tables([pq.read_table(inbox / part.file, columns=columns) for part in parts])
 
 
 def stored(fabric, short: str, client: str) -> int:
@@ -104,6 +122,8 @@ def test_100k_rows_from_parquet_and_from_json_lines_each_twice_are_stored_once_r
                                                                            [pair.name("a"), pair.name("b")])
     jsonl_row = rows.slice(first_of["loader-jl"], 1).to_pylist()[0]
     assert jsonl_row["data"] == b'{"trade": 0, "px": 0.0}', "a JSON line is stored as written"
+    assert pair.running["a"].writer.staged.stats == {"stored_as_is": 5, "classified": 0}, \
+        "each part's file (one per input file here) stored as the backfill staged it"
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -246,7 +266,7 @@ def test_csv_cells_are_text_and_a_cell_that_is_a_json_value_is_that_value(spark,
     source.write_text("zip,n,px,flag,note\n" + "\n".join(rows) + "\n")
     result = backfill.run(spark, cfg, [str(source)], backfill.Options("zips", "csv", topic="/orders"))
     assert (result.stored, result.rejected) == (130_003, 0)
-    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher_seq", "data"])
+    inbox = handed_over(tmp_path / "solo", ["publisher_seq", "data"])
     bodies = dict(zip(inbox["publisher_seq"].to_pylist(), inbox["data"].to_pylist()))
     assert json.loads(bodies[1]) == {"zip": "00000001", "n": 1, "px": 1500.0, "flag": "TRUE", "note": "x"}
     assert bodies[130_001] == b'{"zip":"n/a","n":-0,"px":"","flag":true,"note":"say \\"hi\\""}'
@@ -258,24 +278,34 @@ def test_csv_cells_are_text_and_a_cell_that_is_a_json_value_is_that_value(spark,
     assert [b.to_pylist() for b in files.batches(str(marked), "csv")] == [[{"zip": "02134", "n": "5"}]]
 
 
-def test_a_part_writes_good_rows_to_the_inbox_and_each_bad_one_to_rejected_with_its_row_and_reason(tmp_path):
+def test_a_part_stages_good_rows_as_txlog_rows_and_each_bad_one_to_rejected_with_its_row_and_reason(tmp_path):
     # One Spark task's work on one file, run here: the checks are per row, the columns Arrow arrays.
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9", txlog_topics=(
         "<Topic><Name>/orders</Name><MessageType>json</MessageType></Topic>"))))
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"kind": ["/orders", None, "", "/other", "/orders", "/orders"],
                              "body": ['{"a":1}', '{"a":2}', '{"a":3}', '{"a":4}', "not json", '{"a":6}']}), source)
-    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "staging").mkdir(parents=True)
     (tmp_path / "rejected").mkdir()
     options = backfill.Options("loader", "parquet", topic_column="kind", data_column="body")
-    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 6, 101, 1), options, str(tmp_path / "inbox"),
+    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 6, 101, 1), options,
+                                   (str(tmp_path / "inbox"), str(tmp_path / "inbox" / "staging")),
                                    str(tmp_path / "rejected"), None)
     assert (part.first_seq, part.rows, part.rejected_rows, part.last_good_seq) == (101, 6, 4, 106)
-    inbox = pq.read_table(tmp_path / "inbox" / part.inbox["path"])
-    assert inbox.select(["publisher", "publisher_seq", "upstream_seq", "topic", "data", "bookmark"]).to_pylist() == [
-        {"publisher": "loader", "publisher_seq": s, "upstream_seq": s, "topic": "/orders", "data": body,
+    staged = StagedPart.from_json(part.staged)
+    assert (staged.client, staged.rows, staged.first, staged.last, staged.topics) == ("loader", 2, 101, 106,
+                                                                                      ("/orders",))
+    rows = pq.read_table(tmp_path / "inbox" / staged.file)
+    assert rows.schema == TXLOG_SCHEMA, "the rows as the instance stores them"
+    assert rows.select(["publisher", "publisher_seq", "topic", "data", "bookmark", "command"]).to_pylist() == [
+        {"publisher": "loader", "publisher_seq": s, "topic": "/orders", "data": body, "command": "publish",
          "bookmark": f"{publisher_id('loader')}|{s}|"} for s, body in ((101, b'{"a":1}'), (106, b'{"a":6}'))]
-    assert set(inbox["link"].to_pylist()) == {BACKFILL_LINK} and set(inbox["origin"].to_pylist()) == {"solo"}
+    assert rows.select(["origin", "received_from", "path"]).to_pylist() == [
+        {"origin": "solo", "received_from": None, "path": ["solo"]}] * 2, "a publish of solo"
+    whole = file_stats(rows)  # (what delta-rs would write, see test_delta_log)
+    assert staged.stats == {key: {c: v for c, v in value.items() if c not in ("seq", "persist_time")}
+                            if isinstance(value, dict) else value for key, value in whole.items()}, \
+        "its statistics, but for the columns the instance writes"
     rejected = pq.read_table(tmp_path / "rejected" / part.rejected["path"]).to_pylist()
     assert [(r["publisher_seq"], r["topic"], r["data"]) for r in rejected] == [
         ("102", None, b'{"a":2}'), ("103", "", b'{"a":3}'), ("104", "/other", b'{"a":4}'), ("105", "/orders", b"not json")]
@@ -298,10 +328,10 @@ def test_a_file_whose_row_count_changed_since_the_plan_stops_its_task_naming_it(
     for planned in (5, 9):
         with pytest.raises(backfill.BackfillInputError, match=f"{source}: its row count is not the {planned} the "
                            "plan counted; the file changed during the backfill"):
-            backfill._file_parts(cfg, backfill._Work(str(source), planned, 1, 1), options, str(tmp_path / "inbox"),
-                                 str(tmp_path / "rejected"), None)
-    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 7, 1, 1), options, str(tmp_path / "inbox"),
-                                   str(tmp_path / "rejected"), None)
+            backfill._file_parts(cfg, backfill._Work(str(source), planned, 1, 1), options,
+                                 (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), None)
+    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 7, 1, 1), options,
+                                   (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), None)
     assert (part.rows, part.last_good_seq) == (7, 7)
 
 
@@ -369,7 +399,6 @@ def test_options_that_could_store_nothing_are_refused_before_any_work(tmp_path):
 
 def test_a_client_backfills_the_same_input_again_or_extends_it_but_never_other_files_in_its_place(spark, tmp_path):
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
-    inbox = tmp_path / "solo" / "inbox"
     first, second = tmp_path / "day1.csv", tmp_path / "day2.csv"
     first.write_text("id\n1\n2\n3\n")
     second.write_text("id\n10\n20\n30\n40\n50\n")
@@ -392,7 +421,7 @@ def test_a_client_backfills_the_same_input_again_or_extends_it_but_never_other_f
     assert f"solo is not running (no fresh heartbeat in {StorageLayout.of(cfg.storage).heartbeat_json})" in \
         bar_and_notes.getvalue()
     assert "0/8 messages  0 messages/s  -:--:-- left" in bar_and_notes.getvalue(), "no rate: no time left to say"
-    rows = DeltaTable(str(inbox)).to_pyarrow_table(columns=["publisher_seq", "data"]).sort_by("publisher_seq")
+    rows = handed_over(tmp_path / "solo", ["publisher_seq", "data"])
     assert rows.to_pylist() == [{"publisher_seq": s, "data": json.dumps({"id": v}, separators=(",", ":")).encode()}
                                 for s, v in enumerate([1, 2, 3, 10, 20, 30, 40, 50], start=1)]
     assert not (tmp_path / "solo" / "_backfill").exists(), "the tasks' scratch is gone once a run ends"
@@ -420,8 +449,7 @@ def test_a_part_of_rejected_rows_only_is_done_once_and_json_lines_may_differ_in_
     mixed.write_text("".join(f'{{"a": {n}}}\n' for n in range(files.BATCH_ROWS)) + '{"b": "x", "topic": "/t"}\n')
     result = backfill.run(spark, cfg, [str(mixed)], backfill.Options("mixed", "jsonl", topic_column="topic"))
     assert (result.stored, result.rejected) == (1, files.BATCH_ROWS)
-    stored = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "publisher_seq",
-                                                                                     "topic", "data"])
+    stored = handed_over(tmp_path / "solo", ["publisher", "publisher_seq", "topic", "data"])
     assert [r for r in stored.to_pylist() if r["publisher"] == "mixed"] == [
         {"publisher": "mixed", "publisher_seq": files.BATCH_ROWS + 1, "topic": "/t", "data": b'{"b": "x", "topic": "/t"}'}]
 
@@ -436,7 +464,7 @@ def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(sp
                     partition_by=["day"], schema_mode="merge")
     result = backfill.run(spark, cfg, [str(table)], backfill.Options("delta", "delta", topic="/orders"))
     assert (result.stored, result.rejected) == (3, 0)
-    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "data"])
+    inbox = handed_over(tmp_path / "solo", ["publisher", "data"])
     bodies = sorted((json.loads(d) for p, d in zip(inbox["publisher"].to_pylist(), inbox["data"].to_pylist())
                      if p == "delta"), key=lambda body: body["id"])
     assert bodies == [{"id": 1, "day": "2024-01-01", "desk": None}, {"id": 2, "day": "2024-01-02", "desk": None},
@@ -455,7 +483,7 @@ def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(sp
     twins_table.create_write_transaction(adds, mode="append", schema=twins_table.schema().to_arrow())
     twins_result = backfill.run(spark, cfg, [str(twins)], backfill.Options("twins", "delta", topic="/orders"))
     assert twins_result.stored == 2
-    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "data"])
+    inbox = handed_over(tmp_path / "solo", ["publisher", "data"])
     assert sorted(d for p, d in zip(inbox["publisher"].to_pylist(), inbox["data"].to_pylist()) if p == "twins") == [
         b'{"id":0,"day":"2024-01-01"}', b'{"id":1,"day":"2024-01-02"}']
     for config_key, value, why in (("delta.columnMapping.mode", "name", "column mapping (mode name)"),
@@ -472,7 +500,7 @@ def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(sp
     nested = backfill.run(spark, cfg, [str(source)], backfill.Options("nested", "parquet", topic="/orders",
                                                                      data_column="payload"))
     assert (nested.stored, nested.rejected) == (1, 1) and nested.bad[0].startswith(f"{source} row 2: ")
-    inbox = DeltaTable(str(tmp_path / "solo" / "inbox")).to_pyarrow_table(columns=["publisher", "data"])
+    inbox = handed_over(tmp_path / "solo", ["publisher", "data"])
     assert [d for p, d in zip(inbox["publisher"].to_pylist(), inbox["data"].to_pylist()) if p == "nested"] == [
         b'{"qty":5,"side":"buy"}']
     empty = tmp_path / "empty.parquet"  # (no rows, and not the column: nothing to read, no error)
@@ -484,3 +512,66 @@ def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(sp
                 f"{source}: column {column!r} is ") + ".* not a column of bodies"):
             backfill.run(spark, cfg, [str(source)], backfill.Options(  # (a topic column: xml is not recorded here)
                 "bad-column", "parquet", topic_column="legs", data_column=column, message_type=message_type))
+
+
+def test_an_instance_killed_while_it_stores_staged_parts_stores_each_row_once_after_a_restart(broker, spark, tmp_path):
+    from factories import assert_exactly_once, txlog_rows
+    from processes import InstanceProcess
+    name = "bfcrash"
+    path = write_config(tmp_path, name, broker.bootstrap)
+    cfg = config.load(str(path))
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for part in range(5):  # five parts, handed over while the instance is stopped
+        pq.write_table(pa.table({"id": list(range(part * 6000, (part + 1) * 6000))}), inputs / f"f{part}.parquet")
+    assert backfill.run(spark, cfg, [str(inputs)], backfill.Options("loader", "parquet", topic="/orders")).parts == 5
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for n in range(1, 501):  # publishes of another client (DESIGN §7): in the same first batch as the parts
+        producer.send(f"{name}.publish", key=b"live", value=b'{"live": %d}' % n,
+                      headers=[("amps-client", b"live"), ("amps-seq", str(n).encode()), ("amps-topic", b"/orders")])
+    producer.flush()
+    producer.close()
+    # killed once the third part has been moved into the txlog and given its seqs, before the commit
+    proc = InstanceProcess(path, tmp_path / "run0.log", failpoints="ingest.staged_part_written@3")
+    assert proc.wait_killed(timeout=300) == -9, proc.log_text()[-3000:]
+    assert "failpoint ingest.staged_part_written reached" in proc.log_text()
+    txlog = tmp_path / name / "txlog"
+    def committed() -> set[str]:
+        return {uri.rsplit("/", 1)[-1] for uri in DeltaTable(str(txlog)).file_uris()}
+
+    moved = {p.name for p in txlog.glob("*.parquet")} - committed()
+    assert len(moved) == 3, "three parts moved and written, not committed"
+    proc = InstanceProcess(path, tmp_path / "run1.log")
+    try:
+        for client, count in (("loader", 30_000), ("live", 500)):
+            wait_until(lambda c=client, n=count: persisted_acks(broker.bootstrap, name, c) == n, timeout=300,
+                       what=f"the persisted ack of {client} from the restarted instance")
+    finally:
+        assert proc.stop() == 0
+    assert_exactly_once(txlog_rows(tmp_path, name), {"loader": 30_000, "live": 500})
+    assert moved <= committed(), "the moved parts' files stored as they are, in the replayed batch"
+    assert {p.name for p in txlog.glob("*.parquet")} == committed(), "no file left behind in the txlog"
+    assert not any(StorageLayout.of(cfg.storage).backfill_staging("loader").iterdir()), "nor in the staging"
+
+
+def test_a_backfill_updates_the_sow_and_rows_the_sow_refuses_go_to_rejected(fabric, spark, tmp_path):
+    from replication.sow.table import read_current
+
+    fabric.configure("s", sow="<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic>")
+    inst = fabric.start("s")
+    cfg = config.load(str(fabric.paths["s"]))
+    source = tmp_path / "orders.jsonl"
+    source.write_text('{"id": 1, "qty": 5}\n{"id": 2, "qty": 7}\n{"id": 1, "qty": 9}\n{"qty": 3}\n')
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"id": [1, 2]}), plain)
+    for client, path, fmt, topic in (("orders", source, "jsonl", "/orders"), ("plain", plain, "parquet", "/other")):
+        backfill.run(spark, cfg, [str(path)], backfill.Options(client, fmt, topic=topic))
+    wait_until(lambda: stored(fabric, "s", "orders") == 3 and stored(fabric, "s", "plain") == 2, timeout=120,
+               what="the backfills stored")
+    assert {r["sow_key"]: json.loads(r["data"]) for r in read_current(cfg, "/orders").to_pylist()} == {
+        "1": {"id": 1, "qty": 9}, "2": {"id": 2, "qty": 7}}, "a SOW topic's backfilled rows fold into the SOW"
+    (refused,) = [r for r in rejected_rows(fabric.root, fabric.name("s")) if r["publisher"] == "orders"]
+    assert refused["publisher_seq"] == "4" and "has no value for key /id" in refused["reason"]
+    # (the SOW topic's part had its rows classified; the other was stored as it was staged)
+    assert inst.writer.staged.stats == {"stored_as_is": 1, "classified": 1}
+    assert not any(StorageLayout.of(cfg.storage).backfill_staging("orders").iterdir()), "its staged file removed"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -12,7 +13,7 @@ from replication import routing
 from replication.config.model import DEFAULT_BATCH_ROWS, InstanceConfig
 from replication.connectors.delta import inbox_stream
 from replication.connectors.delta.inbox_read_ahead import InboxReadAhead
-from replication.connectors.delta.inbox_stream import read_versions
+from replication.connectors.delta.inbox_stream import read_versions, staged_parts
 from replication.connectors.kafka import source as kafka_source
 from replication.connectors.kafka.source import (
     KafkaSourceOptions,
@@ -21,6 +22,7 @@ from replication.connectors.kafka.source import (
 )
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
+from replication.ingest import staged_parts as staged
 from replication.ingest.classify import CANDIDATE_SCHEMA
 from replication.messages import BACKFILL_LINK
 from replication.storage.layout import INGEST_QUERY, StorageLayout
@@ -160,16 +162,31 @@ class InboxRows:
         first, last = pc.min(versions).as_py(), pc.max(versions).as_py()
         rows = read_versions(self.inbox, first, last)
         rows = rows.filter(pc.is_in(rows["inbox_version"], versions.combine_chunks()))
+        wanted = set(versions.to_pylist())
+        parts = [(v, text) for v, text in staged_parts(self.inbox, first, last) if v in wanted]
         others = batch.filter(pc.invert(pc.fill_null(marks, False)))
         return pa.concat_tables([others.select(CANDIDATE_SCHEMA.names).cast(CANDIDATE_SCHEMA),
-                                 self.candidates(rows)])
+                                 self.candidates(rows, parts)])
 
-    def candidates(self, rows: pa.Table) -> pa.Table:
-        """Inbox rows (``inbox_stream.STREAM_SCHEMA``) as candidate rows.
+    def candidates(self, rows: pa.Table, parts: list[tuple[int, str]] | None = None) -> pa.Table:
+        """Inbox rows (``inbox_stream.STREAM_SCHEMA``) as candidate rows, and a marker row for each staged
+        backfill part ``(version, descriptor)`` among them in version order (:mod:`replication.ingest.staged_parts`).
 
         Rows a backfill wrote (link ``BACKFILL_LINK``) are this instance's own
         publishes: source ``backfill``, not received from anyone, no upstream position.
         """
+        out = self._candidates(rows)
+        if not parts:
+            return out
+        # a staged part's version adds no rows: its marker goes after the rows of the versions before it
+        at = np.searchsorted(rows["inbox_version"].to_numpy(), [v for v, _ in parts], side="right")
+        pieces, previous = [], 0
+        for k, cut in enumerate(at.tolist()):
+            pieces += [out.slice(previous, cut - previous), staged.markers([parts[k]])]
+            previous = cut
+        return pa.concat_tables(pieces + [out.slice(previous)])
+
+    def _candidates(self, rows: pa.Table) -> pa.Table:
         n = rows.num_rows
         link = rows["link"]
         backfilled = pc.fill_null(pc.equal(link, BACKFILL_LINK), False)
@@ -253,7 +270,8 @@ class ReadHere:
                 if batches:
                     tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
             if versions is not None and versions[1] >= versions[0]:
-                tables.append(self.inbox.candidates(self.inbox_reads.read(*versions)))
+                tables.append(self.inbox.candidates(self.inbox_reads.read(*versions),
+                                                    staged_parts(self.inbox.inbox, *versions)))
         except Exception:
             # Spark's tasks read the same ranges with their own consumers and retries.
             log.warning("ingest batch %d: reading it here failed; Spark reads it instead", batch_id, exc_info=True)

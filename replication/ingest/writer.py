@@ -5,10 +5,12 @@ Its order of effects, and what a crash between two of them leaves, is written on
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import pyarrow as pa
@@ -24,6 +26,7 @@ from replication.txlog import PublisherState
 
 if TYPE_CHECKING:
     from replication.connectors.delta.tables import IdempotentAppender
+    from replication.ingest.staged_parts import StagedParts
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +38,16 @@ class IngestWriter:
 
     0. take the batch's rows: read here for a small batch (``read_here``, no
        Spark job), else collected from Spark's DataFrame; the same rows either way;
+       staged backfill parts that can be stored as they are are moved into the
+       txlog's directory and given the batch's first seqs (``staged``: an
+       uncommitted file, written again the same by a replay), the others' rows
+       join the batch;
     1. classify the rows against the in-memory publisher state (and SOW state:
        delta_publishes merged, sow_deletes resolved, in seq order);
     2. append rejects to ``rejected/`` (app transaction ``ingest``, version ``b``);
-    3. append accepted rows to ``txlog/`` (app transaction ``ingest``, version ``b``),
-       with the batch's publisher and link positions in the commit metadata;
+    3. append accepted rows, and the staged parts' files, to ``txlog/`` (app
+       transaction ``ingest``, version ``b``), with the batch's publisher and link
+       positions in the commit metadata;
     4. fold the batch into the in-memory publisher state and snapshot
        ``publishers.json``; hand the txlog rows to the SOW compactor (the SOW
        tables follow on its schedule, from these rows rather than read back);
@@ -67,6 +75,7 @@ class IngestWriter:
         sow: SowState | None = None,
         txlog_files: TxlogFiles | None = None,
         sow_committed: Callable[[pa.Table, int, int], None] | None = None,
+        staged: "StagedParts | None" = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -84,6 +93,8 @@ class IngestWriter:
         self.sow_committed = sow_committed
         """Told each committed batch's txlog rows and seqs (the SOW compactor keeps them for its next compaction)."""
         self.recorded = TopicRecorder(cfg)
+        self.staged = staged
+        """Takes the batch's staged backfill parts (None: no inbox)."""
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
                       "input_rows_per_second": 0.0}
         self._last_batch_at: float | None = None
@@ -141,14 +152,24 @@ class IngestWriter:
         if self._last_batch_at is not None and started > self._last_batch_at:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
         self._last_batch_at = started
+        now = datetime.now(timezone.utc)
+        taken = None
+        if self.staged is not None:
+            self._enter(batch_id, "taking its staged backfill parts")
+            taken = self.staged.take(batch, self.state.publishers, self.state.max_seq, now)
+            batch = taken.candidates
         self._enter(batch_id, "classifying its rows")
+        # (the staged parts stored as they are hold the batch's first seqs)
+        after_parts = dataclasses.replace(self.state, max_seq=self.state.max_seq + taken.rows) if taken else self.state
         with _no_cyclic_gc():
-            result = classify(batch, self.state, instance=self.cfg.name, recorded=self.recorded, sow=self.sow)
+            result = classify(batch, after_parts, instance=self.cfg.name, recorded=self.recorded, sow=self.sow, now=now)
+        if taken is not None:
+            _add_parts(result, taken)
         if result.rejected_rows.num_rows:
             self._enter(batch_id, "writing rejected rows")
             self.rejected.append(result.rejected_rows, batch_id)
         failpoints.hit("ingest.before_txlog_commit")
-        last_seq = self.state.max_seq + result.txlog_rows.num_rows
+        last_seq = after_parts.max_seq + result.txlog_rows.num_rows
         metadata = {
             "batch": batch_id,
             "first_seq": self.state.max_seq + 1,
@@ -157,8 +178,11 @@ class IngestWriter:
             "links": result.links,
         }
         self._enter(batch_id, "committing to the txlog")
-        appended = self.txlog.append(result.txlog_rows, batch_id, metadata)
+        files = taken.actions(self.txlog.path, now) if taken is not None and taken.stored else None
+        appended = self.txlog.append(result.txlog_rows, batch_id, metadata, files)
         failpoints.hit("ingest.after_txlog_commit")
+        if taken is not None:
+            taken.clean_up()
         self.state.apply(self.txlog.table.version(), metadata)
         self.save_state(self.state)
         if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
@@ -167,12 +191,22 @@ class IngestWriter:
         self._enter(batch_id, "acknowledging")
         self.on_commit(last_seq, result)
         self.stats["batches"] += 1
-        self.stats["accepted"] += result.txlog_rows.num_rows
+        self.stats["accepted"] += result.txlog_rows.num_rows + (taken.rows if taken is not None else 0)
         self.stats["rejected"] += result.rejected_rows.num_rows
         self.stats["duplicates"] += result.duplicates
         self.stats["last_batch_ms"] = (time.perf_counter() - started) * 1000
         if self.sow is not None:  # last: its thread would slow the acknowledgements (both hold the GIL)
             self.sow.apply_in_background(result.sow, self.state.max_seq)
+
+
+def _add_parts(result: Classified, taken) -> None:
+    """The staged parts stored as they are, and those stored already, in the batch's result (its acks)."""
+    for client, seq in taken.publishers().items():
+        result.publishers[client] = max(result.publishers.get(client, 0), seq)
+    result.publisher_rows.update(taken.publisher_rows())  # (a client of a stored part has no classified row)
+    result.duplicates += taken.duplicates
+    if taken.rejected is not None:
+        result.rejected_rows = pa.concat_tables([result.rejected_rows, taken.rejected])
 
 
 @contextmanager

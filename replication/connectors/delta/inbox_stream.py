@@ -99,6 +99,10 @@ VERSIONS_SCHEMA = pa.schema([pa.field("inbox_version", pa.int64(), nullable=Fals
 #: (delta-spark, Databricks) require before they stream changes by version.
 INBOX_TABLE_CONFIGURATION: dict[str, str] = {"delta.enableChangeDataFeed": "true"}
 
+#: commitInfo key of an inbox commit that hands the instance a backfill part staged beside the inbox (its
+#: descriptor, JSON; the commit adds no rows): see :mod:`replication.ingest.staged_parts`.
+STAGED_PART_KEY = "replication.staged_part"
+
 #: Rows per Arrow batch handed to Spark.
 ARROW_BATCH_ROWS = 20_000
 #: Versions per Spark task: a backlog of many commits is read by several tasks.
@@ -252,6 +256,10 @@ def _count_rows(uri: str) -> int:
         return 2**62
     rows = 0
     for line in text.splitlines():
+        if STAGED_PART_KEY in line:  # (a staged part's rows count as the batch's rows: they may be read)
+            part = json.loads(line).get("commitInfo", {}).get(STAGED_PART_KEY)
+            rows += int(json.loads(part).get("rows", 0)) if part else 0
+            continue
         if '"add"' not in line:
             continue
         add = json.loads(line).get("add")
@@ -344,6 +352,35 @@ def _already_in_stream_order(rows: pa.Table) -> bool:
         return False
     seqs = upstream_seq.to_numpy()
     return not (same_version & (seqs[1:] < seqs[:-1])).any()
+
+
+def staged_parts(path: str, first: int, last: int) -> list[tuple[int, str]]:
+    """``(version, descriptor)`` of each commit of versions ``first..last`` that hands over a staged backfill
+    part (:data:`STAGED_PART_KEY`), in version order."""
+    if last < first:
+        return []
+    log_dir = local_log_dir(path)
+    out = []
+    if log_dir is not None:
+        for version in range(first, last + 1):
+            try:
+                text = (log_dir / f"{version:020d}.json").read_text(encoding="utf-8")
+            except FileNotFoundError:
+                continue  # (cleaned up: the change feed could not give its rows either)
+            if STAGED_PART_KEY not in text:
+                continue
+            for line in text.splitlines():
+                part = json.loads(line).get("commitInfo", {}).get(STAGED_PART_KEY) if STAGED_PART_KEY in line else None
+                if part:
+                    out.append((version, part))
+        return out
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path)
+    for entry in table.history(limit=max(1, table.version() - first + 1)):
+        if first <= entry.get("version", -1) <= last and entry.get(STAGED_PART_KEY):
+            out.append((entry["version"], entry[STAGED_PART_KEY]))
+    return sorted(out)
 
 
 def read_appended_version(path: str, version: int) -> pa.Table | None:

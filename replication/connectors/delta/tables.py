@@ -10,10 +10,13 @@ is sound because each table has exactly one writer per app id.
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import (
     ColumnProperties,
     CommitProperties,
@@ -24,6 +27,9 @@ from deltalake import (
 )
 from deltalake.exceptions import TableNotFoundError
 from deltalake.schema import Field as DeltaField
+from deltalake.transaction import AddAction
+
+from replication.connectors.delta.stats import file_stats, stats_json
 
 #: Key of this product's record in each commit's commitInfo.
 COMMIT_METADATA_KEY = "replication.batch"
@@ -44,6 +50,14 @@ def log_writer_properties(compression: str = "SNAPPY") -> WriterProperties:
     no_dictionary = {name: ColumnProperties(dictionary_enabled=False) for name in DISTINCT_PER_ROW}
     no_dictionary["data"] = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
     return WriterProperties(compression=compression, column_properties=no_dictionary)
+
+
+def log_file_options(columns: list[str]) -> dict:
+    """``pyarrow.parquet.write_table`` options for a txlog or inbox file the engine writes itself: what
+    :func:`log_writer_properties` tells delta-rs (snappy, dictionaries only where values repeat, no
+    statistics on message bodies)."""
+    return {"compression": "snappy", "use_dictionary": [c for c in columns if c not in DISTINCT_PER_ROW],
+            "write_statistics": [c for c in columns if c != "data"]}
 
 
 def open_or_create(
@@ -113,30 +127,41 @@ class IdempotentAppender:
     def is_committed(self, version: int) -> bool:
         return self._committed is not None and self._committed >= version
 
-    def append(self, rows: pa.Table, version: int, metadata: dict[str, Any] | None = None) -> bool:
+    def append(self, rows: pa.Table, version: int, metadata: dict[str, Any] | None = None,
+               files: list[AddAction] | None = None) -> bool:
         """Append ``rows`` as app-transaction ``version``; False if that version is already in.
 
         An empty ``rows`` still commits, so the version (and ``metadata``) is
-        recorded and a replay of the batch finds it.
+        recorded and a replay of the batch finds it. ``files``: data files
+        already in the table's directory, added in the same commit (after
+        ``rows``' file, which is then written here rather than by delta-rs).
         """
         if self.is_committed(version):
             return False
         custom = {COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))} if metadata else None
-        write_deltalake(
-            self.table,
-            rows.cast(self.schema) if rows.schema != self.schema else rows,
-            mode="append",
-            writer_properties=self.writer_properties,
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(self.app_id, version)],
-                custom_metadata=custom,
-            ),
-        )
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)], custom_metadata=custom)
+        rows = rows.cast(self.schema) if rows.schema != self.schema else rows
+        if files:
+            adds = ([write_file(self.path, rows)] if rows.num_rows else []) + list(files)
+            self.table.create_write_transaction(adds, mode="append", schema=self.schema, commit_properties=commit)
+            self.table.update_incremental()  # (unlike write_deltalake, this leaves the object at its old version)
+        else:
+            write_deltalake(self.table, rows, mode="append", writer_properties=self.writer_properties,
+                            commit_properties=commit)
         self._committed = version
         self._commits += 1
         if self._commits % REOPEN_EVERY_COMMITS == 0:
             self.table = DeltaTable(str(self.path))
         return True
+
+
+def write_file(directory: Path, rows: pa.Table) -> AddAction:
+    """Write ``rows`` as a data file of the table at ``directory`` (:func:`log_file_options`); its add action,
+    with the statistics delta-rs would give it. Not committed."""
+    name = f"part-{uuid.uuid4()}.snappy.parquet"
+    pq.write_table(rows, directory / name, **log_file_options(rows.column_names))
+    return AddAction(name, (directory / name).stat().st_size, {}, int(time.time() * 1000), True,
+                     stats_json(file_stats(rows)))
 
 
 def commit_metadata_since(table: DeltaTable, after_version: int) -> list[tuple[int, dict]] | None:
