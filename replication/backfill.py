@@ -576,9 +576,10 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
     staged = None
     if kept.num_rows:
         inbox, directory = (Path(p) for p in staging)
-        rows = staged_parts.part_rows(cfg.name, options.client, options.message_type, kept["topic"].combine_chunks(),
-                                      kept["data"].combine_chunks(), kept["publisher_seq"].combine_chunks(), now)
-        staged = staged_parts.write_part(directory, inbox, rows, name=staged_parts.staged_name(number)).to_json()
+        txlog_rows = staged_parts.part_rows(cfg.name, options.client, options.message_type,
+                                            kept["topic"].combine_chunks(), kept["data"].combine_chunks(),
+                                            kept["publisher_seq"].combine_chunks(), now)
+        staged = staged_parts.write_part(directory, inbox, txlog_rows, name=staged_parts.staged_name(number)).to_json()
     rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, first_seq, now)) if bad else None
     return Part(number, first_seq, n, staged, rejected_add, [why for _, why in bad[:20]], len(bad),
                 kept["publisher_seq"][-1].as_py() if kept.num_rows else 0)

@@ -124,6 +124,14 @@ def test_100k_rows_from_parquet_and_from_json_lines_each_twice_are_stored_once_r
     assert jsonl_row["data"] == b'{"trade": 0, "px": 0.0}', "a JSON line is stored as written"
     assert pair.running["a"].writer.staged.stats == {"stored_as_is": 5, "classified": 0}, \
         "each part's file (one per input file here) stored as the backfill staged it"
+    # those files as Spark reads a txlog (replay), and a bookmark found by their statistics
+    from replication import replay
+
+    frame = replay.txlog(str(pair.paths["a"]), filter="/qty = 7", spark=spark)
+    assert sorted(r["publisher_seq"] for r in frame.select("publisher_seq").collect()) == list(range(8, 100_001, 500))
+    mark = f"{publisher_id('loader-pq')}|99999|"
+    assert [r["publisher_seq"] for r in replay.txlog(str(pair.paths["a"]), bookmark=mark, topic="/orders",
+                                                      spark=spark).select("publisher_seq").collect()] == [100_000]
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -554,7 +562,8 @@ def test_an_instance_killed_while_it_stores_staged_parts_stores_each_row_once_af
     assert not any(StorageLayout.of(cfg.storage).backfill_staging("loader").iterdir()), "nor in the staging"
 
 
-def test_a_backfill_updates_the_sow_and_rows_the_sow_refuses_go_to_rejected(fabric, spark, tmp_path):
+def test_a_backfill_updates_the_sow_and_rows_the_sow_refuses_go_to_rejected(fabric, spark, tmp_path, read_path):
+    """Run twice: parts in batches the writer reads itself, and in batches collected from Spark's DataFrame."""
     from replication.sow.table import read_current
 
     fabric.configure("s", sow="<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic>")

@@ -217,3 +217,14 @@ def test_an_inbox_commit_hands_over_a_part_by_its_descriptor_and_counts_its_rows
     view = InboxLog(str(layout.inbox))
     view.latest_version()
     assert (view.rows_in(1), view.rows_in(2)) == (4000, 0), "the planner bounds batches by the parts' rows"
+
+
+def test_a_descriptor_naming_a_file_outside_the_staging_directory_moves_nothing(tmp_path):
+    parts, layout = parts_of(tmp_path)
+    layout.inbox.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "precious.parquet"
+    pq.write_table(part_rows("loader", [1]), outside)
+    forged = json.loads(staged(layout, "loader", [1], 1))
+    forged["file"] = "../../precious.parquet"
+    taken = parts.take(staged_parts.markers([(1, json.dumps(forged))]), {}, 0, NOW)
+    assert not taken.stored and taken.rejected.num_rows == 1 and outside.exists()

@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: ``source`` of the candidate row that stands for one staged part (its descriptor in ``data``).
 STAGED_MARK = "staged-part"
+#: The inbox's directory of staged parts (``StorageLayout.backfill_staging``): a part's file is nowhere else.
+STAGING = "_backfill"
 #: The columns only the ingest writer can fill: written in place.
 PATCHED = ("seq", "persist_time")
 #: A part with more distinct topics than this names none in its descriptor (the ingest classifies its rows).
@@ -344,8 +346,12 @@ class StagedParts:
         return taken
 
     def _locate(self, part: StagedPart) -> Path | None:
-        """The part's file: staged, or moved into the txlog's directory by an earlier try of the batch."""
-        for path in (self.inbox / part.file, self.txlog / Path(part.file).name):
+        """The part's file: staged, or moved into the txlog's directory by an earlier try of the batch (None:
+        neither, or a descriptor naming a file outside the staging directory)."""
+        staged = self.inbox / part.file
+        if not staged.resolve().is_relative_to((self.inbox / STAGING).resolve()) or staged.suffix != ".parquet":
+            return None
+        for path in (staged, self.txlog / staged.name):
             if path.exists():
                 return path
         return None

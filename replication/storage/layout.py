@@ -108,7 +108,7 @@ class StorageLayout:
     def backfill_staging(self, client: str) -> Path:
         """Where a backfill by ``client`` stages its parts as txlog files until the instance stores them (moved
         into the txlog as they are, see :mod:`replication.ingest.staged_parts`): in the inbox, its entrance."""
-        return self.inbox / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]
+        return self.inbox / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]  # (staged_parts.STAGING)
 
     def backfill_input(self, client: str) -> Path:
         """The files (name, rows) of the backfills by ``client``, in order: a re-run must give them first."""
