@@ -21,7 +21,8 @@ Order of effects:
    before anything is written, naming the file;
 2. Spark tasks (one job each, as many at a time as Spark has cores) read their
    files in bounded batches, check each row (topic recorded here, body of its
-   message type) and write each part of ``CHUNK_ROWS`` rows as a txlog file,
+   message type) and write each part (``PART_ROWS`` rows or ``PART_BYTES`` of
+   input, whichever comes first; a part never spans two files) as a txlog file,
    the rows as the instance stores them but for their ``seq``, in the inbox's
    staging directory (:mod:`replication.ingest.staged_parts`; and a Parquet
    file of its rejected rows, with file and row in the reason); only file
@@ -29,9 +30,9 @@ Order of effects:
 3. the driver commits the parts to the inbox (a descriptor of each staged file,
    no rows) and ``rejected/``, in sequence order, one commit per part, as soon
    as a part and those before it are written, each an idempotent app
-   transaction ``backfill:<client>`` whose version is the part's number: a
-   re-run skips the parts already committed, and the ingest never sees a later
-   part first. The ingest stores a part by moving its file into the txlog and
+   transaction ``backfill:<client>`` whose version is the part's last sequence
+   number: a re-run writes the rows after the last one committed, and the
+   ingest never sees a later part first. The ingest stores a part by moving its file into the txlog and
    writing its seqs in, without reading or writing its rows again (or, when
    it cannot take the part as it is, classifies its rows like any others).
 """
@@ -84,12 +85,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Rows per part (one inbox commit, one staged file): the ingest takes at least one commit per micro-batch, so this
-#: bounds its batches when it classifies the rows.
-CHUNK_ROWS = 100_000
+#: Rows per part at most (one inbox commit, one staged file that becomes one txlog file, the rows a task holds at
+#: once): the ingest takes at least one commit per micro-batch, so this also bounds a batch that classifies them.
+PART_ROWS = 250_000
+#: Input bytes per part at most (as Arrow holds them): wide rows make smaller parts.
+PART_BYTES = 64 * 1024 * 1024
+#: What a part was before parts ended at their last sequence number: the app transaction version of a
+#: client's parts committed then is a part number, each part this many rows of a file.
+LEGACY_PART_ROWS = 100_000
 #: Input rows per Spark task: consecutive small files share one (a job's scheduling is paid once for them);
 #: a larger file is a task of its own.
-TASK_ROWS = 2 * CHUNK_ROWS
+TASK_ROWS = 2 * PART_ROWS
 #: How often the driver looks for the next part a running task has announced.
 ANNOUNCE_POLL_S = 0.01
 
@@ -122,9 +128,8 @@ class Options:
 
 @dataclass(frozen=True)
 class Part:
-    """One chunk of one file, as a Spark task wrote it: the files to commit, and what it found."""
+    """Consecutive rows of one file, as a Spark task wrote them: the files to commit, and what it found."""
 
-    number: int
     first_seq: int
     rows: int
     staged: str | None
@@ -135,6 +140,11 @@ class Part:
     rejected_rows: int
     last_good_seq: int
     """The highest sequence of a row handed to the instance (0: none)."""
+
+    @property
+    def last_seq(self) -> int:
+        """Its last row's sequence: the version of its app transaction."""
+        return self.first_seq + self.rows - 1
 
 
 @dataclass
@@ -165,31 +175,28 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     inbox = create_inbox(layout.inbox)
     rejected = open_or_create(layout.rejected, REJECTED_SCHEMA, name=f"{cfg.name} rejected")
     app_id = f"backfill:{options.client}"
-    done_inbox = inbox.transaction_version(app_id)
     work: list[_Work] = []
-    seq = number = 1
+    seq = 1
     try:  # (a Delta table's files and what they do not hold themselves: from one snapshot)
         deltas = files.delta_files(inputs) if options.fmt == "delta" else {}
     except InputError as exc:
         raise BackfillInputError(str(exc)) from None
     paths = list(deltas) if options.fmt == "delta" else files.expand(inputs, options.fmt)
     for item in _plan(spark, paths, options, deltas):
-        work.append(_Work(item.path, item.rows, seq, number, deltas.get(item.path)))
+        work.append(_Work(item.path, item.rows, seq, deltas.get(item.path)))
         seq += item.rows
-        number += work[-1].parts
     result = Result(last_seq=seq - 1, bad=[])
-    _check_same_input(cfg, layout, options.client, work, done_inbox)
-    todo = [w for w in work if done_inbox is None or w.first_number + w.parts - 1 > done_inbox]
-    # the parts an earlier run committed: their rejects still stand (their sequence numbers are taken)
-    result.rejected_earlier, first_reasons, result.last_stored_seq = _earlier_rejects(
-        layout, options.client, _last_seq_through(work, done_inbox or 0))
+    done = _check_same_input(cfg, layout, options.client, work, inbox.transaction_version(app_id))
+    todo = [w for w in work if w.last_seq > done]
+    # the rows an earlier run committed: their rejects still stand (their sequence numbers are taken)
+    result.rejected_earlier, first_reasons, result.last_stored_seq = _earlier_rejects(layout, options.client, done)
     result.bad.extend(first_reasons)
-    for part in _written_parts(spark, cfg, layout, todo, options, done_inbox):
+    for part in _written_parts(spark, cfg, layout, todo, options, done):
         committed = False
         if part.rejected is not None:
-            committed |= _commit(layout.rejected, rejected, REJECTED_SCHEMA, part.rejected, app_id, part.number)
+            committed |= _commit(layout.rejected, rejected, REJECTED_SCHEMA, part.rejected, app_id, part.last_seq)
         # the inbox's app transaction is the run's position, so a part of rejected rows only commits it too
-        committed |= _commit_staged(layout, inbox, part.staged, app_id, part.number)
+        committed |= _commit_staged(layout, inbox, part.staged, app_id, part.last_seq)
         failpoints.hit("backfill.after_part")
         result.parts += committed
         result.stored += part.rows - part.rejected_rows
@@ -197,20 +204,23 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         result.last_stored_seq = max(result.last_stored_seq, part.last_good_seq)
         result.bad.extend(part.bad[: max(0, 20 - len(result.bad))])
         if progress is not None:
-            progress(part.first_seq + part.rows - 1, result.last_seq)
+            progress(part.last_seq, result.last_seq)
     result.rows = result.last_seq
     if progress is not None:
         progress(result.rows, result.last_seq)
     return result
 
 
-def _last_seq_through(work: list[_Work], number: int) -> int:
-    """The sequence of the last row of part ``number`` (0: none)."""
-    last = 0
-    for w in work:
-        if w.first_number > number:
+def _legacy_done(files_before: list[list], done: int) -> int:
+    """The last sequence of part ``done`` as parts were numbered before they ended at their last sequence:
+    ``LEGACY_PART_ROWS`` rows of a file each, numbered from 1 across the files (``[name, rows, first part
+    number]`` each, as the client's record kept them)."""
+    seq, last = 1, 0
+    for _name, rows, first_number in files_before:
+        if first_number > done:
             break
-        last = min(w.first_seq + w.rows, w.first_seq + (number - w.first_number + 1) * CHUNK_ROWS) - 1
+        last = seq + min(rows, (done - first_number + 1) * LEGACY_PART_ROWS) - 1
+        seq += rows
     return last
 
 
@@ -239,19 +249,33 @@ def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> tuple[
 
 
 def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, work: list[_Work],
-                      done: int | None) -> None:
-    """Refuse inputs that differ from those a previous backfill by ``client`` committed parts of; then record
-    this run's (before it commits anything).
+                      version: int | None) -> int:
+    """The client's last sequence committed (0: none), from its app transaction's ``version``; first refuse
+    inputs that differ from those whose rows a previous backfill by ``client`` committed, then record this
+    run's (before it commits anything).
 
-    A client's sequence numbers are its rows' positions in the input, and a re-run skips the parts already
+    A client's sequence numbers are its rows' positions in the input, and a re-run skips the rows already
     committed: other files in their place would have their rows taken for those already stored, silently.
     Files are compared by name and row count (a file may be given by another path); more may follow.
     """
     path = layout.backfill_input(client)
-    previous = read_json(path, {}).get("files", [])
-    files_now = [[Path(w.path).name, w.rows, w.first_number] for w in work]
-    for k, (name, rows, first_number) in enumerate(previous):
-        if done is None or first_number > done:
+    record = read_json(path, {})
+    previous = record.get("files", [])
+    if version is None:
+        done = 0
+    elif record.get("numbering") == "seq":
+        done = version
+    else:  # (parts committed before parts ended at their last sequence: the version is a part number)
+        numbered, number = [], 1
+        for w in work:  # (no record at all: as such a run numbered this input)
+            numbered.append([Path(w.path).name, w.rows, number])
+            number += max(1, -(-w.rows // LEGACY_PART_ROWS))
+        done = _legacy_done(previous or numbered, version)
+        seqs = np.cumsum([0] + [rows for _, rows, _ in previous]) + 1
+        previous = [[name, rows, int(first)] for (name, rows, _), first in zip(previous, seqs)]
+    files_now = [[Path(w.path).name, w.rows, w.first_seq] for w in work]
+    for k, (name, rows, first_seq) in enumerate(previous):
+        if first_seq > done:
             break  # (nothing of this file or those after it is committed)
         now = files_now[k] if k < len(files_now) else None
         if now is None or now[:2] != [name, rows]:
@@ -261,7 +285,8 @@ def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, w
                 f"({rows:,} rows), this run's is {given}. Its sequence numbers are the rows' positions, so a "
                 "re-run must give the same files first (more may follow). Fix: give the same input to finish or "
                 "extend that backfill, or a new --client for other data")
-    write_json_atomic(path, {"client": client, "files": files_now})
+    write_json_atomic(path, {"client": client, "numbering": "seq", "files": files_now})
+    return done
 
 
 def check(cfg: InstanceConfig, options: Options) -> None:
@@ -290,18 +315,17 @@ def check(cfg: InstanceConfig, options: Options) -> None:
 
 @dataclass(frozen=True)
 class _Work:
-    """One input file: its rows, the sequence of its first row, the number of its first part."""
+    """One input file: its rows and the sequence of its first row."""
 
     path: str
     rows: int
     first_seq: int
-    first_number: int
     delta: files.DeltaFile | None = None
     """A Delta table's file: what it does not hold itself (partition values)."""
 
     @property
-    def parts(self) -> int:
-        return max(1, -(-self.rows // CHUNK_ROWS))
+    def last_seq(self) -> int:
+        return self.first_seq + self.rows - 1
 
 
 # -- 1. the plan ------------------------------------------------------------------------------
@@ -361,8 +385,8 @@ def _describe_or_error(path: str, fmt: str) -> files.InputFile | str:
 
 
 def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, todo: list[_Work],
-                   options: Options, done: int | None) -> Iterator[Part]:
-    """The parts of ``todo`` (those numbered above ``done``), written by Spark tasks, in number order, each as
+                   options: Options, done: int) -> Iterator[Part]:
+    """The parts of ``todo``'s rows after sequence ``done``, written by Spark tasks, in sequence order, each as
     soon as it and every part before it are written.
 
     One job per task (``TASK_ROWS`` of consecutive files), as many at a time as Spark has cores, so a core
@@ -402,16 +426,15 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
     try:
         jobs = [(group, pool.submit(job, group)) for group in _task_groups(todo, cores)]  # run in this order
         for group, future in jobs:
-            given = 0  # parts of this group already given
-            for number in (n for w in group if w.rows for n in range(w.first_number, w.first_number + w.parts)
-                           if done is None or n > done):
-                part = _announcement(announced, number)
+            following = max(group[0].first_seq, done + 1)  # the first row of the group's next part
+            while following <= group[-1].last_seq:
+                part = _announcement(announced, following)
                 while part is None and not future.done():
                     wait([future], timeout=ANNOUNCE_POLL_S)
-                    part = _announcement(announced, number)
+                    part = _announcement(announced, following)
                 if part is None:
                     break
-                given = number
+                following = part.last_seq + 1
                 yield part
             try:
                 parts = future.result()
@@ -420,8 +443,9 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
                     f"{group[0].path}{' (and the files after it in its task)' if len(group) > 1 else ''}: a Spark "
                     f"task failed: {_cause(exc)}. The parts written before it are committed; fix the cause and run "
                     "the same backfill again to finish (nothing is stored twice)") from exc
-            for part in sorted(parts, key=lambda p: p.number):
-                if part.number > given:
+            for part in sorted(parts, key=lambda p: p.first_seq):
+                if part.first_seq >= following:
+                    following = part.last_seq + 1
                     yield part
     finally:  # (a run that stops early, on a failed task or commit, stops the jobs still running)
         stopping.set()
@@ -467,8 +491,8 @@ def _cause(exc: Exception) -> str:
 def _announce(where: str, part: Part) -> None:
     """(In a Spark task.) Tell the driver ``part`` is written: its fields, in a file renamed into place. Only an
     early notice (the task's result has the part too): a failure to write it does not fail the task."""
-    path = Path(where) / f"{part.number}.json"
-    temporary = path.with_name(f".{part.number}.{uuid.uuid4().hex}.tmp")  # (an attempt of its own)
+    path = Path(where) / f"{part.first_seq}.json"
+    temporary = path.with_name(f".{part.first_seq}.{uuid.uuid4().hex}.tmp")  # (an attempt of its own)
     try:
         temporary.write_bytes(orjson.dumps(dataclasses.asdict(part)))
         os.replace(temporary, path)
@@ -476,54 +500,56 @@ def _announce(where: str, part: Part) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def _announcement(where: Path, number: int) -> Part | None:
-    """The part ``number`` a task announced; None: none yet (or one that cannot be read: the result has it)."""
+def _announcement(where: Path, first_seq: int) -> Part | None:
+    """The part from ``first_seq`` a task announced; None: none yet (or one that cannot be read: the result has
+    it)."""
     try:
-        return Part(**orjson.loads((where / f"{number}.json").read_bytes()))
+        return Part(**orjson.loads((where / f"{first_seq}.json").read_bytes()))
     except (OSError, ValueError, TypeError):
         return None
 
 
 def _file_parts(cfg: InstanceConfig, work: _Work, options: Options, staging: tuple[str, str], rejected: str,
-                done: int | None, announce: str | None = None) -> list[Part]:
-    """(In a Spark task.) One file's rows as staged parts of ``CHUNK_ROWS`` rows (``staging``: the inbox's
-    directory and the client's staging directory in it); parts a previous
-    run committed (``<= done``) are read past, not written. Each part written is announced in the directory
+                done: int, announce: str | None = None) -> list[Part]:
+    """(In a Spark task.) One file's rows after sequence ``done`` (those before: committed by an earlier run,
+    read past) as staged parts of ``PART_ROWS`` rows or ``PART_BYTES`` of input (``staging``: the inbox's
+    directory and the client's staging directory in it). Each part written is announced in the directory
     ``announce`` (when given)."""
     recorded = TopicRecorder(cfg)
     now = datetime.now(timezone.utc)
     parts: list[Part] = []
     buffer: list[pa.Table] = []
-    buffered = 0
-    position, number = 0, work.first_number  # rows of the file before the buffer; the buffer's part number
+    buffered, size = 0, 0.0
+    skip = max(0, done - work.first_seq + 1)  # (committed rows: the file's first)
+    position, read = skip, 0  # the file's rows before the buffer; rows read
 
     def flush() -> None:
-        nonlocal buffer, buffered, position, number
-        if done is None or number > done:
-            # (JSON lines batches hold the fields their lines have: by name, absent ones null)
-            rows = pa.concat_tables(buffer, promote_options="default") if buffer else pa.table({})
-            parts.append(_part(cfg, work, position, number, rows, options, recorded, now, staging, rejected))
-            if announce is not None:
-                _announce(announce, parts[-1])
-            failpoints.hit("backfill.part_written")
+        nonlocal buffer, buffered, size, position
+        # (JSON lines batches hold the fields their lines have: by name, absent ones null)
+        rows = pa.concat_tables(buffer, promote_options="default")
+        parts.append(_part(cfg, work, position, rows, options, recorded, now, staging, rejected))
+        if announce is not None:
+            _announce(announce, parts[-1])
+        failpoints.hit("backfill.part_written")
         position += buffered
-        number += 1
-        buffer, buffered = [], 0
+        buffer, buffered, size = [], 0, 0.0
 
     for batch in files.batches(work.path, options.fmt, work.delta):
-        if position + buffered + batch.num_rows > work.rows:
+        if read + batch.num_rows > work.rows:
             raise _changed(work)
-        offset = 0
+        offset = min(batch.num_rows, max(0, skip - read))
+        read += batch.num_rows
+        per_row = batch.nbytes / max(1, batch.num_rows)
         while offset < batch.num_rows:
-            take = min(batch.num_rows - offset, CHUNK_ROWS - buffered)
+            room = max(1, int((PART_BYTES - size) / per_row)) if per_row else PART_ROWS
+            take = min(batch.num_rows - offset, PART_ROWS - buffered, room)
             buffer.append(batch.slice(offset, take))
-            buffered += take
-            offset += take
-            if buffered == CHUNK_ROWS:
+            buffered, size, offset = buffered + take, size + take * per_row, offset + take
+            if buffered == PART_ROWS or size >= PART_BYTES or take == room:
                 flush()
     if buffered:
         flush()
-    if position != work.rows:
+    if read != work.rows:
         raise _changed(work)
     return parts
 
@@ -535,7 +561,7 @@ def _changed(work: _Work) -> BackfillInputError:
                               "changed during the backfill. Fix: leave the inputs unchanged while it runs")
 
 
-def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa.Table, options: Options,
+def _part(cfg: InstanceConfig, work: _Work, position: int, rows: pa.Table, options: Options,
           recorded: TopicRecorder, now: datetime, staging: tuple[str, str], rejected: str) -> Part:
     """Rows ``position ...`` of the file: checked, written as a staged part and a rejected file.
 
@@ -579,9 +605,9 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, number: int, rows: pa
         txlog_rows = staged_parts.part_rows(cfg.name, options.client, options.message_type,
                                             kept["topic"].combine_chunks(), kept["data"].combine_chunks(),
                                             kept["publisher_seq"].combine_chunks(), now)
-        staged = staged_parts.write_part(directory, inbox, txlog_rows, name=staged_parts.staged_name(number)).to_json()
+        staged = staged_parts.write_part(directory, inbox, txlog_rows, name=staged_parts.staged_name(first_seq)).to_json()
     rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, first_seq, now)) if bad else None
-    return Part(number, first_seq, n, staged, rejected_add, [why for _, why in bad[:20]], len(bad),
+    return Part(first_seq, n, staged, rejected_add, [why for _, why in bad[:20]], len(bad),
                 kept["publisher_seq"][-1].as_py() if kept.num_rows else 0)
 
 
@@ -654,13 +680,13 @@ def _commit_staged(layout: StorageLayout, inbox: DeltaTable, descriptor: str | N
     return True
 
 
-def _remove_uncommitted(staging: Path, done: int | None) -> None:
-    """A killed run's staged files: those of parts not committed (numbered above ``done``)."""
+def _remove_uncommitted(staging: Path, done: int) -> None:
+    """A killed run's staged files: those of parts never committed (their rows after sequence ``done``)."""
     if not staging.is_dir():
         return
     for path in staging.glob("*.parquet"):
-        number = path.name.split("-", 1)[0]
-        if number.isdigit() and (done is None or int(number) > done):
+        first = path.name.split("-", 1)[0]
+        if first.isdigit() and int(first) > done:
             path.unlink(missing_ok=True)
 
 

@@ -296,9 +296,9 @@ def test_a_part_stages_good_rows_as_txlog_rows_and_each_bad_one_to_rejected_with
     (tmp_path / "inbox" / "staging").mkdir(parents=True)
     (tmp_path / "rejected").mkdir()
     options = backfill.Options("loader", "parquet", topic_column="kind", data_column="body")
-    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 6, 101, 1), options,
+    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 6, 101), options,
                                    (str(tmp_path / "inbox"), str(tmp_path / "inbox" / "staging")),
-                                   str(tmp_path / "rejected"), None)
+                                   str(tmp_path / "rejected"), 0)
     assert (part.first_seq, part.rows, part.rejected_rows, part.last_good_seq) == (101, 6, 4, 106)
     staged = StagedPart.from_json(part.staged)
     assert (staged.client, staged.rows, staged.first, staged.last, staged.topics) == ("loader", 2, 101, 106,
@@ -336,19 +336,19 @@ def test_a_file_whose_row_count_changed_since_the_plan_stops_its_task_naming_it(
     for planned in (5, 9):
         with pytest.raises(backfill.BackfillInputError, match=f"{source}: its row count is not the {planned} the "
                            "plan counted; the file changed during the backfill"):
-            backfill._file_parts(cfg, backfill._Work(str(source), planned, 1, 1), options,
-                                 (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), None)
-    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 7, 1, 1), options,
-                                   (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), None)
+            backfill._file_parts(cfg, backfill._Work(str(source), planned, 1), options,
+                                 (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), 0)
+    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 7, 1), options,
+                                   (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), 0)
     assert (part.rows, part.last_good_seq) == (7, 7)
 
 
 def test_files_share_a_task_up_to_its_rows_unless_that_leaves_a_core_idle_and_keep_their_order():
     def works(*rows: int) -> list:
-        out, seq, number = [], 1, 1
+        out, seq = [], 1
         for n, count in enumerate(rows):
-            out.append(backfill._Work(f"f{n}", count, seq, number))
-            seq, number = seq + count, number + out[-1].parts
+            out.append(backfill._Work(f"f{n}", count, seq))
+            seq += count
         return out
 
     def names(groups: list) -> list[list[str]]:
@@ -584,3 +584,45 @@ def test_a_backfill_updates_the_sow_and_rows_the_sow_refuses_go_to_rejected(fabr
     # (the SOW topic's part had its rows classified; the other was stored as it was staged)
     assert inst.writer.staged.stats == {"stored_as_is": 1, "classified": 1}
     assert not any(StorageLayout.of(cfg.storage).backfill_staging("orders").iterdir()), "its staged file removed"
+
+
+def test_parts_end_at_their_rows_or_bytes_and_a_rerun_starts_after_the_last_row_committed(tmp_path, monkeypatch):
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    source = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"id": list(range(3000)), "blob": ["x" * 1000] * 3000}), source)
+    staging = (str(tmp_path / "inbox"), str(tmp_path / "inbox" / "staging"))
+    (tmp_path / "inbox" / "staging").mkdir(parents=True)
+    (tmp_path / "rejected").mkdir()
+    options = backfill.Options("wide", "parquet", topic="/orders")
+    monkeypatch.setattr(backfill, "PART_BYTES", 1_000_000)  # ~1,000 of these rows
+    parts = backfill._file_parts(cfg, backfill._Work(str(source), 3000, 11), options, staging, str(tmp_path / "rejected"), 0)
+    sizes = [p.rows for p in parts]  # (a row: ~1,012 bytes as Arrow holds it)
+    assert len(parts) == 4 and all(900 < n <= 1000 for n in sizes[:-1]) and sum(sizes) == 3000, sizes
+    assert [p.first_seq for p in parts] == [11] + [p.last_seq + 1 for p in parts[:-1]] and parts[-1].last_seq == 3010, \
+        "parts of at most PART_BYTES of input, contiguous, the file's rows numbered from its first sequence"
+    monkeypatch.setattr(backfill, "PART_ROWS", 700)
+    resumed = backfill._file_parts(cfg, backfill._Work(str(source), 3000, 11), options, staging,
+                                   str(tmp_path / "rejected"), 1500)
+    assert [(p.first_seq, p.last_seq) for p in resumed] == [(1501, 2200), (2201, 2900), (2901, 3010)], \
+        "the rows an earlier run committed are read past; parts of at most PART_ROWS rows"
+    first = pq.read_table(tmp_path / "inbox" / StagedPart.from_json(resumed[0].staged).file, columns=["publisher_seq"])
+    assert first["publisher_seq"].to_pylist() == list(range(1501, 2201))
+
+
+def test_a_client_whose_parts_were_numbered_the_earlier_way_resumes_after_its_last_row(tmp_path):
+    from replication.storage.control import write_json_atomic
+
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    layout = StorageLayout.of(cfg.storage)
+    work = [backfill._Work("a.csv", 250_000, 1), backfill._Work("b.csv", 30_000, 250_001)]
+    # an earlier version's record: parts of 100,000 rows of a file, numbered 1, 2, 3 (a.csv), 4 (b.csv)
+    write_json_atomic(layout.backfill_input("old"), {"client": "old", "files": [["a.csv", 250_000, 1],
+                                                                               ["b.csv", 30_000, 4]]})
+    assert backfill._check_same_input(cfg, layout, "old", work, 2) == 200_000
+    assert backfill._check_same_input(cfg, layout, "old", work, 200_000) == 200_000, "recorded the new way since"
+    write_json_atomic(layout.backfill_input("older"), {})  # (no record at all: numbered as that run numbered it)
+    assert backfill._check_same_input(cfg, layout, "older", work, 3) == 250_000
+    write_json_atomic(layout.backfill_input("moved"), {"client": "moved", "files": [["a.csv", 250_000, 1],
+                                                                                   ["c.csv", 30_000, 4]]})
+    with pytest.raises(backfill.BackfillInputError, match="its file 2 was c.csv"):
+        backfill._check_same_input(cfg, layout, "moved", work, 4)

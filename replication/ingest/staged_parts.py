@@ -405,6 +405,7 @@ def _micros(now: datetime) -> int:
     return int(pa.scalar(now, _TS).value)
 
 
-def staged_name(number: int) -> str:
-    """The file name of part ``number`` of a backfill: the number first (a re-run finds a killed run's files)."""
-    return f"{number:09d}-{uuid.uuid4().hex}.parquet"
+def staged_name(first_seq: int) -> str:
+    """The file name of a backfill's part whose first row has sequence ``first_seq``: that first (a re-run
+    finds the files of a killed run's parts it never handed over)."""
+    return f"{first_seq:012d}-{uuid.uuid4().hex}.parquet"
