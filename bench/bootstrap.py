@@ -7,11 +7,12 @@ One run prints (issue 13, "Performance"):
    deltalake writes the copy; ratio = baseline time / bootstrap time;
 2. backfill of M (default 1M) rows from Parquet files into a running
    instance, until the instance has stored them all, vs the same baseline on
-   the same files; ratio = baseline time / backfill time, of the second
-   backfill of the application (the first, also reported, starts Spark's
-   Python workers); and the CPU seconds each spent (this process, its JVM,
-   Python workers and broker): both keep the cores busy, so the ratio of
-   their work bounds the ratio of their speeds;
+   the same files; after a first backfill of the application (reported: it
+   starts Spark's Python workers), backfill and baseline take turns
+   ``--rounds`` times and ratio = the fastest baseline / the fastest
+   backfill; and the CPU seconds each spent (this process, its JVM, Python
+   workers and broker): both keep the cores busy, so the ratio of their work
+   bounds the ratio of their speeds;
 3. the backfill driver's peak memory (the ``replication backfill`` process,
    ``VmHWM``) with 1M and with 4M input rows: it must not grow with the input;
 4. the ``replication backfill`` command's own time (its JVM's start included) for
@@ -140,27 +141,32 @@ def backfill_once(spark, workdir: Path, bootstrap: str, files: list[str], rows: 
 
 def backfill_phase(spark, workdir: Path, bootstrap: str, args) -> list[str]:
     files = input_files(workdir / "backfill-input", args.backfill_rows)
-    # The first backfill of a Spark application also starts its Python workers (the baseline has none);
-    # the second is what every later one costs. Both are reported, the ratio is the second's. The baseline
-    # runs before and after each (best of three: its first pays the process's Spark warm-up, and this
-    # machine's timings swing by tens of percent from one minute to the next).
-    baselines = [baseline_copy(spark, files, workdir / "baseline-backfill-0")]
-    runs = []
-    for n in (1, 2):
+    # The first backfill of a Spark application also starts its Python workers (the baseline has none):
+    # reported on its own. Then backfill and baseline take turns, ``--rounds`` times; each side's fastest run
+    # counts (this machine's timings swing by tens of percent from one minute to the next, and the JIT keeps
+    # speeding up both for several runs). The baseline runs once before everything: its first pays the
+    # process's Spark warm-up.
+    warm_up = baseline_copy(spark, files, workdir / "baseline-backfill-0")
+    first, first_written, _ = backfill_once(spark, workdir, bootstrap, files, args.backfill_rows)
+    runs, baselines = [], []
+    for n in range(1, args.rounds + 1):
         runs.append(backfill_once(spark, workdir, bootstrap, files, args.backfill_rows))
         baselines.append(baseline_copy(spark, files, workdir / f"baseline-backfill-{n}"))
     baseline, baseline_cpu = min(baselines)
-    (first, first_written, _), (second, written, cpu) = runs
+    second, written, cpu = min(runs)
     n = args.backfill_rows
     return [f"backfill of {n:,} Parquet rows into a running instance (stored in its txlog):",
             format_table(["", "seconds", "rows/s"], [
-                ("first backfill of the application", f"{first:.1f}", f"{n / first:,.0f}"),
-                ("  of which writing the inbox", f"{first_written:.1f}", ""),
-                ("backfill (files -> inbox -> txlog)", f"{second:.1f}", f"{n / second:,.0f}"),
-                ("  of which writing the inbox", f"{written:.1f}", ""),
-                ("baseline: Spark read + deltalake write, best of 3", f"{baseline:.1f}", f"{n / baseline:,.0f}")]),
-            "baseline runs, in order (s): " + ", ".join(f"{b:.2f}" for b, _ in baselines),
-            f"CPU seconds (this process, its JVM, Python workers and broker): backfill {cpu:.2f}, fastest "
+                ("first backfill of the application", f"{first:.2f}", f"{n / first:,.0f}"),
+                ("  of which writing the parts", f"{first_written:.2f}", ""),
+                (f"backfill (files -> staged parts -> txlog), best of {args.rounds}", f"{second:.2f}",
+                 f"{n / second:,.0f}"),
+                ("  of which writing the parts", f"{written:.2f}", ""),
+                (f"baseline: Spark read + deltalake write, best of {args.rounds}", f"{baseline:.2f}",
+                 f"{n / baseline:,.0f}")]),
+            "backfill runs, in order (s): " + ", ".join(f"{r:.2f}" for r, _, _ in runs),
+            f"baseline runs, in order (s): {warm_up[0]:.2f} (warm-up), " + ", ".join(f"{b:.2f}" for b, _ in baselines),
+            f"CPU seconds (this process, its JVM, Python workers and broker): fastest backfill {cpu:.2f}, fastest "
             f"baseline {baseline_cpu:.2f} (work: {cpu / baseline_cpu:.1f}x the baseline's)",
             f"backfill / baseline (speed): {baseline / second:.2f} (first of the application: "
             f"{baseline / first:.2f}; target >= 0.7)"]
@@ -232,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of the bootstrapped txlog")
     parser.add_argument("--backfill-rows", type=int, default=1_000_000)
     parser.add_argument("--memory-rows", type=int, default=1_000_000, help="the smaller input (the larger is 4x)")
+    parser.add_argument("--rounds", type=int, default=4, help="backfills and baselines taking turns")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=",".join(PHASES))
     parser.add_argument("--bootstrap")

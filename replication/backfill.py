@@ -72,6 +72,7 @@ from replication.connectors.delta.inbox_stream import (
     create_inbox,
 )
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
+from replication.destination.resync import stored_per_publisher
 from replication.errors import InputError, ReplicationError
 from replication.ingest import staged_parts
 from replication.ingest.classify import TopicRecorder
@@ -399,7 +400,7 @@ def _written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayo
         return
     inbox, rejected = str(layout.inbox), str(layout.rejected)
     staging = layout.backfill_staging(options.client)
-    _remove_uncommitted(staging, done)
+    _remove_left_behind(staging, done, stored_per_publisher(layout).get(options.client, 0))
     staging.mkdir(parents=True, exist_ok=True)
     scratch = layout.backfill_parts(options.client)
     shutil.rmtree(scratch, ignore_errors=True)  # a killed run's announcements
@@ -680,14 +681,29 @@ def _commit_staged(layout: StorageLayout, inbox: DeltaTable, descriptor: str | N
     return True
 
 
-def _remove_uncommitted(staging: Path, done: int) -> None:
-    """A killed run's staged files: those of parts never committed (their rows after sequence ``done``)."""
+def _remove_left_behind(staging: Path, done: int, stored: int) -> None:
+    """Staged files no one will take: a killed run's parts never handed over (their rows after sequence
+    ``done``), and parts the instance has stored (through ``stored``) whose file stayed (it crashed between
+    its commit and their removal)."""
     if not staging.is_dir():
         return
     for path in staging.glob("*.parquet"):
         first = path.name.split("-", 1)[0]
-        if first.isdigit() and int(first) > done:
+        if not first.isdigit():
+            continue
+        try:
+            taken = int(first) <= done and _last_publisher_seq(path) <= stored
+        except (OSError, pa.ArrowException, TypeError):
+            taken = False  # (unreadable: the instance says so when it comes to it)
+        if int(first) > done or taken:
             path.unlink(missing_ok=True)
+
+
+def _last_publisher_seq(path: Path) -> int:
+    """The highest ``publisher_seq`` of a staged file, from its footer's statistics."""
+    metadata = pq.ParquetFile(path).metadata
+    column = metadata.schema.names.index("publisher_seq")
+    return max(metadata.row_group(g).column(column).statistics.max for g in range(metadata.num_row_groups))
 
 
 def _commit(where: Path, table: DeltaTable, schema: pa.Schema, add: dict | None, app_id: str, number: int) -> bool:

@@ -16,16 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
-from fabric_support import ONE_WAY
-from factories import (
-    destination_xml,
-    rejected_rows,
-    replication_xml,
-    wait_until,
-    write_config,
-)
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from fabric_support import ONE_WAY
+from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
 from replication import backfill, config
 from replication.commands import backfill as backfill_command
 from replication.connectors import files, row_json

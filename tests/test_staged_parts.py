@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -202,7 +203,8 @@ def test_parts_stored_already_a_client_publishing_elsewhere_a_sow_topic_or_a_gon
 
 def test_an_inbox_commit_hands_over_a_part_by_its_descriptor_and_counts_its_rows(tmp_path):
     from replication import backfill
-    from replication.connectors.delta.inbox_stream import InboxLog, create_inbox, staged_parts as descriptors
+    from replication.connectors.delta.inbox_stream import InboxLog, create_inbox
+    from replication.connectors.delta.inbox_stream import staged_parts as descriptors
 
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
     layout = StorageLayout.of(cfg.storage)
@@ -228,3 +230,18 @@ def test_a_descriptor_naming_a_file_outside_the_staging_directory_moves_nothing(
     forged["file"] = "../../precious.parquet"
     taken = parts.take(staged_parts.markers([(1, json.dumps(forged))]), {}, 0, NOW)
     assert not taken.stored and taken.rejected.num_rows == 1 and outside.exists()
+
+
+def test_a_backfill_removes_the_staged_files_no_one_will_take_and_keeps_those_waiting(tmp_path):
+    from replication import backfill
+
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    layout = StorageLayout.of(cfg.storage)
+    # a part the instance stored (through 2), one waiting for it (3..5), one a killed run never handed over (6)
+    staged(layout, "c", [1, 2], 1)
+    waiting = staged(layout, "c", [3, 5], 3)
+    staged(layout, "c", [6], 6)
+    backfill._remove_left_behind(layout.backfill_staging("c"), done=5, stored=2)
+    left = {p.name for p in layout.backfill_staging("c").iterdir()}
+    assert left == {Path(staged_parts.StagedPart.from_json(waiting).file).name}, \
+        "a stored part's file (its instance crashed before removing it) and a part never handed over go"

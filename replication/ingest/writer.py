@@ -160,7 +160,8 @@ class IngestWriter:
             batch = taken.candidates
         self._enter(batch_id, "classifying its rows")
         # (the staged parts stored as they are hold the batch's first seqs)
-        after_parts = dataclasses.replace(self.state, max_seq=self.state.max_seq + taken.rows) if taken else self.state
+        after_parts = (dataclasses.replace(self.state, max_seq=self.state.max_seq + taken.rows) if taken is not None
+                       else self.state)
         with _no_cyclic_gc():
             result = classify(batch, after_parts, instance=self.cfg.name, recorded=self.recorded, sow=self.sow, now=now)
         if taken is not None:
