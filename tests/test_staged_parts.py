@@ -23,7 +23,7 @@ from replication import config
 from replication.connectors import parquet_in_place
 from replication.connectors.delta.stats import file_stats
 from replication.connectors.delta.tables import IdempotentAppender, write_file
-from replication.connectors.delta.txlog_files import read_range
+from replication.connectors.delta.txlog_files import TxlogFiles, read_range
 from replication.ingest import staged_parts
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder
 from replication.ingest.staged_parts import StagedParts
@@ -104,13 +104,25 @@ def test_statistics_are_those_delta_rs_writes_and_files_join_a_commit(tmp_path):
               if '"add"' in line]
     assert json.loads(add["stats"]) == file_stats(rows), "timestamps in ms, nulls counted, no stats of bodies"
 
-    later = rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(1001, 2001)))
-    extra = write_file(tmp_path / "txlog", later.set_column(0, TXLOG_SCHEMA.field("seq"),
-                                                             pa.array(np.arange(2001, 3001))))
-    txlog.append(later, 1, {"batch": 1}, files=[extra])
+    index = TxlogFiles(str(tmp_path / "txlog"))
+    index.refresh()
+    # a file written ahead (a staged part's: the commit's first seqs), and the batch's rows after it
+    extra = write_file(tmp_path / "txlog", rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(1001, 2001))))
+    txlog.append(rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(2001, 3001))), 1, {"batch": 1},
+                 files=[extra])
     assert txlog.table.version() == 2 and DeltaTable(str(tmp_path / "txlog")).transaction_version("ingest") == 1
     txlog.append(rows.slice(0, 0), 2, {"batch": 2})  # (the appender follows its own commits: no conflict)
     assert read_range(str(tmp_path / "txlog"), 0, 3000)["seq"].to_pylist() == list(range(1, 3001))
+    # a commit whose files are not in seq order (another writer's): a view following the commit files
+    # still has them by seq
+    high, low = (write_file(tmp_path / "txlog", rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(seqs)))
+                 for seqs in (np.arange(4001, 5001), np.arange(3001, 4001)))
+    txlog.table.create_write_transaction([high, low], mode="append", schema=TXLOG_SCHEMA)
+    index.refresh()  # (from the new commit files alone)
+    assert index.version == 4 and index._table.version() == 1
+    assert [(r.start, r.end, len(r.files)) for r in index.plan(0, 5000, rows_per_partition=1000)] == [
+        (0, 1000, 1), (1000, 2000, 1), (2000, 3000, 1), (3000, 4000, 1), (4000, 5000, 1)]
+    assert index.read(2500, 4500)["seq"].to_pylist() == list(range(2501, 4501))
 
 
 # -- the ingest's choice ----------------------------------------------------------------------------

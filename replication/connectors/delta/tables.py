@@ -133,8 +133,9 @@ class IdempotentAppender:
 
         An empty ``rows`` still commits, so the version (and ``metadata``) is
         recorded and a replay of the batch finds it. ``files``: data files
-        already in the table's directory, added in the same commit (after
-        ``rows``' file, which is then written here rather than by delta-rs).
+        already in the table's directory, added in the same commit before
+        ``rows``' file (which is then written here rather than by delta-rs):
+        in the txlog, their rows have the commit's first seqs.
         """
         if self.is_committed(version):
             return False
@@ -142,7 +143,7 @@ class IdempotentAppender:
         commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)], custom_metadata=custom)
         rows = rows.cast(self.schema) if rows.schema != self.schema else rows
         if files:
-            adds = ([write_file(self.path, rows)] if rows.num_rows else []) + list(files)
+            adds = list(files) + ([write_file(self.path, rows)] if rows.num_rows else [])
             self.table.create_write_transaction(adds, mode="append", schema=self.schema, commit_properties=commit)
             self.table.update_incremental()  # (unlike write_deltalake, this leaves the object at its old version)
         else:

@@ -137,7 +137,9 @@ class TxlogFiles:
             lo, hi = np.array(appended.lo, dtype=np.int64), np.array(appended.hi, dtype=np.int64)
             if self._lo.size and lo.min() < self._lo[-1]:
                 return False  # not after every known file: let the snapshot order them
-            self._paths = pa.concat_arrays([self._paths, pa.array(appended.paths, self._paths.type)])
+            order = np.argsort(lo, kind="stable")  # (a commit may add its files in any order: the index is by lo)
+            lo, hi = lo[order], hi[order]
+            self._paths = pa.concat_arrays([self._paths, pa.array(appended.paths, self._paths.type).take(order)])
             self._lo, self._hi = np.concatenate([self._lo, lo]), np.concatenate([self._hi, hi])
             self.committed_seq = max(self.committed_seq, int(hi.max()))
         self.committed_seq = max(self.committed_seq, appended.last_seq)
