@@ -30,17 +30,20 @@ Order of effects:
 3. the driver commits the parts to the inbox (a descriptor of each staged file,
    no rows) and ``rejected/``, in sequence order, one commit per part, as soon
    as a part and those before it are written, each an idempotent app
-   transaction ``backfill:<client>`` whose version is the part's last sequence
-   number: a re-run writes the rows after the last one committed, and the
-   ingest never sees a later part first. The ingest stores a part by moving its file into the txlog and
-   writing its seqs in, without reading or writing its rows again (or, when
-   it cannot take the part as it is, classifies its rows like any others).
+   transaction ``backfill-seq:<client>`` whose version is the part's last
+   sequence number: a re-run writes the rows after the last one committed,
+   and the ingest never sees a later part first. The ingest stores a part by
+   moving its file into the txlog and writing its seqs in, without reading or
+   writing its rows again (or, when it cannot take the part as it is,
+   classifies its rows like any others). One run of a client at a time (a
+   lock, let go when its process ends).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -91,8 +94,12 @@ log = logging.getLogger(__name__)
 PART_ROWS = 250_000
 #: Input bytes per part at most (as Arrow holds them): wide rows make smaller parts.
 PART_BYTES = 64 * 1024 * 1024
-#: What a part was before parts ended at their last sequence number: the app transaction version of a
-#: client's parts committed then is a part number, each part this many rows of a file.
+#: The app transaction of a client's parts, in the inbox and ``rejected/``: its version is the last sequence
+#: number committed.
+APP_ID = "backfill-seq:{client}"
+#: The app transaction of a client's parts committed before parts ended at their last sequence: its version is
+#: a part number, each part ``LEGACY_PART_ROWS`` rows of a file.
+LEGACY_APP_ID = "backfill:{client}"
 LEGACY_PART_ROWS = 100_000
 #: Input rows per Spark task: consecutive small files share one (a job's scheduling is paid once for them);
 #: a larger file is a task of its own.
@@ -106,6 +113,10 @@ Progress = Callable[[int, int], None]
 
 class BackfillInputError(InputError):
     """An input that cannot be backfilled (unreadable, a column missing, bad options); nothing was written."""
+
+
+class BackfillBusyError(ReplicationError):
+    """Another backfill by the same client into the same instance is running."""
 
 
 class BackfillTaskError(ReplicationError):
@@ -175,7 +186,6 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     layout = StorageLayout.of(cfg.storage)
     inbox = create_inbox(layout.inbox)
     rejected = open_or_create(layout.rejected, REJECTED_SCHEMA, name=f"{cfg.name} rejected")
-    app_id = f"backfill:{options.client}"
     work: list[_Work] = []
     seq = 1
     try:  # (a Delta table's files and what they do not hold themselves: from one snapshot)
@@ -187,7 +197,16 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         work.append(_Work(item.path, item.rows, seq, deltas.get(item.path)))
         seq += item.rows
     result = Result(last_seq=seq - 1, bad=[])
-    done = _check_same_input(cfg, layout, options.client, work, inbox.transaction_version(app_id))
+    with _only_run(layout, cfg, options.client):
+        return _run(spark, cfg, layout, inbox, rejected, work, options, result, progress)
+
+
+def _run(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, inbox: DeltaTable, rejected: DeltaTable,
+         work: list[_Work], options: Options, result: Result, progress: Progress | None) -> Result:
+    """The rest of :func:`run`, as the client's only backfill into the instance."""
+    app_id = APP_ID.format(client=options.client)
+    done = _done(inbox, options.client, work, layout)
+    _check_same_input(cfg, layout, options.client, work, done)
     todo = [w for w in work if w.last_seq > done]
     # the rows an earlier run committed: their rejects still stand (their sequence numbers are taken)
     result.rejected_earlier, first_reasons, result.last_stored_seq = _earlier_rejects(layout, options.client, done)
@@ -212,16 +231,30 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
     return result
 
 
-def _legacy_done(files_before: list[list], done: int) -> int:
-    """The last sequence of part ``done`` as parts were numbered before they ended at their last sequence:
-    ``LEGACY_PART_ROWS`` rows of a file each, numbered from 1 across the files (``[name, rows, first part
-    number]`` each, as the client's record kept them)."""
-    seq, last = 1, 0
-    for _name, rows, first_number in files_before:
-        if first_number > done:
+def _done(inbox: DeltaTable, client: str, work: list[_Work], layout: StorageLayout) -> int:
+    """The client's last sequence committed to the inbox (0: none): its app transaction's version, or, for a
+    client whose parts were committed before parts ended at their last sequence (the earlier app id, whose
+    version is a part number), the last sequence of that part."""
+    version = inbox.transaction_version(APP_ID.format(client=client))
+    if version is not None:
+        return version
+    legacy = inbox.transaction_version(LEGACY_APP_ID.format(client=client))
+    if legacy is None:
+        return 0
+    # the files as that run numbered them: its record's, else this run's (the same input, or it is refused)
+    previous = read_json(layout.backfill_input(client), {}).get("files") or [[w.path, w.rows] for w in work]
+    return _legacy_done([rows for _name, rows, *_ in previous], legacy)
+
+
+def _legacy_done(rows_per_file: list[int], done: int) -> int:
+    """The last sequence of part ``done`` as parts were numbered under :data:`LEGACY_APP_ID`: from 1, across
+    the files (of ``rows_per_file`` rows), each file's rows in parts of ``LEGACY_PART_ROWS`` (at least one)."""
+    seq, number, last = 1, 1, 0
+    for rows in rows_per_file:
+        if number > done:
             break
-        last = seq + min(rows, (done - first_number + 1) * LEGACY_PART_ROWS) - 1
-        seq += rows
+        last = seq + min(rows, (done - number + 1) * LEGACY_PART_ROWS) - 1
+        seq, number = seq + rows, number + max(1, -(-rows // LEGACY_PART_ROWS))
     return last
 
 
@@ -233,7 +266,10 @@ def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> tuple[
         return 0, [], 0
     dataset = DeltaTable(str(layout.rejected)).to_pyarrow_dataset()
     mine = (pc.field("source") == "backfill") & (pc.field("publisher") == client)
-    seqs = pc.cast(dataset.to_table(columns=["publisher_seq"], filter=mine)["publisher_seq"], pa.int64()).to_numpy()
+    texts = dataset.to_table(columns=["publisher_seq"], filter=mine)["publisher_seq"]
+    # (a row for a whole part the instance could not find says its range, "first..last": not one of these)
+    texts = pc.filter(texts, pc.fill_null(pc.ascii_is_decimal(texts), False))
+    seqs = pc.cast(texts, pa.int64()).to_numpy()
     seqs = np.unique(seqs[seqs <= through])  # (sorted)
     reasons: list[str] = []
     if seqs.size:
@@ -249,35 +285,22 @@ def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> tuple[
     return int(seqs.size), reasons, through - run
 
 
-def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, work: list[_Work],
-                      version: int | None) -> int:
-    """The client's last sequence committed (0: none), from its app transaction's ``version``; first refuse
-    inputs that differ from those whose rows a previous backfill by ``client`` committed, then record this
-    run's (before it commits anything).
+def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, work: list[_Work], done: int) -> None:
+    """Refuse inputs that differ from those whose rows (through sequence ``done``) a previous backfill by
+    ``client`` committed, then record this run's (before it commits anything).
 
     A client's sequence numbers are its rows' positions in the input, and a re-run skips the rows already
     committed: other files in their place would have their rows taken for those already stored, silently.
     Files are compared by name and row count (a file may be given by another path); more may follow.
     """
     path = layout.backfill_input(client)
-    record = read_json(path, {})
-    previous = record.get("files", [])
-    if version is None:
-        done = 0
-    elif record.get("numbering") == "seq":
-        done = version
-    else:  # (parts committed before parts ended at their last sequence: the version is a part number)
-        numbered, number = [], 1
-        for w in work:  # (no record at all: as such a run numbered this input)
-            numbered.append([Path(w.path).name, w.rows, number])
-            number += max(1, -(-w.rows // LEGACY_PART_ROWS))
-        done = _legacy_done(previous or numbered, version)
-        seqs = np.cumsum([0] + [rows for _, rows, _ in previous]) + 1
-        previous = [[name, rows, int(first)] for (name, rows, _), first in zip(previous, seqs)]
+    previous = read_json(path, {}).get("files", [])
     files_now = [[Path(w.path).name, w.rows, w.first_seq] for w in work]
-    for k, (name, rows, first_seq) in enumerate(previous):
+    first_seq = 1
+    for k, (name, rows, *_) in enumerate(previous):  # (each file's first sequence: the rows before it, plus 1)
         if first_seq > done:
             break  # (nothing of this file or those after it is committed)
+        first_seq += rows
         now = files_now[k] if k < len(files_now) else None
         if now is None or now[:2] != [name, rows]:
             given = f"{now[0]} ({now[1]:,} rows)" if now else "no file"
@@ -286,8 +309,23 @@ def _check_same_input(cfg: InstanceConfig, layout: StorageLayout, client: str, w
                 f"({rows:,} rows), this run's is {given}. Its sequence numbers are the rows' positions, so a "
                 "re-run must give the same files first (more may follow). Fix: give the same input to finish or "
                 "extend that backfill, or a new --client for other data")
-    write_json_atomic(path, {"client": client, "numbering": "seq", "files": files_now})
-    return done
+    write_json_atomic(path, {"client": client, "files": files_now})
+
+
+@contextlib.contextmanager
+def _only_run(layout: StorageLayout, cfg: InstanceConfig, client: str) -> Iterator[None]:
+    """Hold the client's backfill lock (a ``flock``, let go when the process ends, even by kill -9): two runs of
+    one client at once would each take the other's parts for its own."""
+    path = layout.backfill_input(client).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise BackfillBusyError(
+                f"another backfill by client {client} into {cfg.name} is running (it holds {path}). Fix: wait for "
+                "it to end, then run this one: it stores nothing the other stored") from None
+        yield
 
 
 def check(cfg: InstanceConfig, options: Options) -> None:
@@ -606,7 +644,8 @@ def _part(cfg: InstanceConfig, work: _Work, position: int, rows: pa.Table, optio
         txlog_rows = staged_parts.part_rows(cfg.name, options.client, options.message_type,
                                             kept["topic"].combine_chunks(), kept["data"].combine_chunks(),
                                             kept["publisher_seq"].combine_chunks(), now)
-        staged = staged_parts.write_part(directory, inbox, txlog_rows, name=staged_parts.staged_name(first_seq)).to_json()
+        name = staged_parts.staged_name(first_seq)
+        staged = staged_parts.write_part(directory, inbox, txlog_rows, name=name).to_json()
     rejected_add = _write(rejected, _rejected_rows(options, bad, topics, bodies, first_seq, now)) if bad else None
     return Part(first_seq, n, staged, rejected_add, [why for _, why in bad[:20]], len(bad),
                 kept["publisher_seq"][-1].as_py() if kept.num_rows else 0)

@@ -182,7 +182,7 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
     with pytest.raises(backfill.BackfillInputError,  # (JSON lines are counted by Spark's tasks, Parquet here)
                        match=rf"{lines}: no column 'payload' \(its columns: v\)"):
         backfill.run(spark, cfg, [str(lines)], backfill.Options("x", "jsonl", topic="/t", data_column="payload"))
-    assert DeltaTable(str(pair.storage("a") / "inbox")).transaction_version("backfill:x") is None, "nothing written"
+    assert DeltaTable(str(pair.storage("a") / "inbox")).transaction_version("backfill-seq:x") is None, "nothing written"
 
     # a part of rejected rows only commits the inbox's position alone: the running instance goes on past it
     all_bad = tmp_path / "all-bad.jsonl"
@@ -604,19 +604,60 @@ def test_parts_end_at_their_rows_or_bytes_and_a_rerun_starts_after_the_last_row_
 
 
 def test_a_client_whose_parts_were_numbered_the_earlier_way_resumes_after_its_last_row(tmp_path):
+    from deltalake import CommitProperties, Transaction
+
+    from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
     from replication.storage.control import write_json_atomic
 
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
     layout = StorageLayout.of(cfg.storage)
+    inbox = create_inbox(layout.inbox)
+
+    def commit(app_id: str, version: int) -> None:
+        inbox.create_write_transaction([], mode="append", schema=INBOX_SCHEMA, commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id, version)]))
+        inbox.update_incremental()
+
     work = [backfill._Work("a.csv", 250_000, 1), backfill._Work("b.csv", 30_000, 250_001)]
-    # an earlier version's record: parts of 100,000 rows of a file, numbered 1, 2, 3 (a.csv), 4 (b.csv)
+    # an earlier version's parts: 100,000 rows of a file each, numbered 1, 2, 3 (a.csv), 4 (b.csv)
     write_json_atomic(layout.backfill_input("old"), {"client": "old", "files": [["a.csv", 250_000, 1],
                                                                                ["b.csv", 30_000, 4]]})
-    assert backfill._check_same_input(cfg, layout, "old", work, 2) == 200_000
-    assert backfill._check_same_input(cfg, layout, "old", work, 200_000) == 200_000, "recorded the new way since"
-    write_json_atomic(layout.backfill_input("older"), {})  # (no record at all: numbered as that run numbered it)
-    assert backfill._check_same_input(cfg, layout, "older", work, 3) == 250_000
+    commit("backfill:old", 2)
+    assert backfill._done(inbox, "old", work, layout) == 200_000
+    backfill._check_same_input(cfg, layout, "old", work, 200_000)  # (a run that then fails before a commit)
+    assert backfill._done(inbox, "old", work, layout) == 200_000, "still its part 2: the version says how to read it"
+    commit("backfill-seq:old", 250_000)
+    assert backfill._done(inbox, "old", work, layout) == 250_000, "once a part is committed the new way, its version"
+    layout.backfill_input("old").unlink()
+    assert backfill._done(inbox, "old", work, layout) == 250_000, "whatever the record says, or that it is gone"
+    commit("backfill:older", 3)  # (no record at all: the parts as that run numbered this input)
+    assert backfill._done(inbox, "older", work, layout) == 250_000
     write_json_atomic(layout.backfill_input("moved"), {"client": "moved", "files": [["a.csv", 250_000, 1],
                                                                                    ["c.csv", 30_000, 4]]})
     with pytest.raises(backfill.BackfillInputError, match="its file 2 was c.csv"):
-        backfill._check_same_input(cfg, layout, "moved", work, 4)
+        backfill._check_same_input(cfg, layout, "moved", work, 250_001)
+    backfill._check_same_input(cfg, layout, "moved", work, 250_000)  # (nothing of c.csv committed: any file)
+
+
+def test_one_backfill_of_a_client_at_a_time_and_a_part_the_instance_could_not_find_does_not_stop_the_next(
+        spark, tmp_path):
+    from datetime import datetime, timezone
+
+    from replication.connectors.delta.tables import IdempotentAppender
+    from replication.ingest import staged_parts as sp
+    from replication.txlog import REJECTED_SCHEMA
+
+    cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
+    layout = StorageLayout.of(cfg.storage)
+    source = tmp_path / "in.csv"
+    source.write_text("id\n1\n2\n")
+    with backfill._only_run(layout, cfg, "busy"):
+        with pytest.raises(backfill.BackfillBusyError, match="another backfill by client busy into solo is running"):
+            backfill.run(spark, cfg, [str(source)], backfill.Options("busy", "csv", topic="/orders"))
+    assert backfill.run(spark, cfg, [str(source)], backfill.Options("busy", "csv", topic="/orders")).stored == 2
+    # the instance said a part was gone (a rejected row): the client's next runs read its rejects as before
+    part = sp.StagedPart("_backfill/x/1.parquet", "busy", 2, 1, 2, "json", "solo", ("/orders",), {})
+    IdempotentAppender(layout.rejected, REJECTED_SCHEMA, app_id="ingest", name="r").append(
+        sp._missing_rows([(part, "is gone")], datetime.now(timezone.utc)), 0)
+    again = backfill.run(spark, cfg, [str(source)], backfill.Options("busy", "csv", topic="/orders"))
+    assert (again.parts, again.rejected_earlier) == (0, 1)

@@ -162,6 +162,10 @@ def test_parts_stored_as_they_are_take_the_first_seqs_and_a_replay_writes_the_sa
     firsts, lasts = taken.publisher_rows()["loader"]
     assert (firsts.tolist(), lasts.tolist()) == ([101], [105]), "one run of local seqs: one ack"
     # a crash before the commit, then the batch again: the files found where they were moved, the same seqs
+    # written again (here over zeros)
+    for s in taken.stored:
+        parquet_in_place.overwrite(str(s.path), parquet_in_place.value_spans(str(s.path), ["seq"]),
+                                   {"seq": np.zeros(s.part.rows, np.int64)})
     cfg = config.load(str(tmp_path / "solo.xml"))
     again = StagedParts(cfg, layout, TopicRecorder(cfg)).take(batch, {"loader": 0}, 100, NOW)
     assert [(s.path, s.first_seq) for s in again.stored] == [(s.path, s.first_seq) for s in taken.stored]
@@ -257,3 +261,56 @@ def test_a_backfill_removes_the_staged_files_no_one_will_take_and_keeps_those_wa
     left = {p.name for p in layout.backfill_staging("c").iterdir()}
     assert left == {Path(staged_parts.StagedPart.from_json(waiting).file).name}, \
         "a stored part's file (its instance crashed before removing it) and a part never handed over go"
+
+
+def test_parts_of_several_clients_take_seqs_in_inbox_order_and_a_failed_write_classifies_its_clients_parts(
+        tmp_path, monkeypatch):
+    parts, layout = parts_of(tmp_path)
+    a1, b1, a2, c1 = (staged(layout, "a", [1, 2], 1), staged(layout, "b", [1], 1), staged(layout, "a", [3], 3),
+                      staged(layout, "c", [1, 2, 3], 1))
+    batch = staged_parts.markers([(1, a1), (2, b1), (3, a2), (4, c1)])
+    taken = parts.take(batch, {}, 0, NOW)
+    assert [(s.part.client, s.first_seq) for s in taken.stored] == [("a", 1), ("b", 3), ("a", 4), ("c", 5)]
+    assert {c: (f.tolist(), l.tolist()) for c, (f, l) in taken.publisher_rows().items()} == {
+        "a": ([1, 4], [2, 4]), "b": ([3], [3]), "c": ([5], [7])}, "each client's runs of local seqs"
+
+    # b's file cannot be written in place: b's part is classified, the others' seqs stay contiguous
+    (tmp_path / "second").mkdir()
+    parts, layout = parts_of(tmp_path / "second")
+    a1, b1, a2 = staged(layout, "a", [1, 2], 1), staged(layout, "b", [1], 1), staged(layout, "a", [3], 3)
+    real = parquet_in_place.overwrite
+
+    def failing(path, spans, values):
+        if "seq" in values and Path(path).name == Path(staged_parts.StagedPart.from_json(b1).file).name:
+            raise parquet_in_place.NotInPlace("read back wrong")
+        return real(path, spans, values)
+
+    monkeypatch.setattr(parquet_in_place, "overwrite", failing)
+    taken = parts.take(staged_parts.markers([(1, a1), (2, b1), (3, a2)]), {}, 0, NOW)
+    assert [(s.part.client, s.first_seq) for s in taken.stored] == [("a", 1), ("a", 3)]
+    assert taken.candidates["publisher"].to_pylist() == ["b"] and taken.rows == 3
+    stored = pq.read_table(taken.stored[1].path, columns=["seq"])["seq"].to_pylist()
+    assert stored == [3], "a's second part written again after b's failure shifted the seqs"
+    assert len(taken.consumed) == 1 and taken.consumed[0].parent == layout.txlog, \
+        "b's file, moved before it failed, removed once the batch is committed"
+
+
+def test_a_file_not_the_txlog_file_its_descriptor_says_is_classified_and_an_unreadable_one_rejected(tmp_path):
+    parts, layout = parts_of(tmp_path)
+    other = staged(layout, "ms", [1, 2], 1)
+    path = layout.inbox / staged_parts.StagedPart.from_json(other).file
+    rows = pq.read_table(path)
+    rows = rows.set_column(rows.schema.get_field_index("persist_time"), "persist_time",
+                           rows["persist_time"].cast(pa.timestamp("ms", tz="UTC"), safe=False))
+    pq.write_table(rows, path, **parquet_in_place.writer_options(["seq", "persist_time"], rows.column_names))
+    taken = parts.take(staged_parts.markers([(1, other)]), {}, 0, NOW)
+    assert not taken.stored and taken.candidates["publisher_seq"].to_pylist() == ["1", "2"], \
+        "a persist_time in milliseconds: not written over with microseconds"
+    broken = staged(layout, "broken", [1, 2], 1)
+    path = layout.inbox / staged_parts.StagedPart.from_json(broken).file
+    path.write_bytes(b"PAR1 not really")
+    taken = parts.take(pa.concat_tables([kafka_row("pub", 1), staged_parts.markers([(2, broken)])]), {}, 0, NOW)
+    assert taken.candidates["publisher"].to_pylist() == ["pub"], "the batch goes on"
+    (reason,) = taken.rejected["reason"].to_pylist()
+    assert "cannot be read" in reason and "client broken's messages 1..2 (2) cannot be stored" in reason
+    assert path.exists() and not taken.consumed, "kept for whoever looks into it"

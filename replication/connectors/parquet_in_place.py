@@ -76,6 +76,8 @@ def value_spans(path: str, columns: list[str]) -> dict[str, list[Span]]:
                     raise NotInPlace(f"{name}: {chunk.physical_type}, not INT64")
                 if chunk.compression != "UNCOMPRESSED" or chunk.has_dictionary_page or chunk.is_stats_set:
                     raise NotInPlace(f"{name}: compressed, dictionary-encoded or with statistics")
+                if chunk.has_column_index or chunk.bloom_filter_offset is not None:
+                    raise NotInPlace(f"{name}: with a column index or a bloom filter (of the values written over)")
                 if set(chunk.encodings) - {"PLAIN", "RLE", "BIT_PACKED"}:
                     raise NotInPlace(f"{name}: encodings {chunk.encodings}")
                 f.seek(chunk.data_page_offset)
@@ -111,10 +113,11 @@ def overwrite(path: str, spans: dict[str, list[Span]], values: dict[str, np.ndar
 
 # -- the page headers ---------------------------------------------------------------------------
 
-_DATA_PAGE, _DICTIONARY_PAGE = 0, 2
+_DATA_PAGE = 0
+_PLAIN_ENCODING, _RLE_ENCODING = 0, 3
 #: PageHeader fields; DataPageHeader fields.
-_TYPE, _COMPRESSED_SIZE, _CRC, _DATA_PAGE_HEADER = 1, 3, 4, 5
-_NUM_VALUES, _STATISTICS = 1, 5
+_TYPE, _UNCOMPRESSED_SIZE, _COMPRESSED_SIZE, _CRC, _DATA_PAGE_HEADER = 1, 2, 3, 4, 5
+_NUM_VALUES, _ENCODING, _LEVELS_ENCODING, _STATISTICS = 1, 2, 3, 5
 
 
 def _page_spans(raw: bytes, base: int, optional: bool, name: str) -> list[Span]:
@@ -123,12 +126,14 @@ def _page_spans(raw: bytes, base: int, optional: bool, name: str) -> list[Span]:
     while at < len(raw):
         header, body = _Reader(raw, at).struct()
         size = header.get(_COMPRESSED_SIZE)
-        if header.get(_TYPE) != _DATA_PAGE or size is None or _CRC in header:
-            raise NotInPlace(f"{name}: a page that is not a v1 data page without checksum")
+        if header.get(_TYPE) != _DATA_PAGE or size is None or _CRC in header or header.get(_UNCOMPRESSED_SIZE) != size:
+            raise NotInPlace(f"{name}: a page that is not an uncompressed v1 data page without checksum")
         page = header.get(_DATA_PAGE_HEADER) or {}
         count = page.get(_NUM_VALUES)
         if count is None or page.get(_STATISTICS):  # (pyarrow writes an empty one)
             raise NotInPlace(f"{name}: a data page with statistics")
+        if page.get(_ENCODING) != _PLAIN_ENCODING or (optional and page.get(_LEVELS_ENCODING) != _RLE_ENCODING):
+            raise NotInPlace(f"{name}: a data page not PLAIN, or its levels not RLE")
         values_at = body
         if optional:  # v1: the definition levels first, their byte length before them
             levels = int.from_bytes(raw[body:body + 4], "little")

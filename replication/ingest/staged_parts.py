@@ -140,7 +140,8 @@ def write_part(directory: Path, inbox: Path, rows: pa.Table, *, name: str) -> St
     relative to the ``inbox`` table's directory)."""
     path = directory / name
     # as the txlog's own files, but for the two columns written in place later
-    base, patched = log_file_options(rows.column_names), parquet_in_place.writer_options(list(PATCHED), rows.column_names)
+    base = log_file_options(rows.column_names)
+    patched = parquet_in_place.writer_options(list(PATCHED), rows.column_names)
     pq.write_table(rows, path, **{
         **patched, "compression": {c: "NONE" if c in PATCHED else base["compression"] for c in rows.column_names},
         "use_dictionary": [c for c in base["use_dictionary"] if c not in PATCHED],
@@ -273,7 +274,7 @@ class StagedParts:
         where: list[Path | None] = []
         spans: list[dict | None] = []
         running = dict(publishers)
-        missing: list[StagedPart] = []
+        missing: list[tuple[StagedPart, str]] = []  # (and why)
         for part in parts:
             top = running.get(part.client, 0)
             path = self._locate(part)
@@ -286,7 +287,7 @@ class StagedParts:
             running[part.client] = part.last
             if path is None:
                 kind.append("missing")
-                missing.append(part)
+                missing.append((part, "is gone from the inbox's staging directory"))
                 continue
             if part.first > top and part.client not in elsewhere and self._as_is(part):
                 spans[-1] = self._spans(path, part)
@@ -327,8 +328,12 @@ class StagedParts:
             part, path = parts[i], where[i]
             classified = kind[i] == "classify" or (kind[i] == "as_is" and part.client in excluded)
             if classified:
-                pieces.append(self._candidates(part, path))
-                self.stats["classified"] += 1
+                try:
+                    pieces.append(self._candidates(part, path))
+                    self.stats["classified"] += 1
+                except (OSError, pa.ArrowException) as exc:  # (a broken file must not stop the ingest: kept)
+                    missing.append((part, f"cannot be read ({str(exc).splitlines()[0][:200]})"))
+                    continue
             # done with once committed: a classified part's file (staged, or moved into the txlog's directory
             # by an earlier try and not committed), a duplicate's staged one (never one in the txlog's
             # directory: that one is committed)
@@ -339,10 +344,10 @@ class StagedParts:
         self.stats["stored_as_is"] += len(taken.stored)
         if missing:
             taken.rejected = _missing_rows(missing, now)
-            for part in missing:
-                log.error("%s: backfill part %s of client %s (sequences %d..%d) is gone from the inbox's staging "
-                          "directory: its rows cannot be stored (said in rejected/). Fix: backfill those rows "
-                          "again under a new --client", self.instance, part.file, part.client, part.first, part.last)
+            for part, why in missing:
+                log.error("%s: backfill part %s of client %s (sequences %d..%d) %s: its rows cannot be stored (said "
+                          "in rejected/). Fix: backfill those rows again under a new --client", self.instance,
+                          part.file, part.client, part.first, part.last, why)
         return taken
 
     def _locate(self, part: StagedPart) -> Path | None:
@@ -365,8 +370,11 @@ class StagedParts:
 
     @staticmethod
     def _spans(path: Path, part: StagedPart) -> dict | None:
+        """Where the file's ``seq`` and ``persist_time`` values are; None when it is not the txlog file its
+        descriptor says (its rows, its columns and their types) laid out to write them in place."""
         try:
-            if pq.ParquetFile(path).metadata.num_rows != part.rows:
+            file = pq.ParquetFile(path)
+            if file.metadata.num_rows != part.rows or not file.schema_arrow.equals(TXLOG_SCHEMA):
                 return None
             return parquet_in_place.value_spans(str(path), list(PATCHED))
         except (OSError, parquet_in_place.NotInPlace, pa.ArrowException):
@@ -387,16 +395,17 @@ class StagedParts:
                          for f in CANDIDATE_SCHEMA}, schema=CANDIDATE_SCHEMA)
 
 
-def _missing_rows(parts: list[StagedPart], now: datetime) -> pa.Table:
+def _missing_rows(parts: list[tuple[StagedPart, str]], now: datetime) -> pa.Table:
+    """A rejected row per part whose rows cannot be stored: its first sequence, its range in the reason."""
     n = len(parts)
     return pa.table({
-        "reason": [f"backfill part {p.file} is gone from the inbox's staging directory: client {p.client}'s "
-                   f"messages {p.first}..{p.last} ({p.rows:,}) cannot be stored. Fix: backfill those rows again "
-                   "under a new --client" for p in parts],
+        "reason": [f"backfill part {p.file} {why}: client {p.client}'s messages {p.first}..{p.last} ({p.rows:,}) "
+                   "cannot be stored. Fix: backfill those rows again under a new --client" for p, why in parts],
         "source": ["backfill"] * n, "kafka_topic": pa.nulls(n, pa.string()), "kafka_partition": pa.nulls(n, pa.int32()),
-        "kafka_offset": pa.nulls(n, pa.int64()), "publisher": [p.client for p in parts],
-        "publisher_seq": [f"{p.first}..{p.last}" for p in parts], "topic": pa.nulls(n, pa.string()),
-        "message_type": [p.message_type for p in parts], "command": ["publish"] * n, "data": pa.nulls(n, pa.binary()),
+        "kafka_offset": pa.nulls(n, pa.int64()), "publisher": [p.client for p, _ in parts],
+        "publisher_seq": [str(p.first) for p, _ in parts], "topic": pa.nulls(n, pa.string()),
+        "message_type": [p.message_type for p, _ in parts], "command": ["publish"] * n,
+        "data": pa.nulls(n, pa.binary()),
         "rejected_time": pa.repeat(pa.scalar(now, _TS), n),
     }, schema=REJECTED_SCHEMA)
 
