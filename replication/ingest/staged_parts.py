@@ -26,7 +26,11 @@ and written, before the commit, leaves it in the txlog's directory
 uncommitted; the batch's replay finds it there and writes the same seqs again.
 A file moved into the txlog is committed at most once: only a part whose
 first sequence is above its client's high-water mark is patched, and the
-commit that adds it raises that mark past the part.
+commit that adds it raises that mark past the part. A crash between the
+commit and the removal of a classified part's file leaves that file behind,
+uncommitted (no reader lists the directory; a vacuum removes it). Like the
+files delta-rs writes for the txlog, a part's file is not fsynced before the
+commit: a crashed process loses nothing, a power cut may.
 """
 
 from __future__ import annotations
