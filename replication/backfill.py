@@ -214,7 +214,8 @@ def _run(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, inbox:
     for part in _written_parts(spark, cfg, layout, todo, options, done):
         committed = False
         if part.rejected is not None:
-            committed |= _commit(layout.rejected, rejected, REJECTED_SCHEMA, part.rejected, app_id, part.last_seq)
+            committed |= _commit(rejected, REJECTED_SCHEMA, app_id, part.last_seq, add=part.rejected,
+                                 written=layout.rejected / part.rejected["path"])
         # the inbox's app transaction is the run's position, so a part of rejected rows only commits it too
         committed |= _commit_staged(layout, inbox, part.staged, app_id, part.last_seq)
         failpoints.hit("backfill.after_part")
@@ -266,10 +267,7 @@ def _earlier_rejects(layout: StorageLayout, client: str, through: int) -> tuple[
         return 0, [], 0
     dataset = DeltaTable(str(layout.rejected)).to_pyarrow_dataset()
     mine = (pc.field("source") == "backfill") & (pc.field("publisher") == client)
-    texts = dataset.to_table(columns=["publisher_seq"], filter=mine)["publisher_seq"]
-    # (a row for a whole part the instance could not find says its range, "first..last": not one of these)
-    texts = pc.filter(texts, pc.fill_null(pc.ascii_is_decimal(texts), False))
-    seqs = pc.cast(texts, pa.int64()).to_numpy()
+    seqs = pc.cast(dataset.to_table(columns=["publisher_seq"], filter=mine)["publisher_seq"], pa.int64()).to_numpy()
     seqs = np.unique(seqs[seqs <= through])  # (sorted)
     reasons: list[str] = []
     if seqs.size:
@@ -709,15 +707,10 @@ def _commit_staged(layout: StorageLayout, inbox: DeltaTable, descriptor: str | N
     """Hand the instance one staged part (None: none, the position alone): an inbox commit of its descriptor,
     app transaction ``app_id`` version ``number``; False when that version is in already (this run's staged
     file is then removed)."""
-    inbox.update_incremental()
-    if (inbox.transaction_version(app_id) or 0) >= number:
-        if descriptor is not None:
-            (layout.inbox / staged_parts.StagedPart.from_json(descriptor).file).unlink(missing_ok=True)
-        return False
-    metadata = {"replication.backfill": app_id, **({STAGED_PART_KEY: descriptor} if descriptor else {})}
-    inbox.create_write_transaction([], mode="append", schema=INBOX_SCHEMA, commit_properties=CommitProperties(
-        app_transactions=[Transaction(app_id, number)], custom_metadata=metadata))
-    return True
+    if descriptor is None:
+        return _commit(inbox, INBOX_SCHEMA, app_id, number)
+    return _commit(inbox, INBOX_SCHEMA, app_id, number, metadata={STAGED_PART_KEY: descriptor},
+                   written=layout.inbox / staged_parts.StagedPart.from_json(descriptor).file)
 
 
 def _remove_left_behind(staging: Path, done: int, stored: int) -> None:
@@ -745,18 +738,20 @@ def _last_publisher_seq(path: Path) -> int:
     return max(metadata.row_group(g).column(column).statistics.max for g in range(metadata.num_row_groups))
 
 
-def _commit(where: Path, table: DeltaTable, schema: pa.Schema, add: dict | None, app_id: str, number: int) -> bool:
-    """Commit one written file of rejected rows as app transaction ``app_id`` version ``number``; False when that
-    version is in already (a re-run's copy of the file is then removed)."""
+def _commit(table: DeltaTable, schema: pa.Schema, app_id: str, number: int, *, add: dict | None = None,
+            written: Path | None = None, metadata: dict | None = None) -> bool:
+    """One commit of app transaction ``app_id`` version ``number``: the data file ``add`` (None: none, the
+    version alone) and ``metadata``; False when that version is in already (``written``, this run's copy of
+    what it hands over, is then removed: never in a log, its name is this run's own)."""
     table.update_incremental()
     if (table.transaction_version(app_id) or 0) >= number:
-        if add is not None:
-            (where / add["path"]).unlink(missing_ok=True)  # (never in the log: its name is this run's own)
+        if written is not None:
+            written.unlink(missing_ok=True)
         return False
     table.create_write_transaction(
         [AddAction(add["path"], add["size"], {}, add["modification_time"], True, add["stats"])] if add else [],
         mode="append", schema=schema,
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, number)],
-                                           custom_metadata={"replication.backfill": app_id}),
+                                           custom_metadata={"replication.backfill": app_id, **(metadata or {})}),
     )
     return True

@@ -54,12 +54,13 @@ def writer_options(columns: list[str], all_columns: list[str]) -> dict:
     }
 
 
-def value_spans(path: str, columns: list[str]) -> dict[str, list[Span]]:
-    """Where the values of each of ``columns`` (INT64, no nulls) are in the file at ``path``, in row order.
+def value_spans(path: str, columns: list[str], metadata: pq.FileMetaData | None = None) -> dict[str, list[Span]]:
+    """Where the values of each of ``columns`` (INT64, no nulls) are in the file at ``path`` (whose footer, when
+    read already, is ``metadata``), in row order.
 
     Raises :class:`NotInPlace` when a column is not laid out as the module docstring says.
     """
-    metadata = pq.ParquetFile(path).metadata
+    metadata = metadata or pq.ParquetFile(path).metadata
     index = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
     spans: dict[str, list[Span]] = {}
     with open(path, "rb") as f:

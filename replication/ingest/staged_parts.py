@@ -380,7 +380,7 @@ class StagedParts:
             file = pq.ParquetFile(path)
             if file.metadata.num_rows != part.rows or not file.schema_arrow.equals(TXLOG_SCHEMA):
                 return None
-            return parquet_in_place.value_spans(str(path), list(PATCHED))
+            return parquet_in_place.value_spans(str(path), list(PATCHED), file.metadata)
         except (OSError, parquet_in_place.NotInPlace, pa.ArrowException):
             return None
 
