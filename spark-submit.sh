@@ -24,6 +24,10 @@ if ! "$venv/bin/python" -c "import replication, pyspark" >/dev/null 2>&1; then
   echo "installing the project into $venv ..." >&2
   "$venv/bin/pip" install -q -e "$here"
 fi
+if ! ls "${REPLICATION_JVM_LIB:-$here/jvm/lib}"/spark/*.jar >/dev/null 2>&1; then
+  echo "fetching the JVM artifacts of jvm/pom.xml (Kafka broker, delta-spark) with mvn ..." >&2
+  mvn -q -f "$here/jvm/pom.xml" generate-resources
+fi
 
 spark_args=()
 job_args=()
@@ -61,6 +65,9 @@ case " ${spark_args[*]} " in
     esac ;;
 esac
 spark_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties")
+# delta-spark (with its SQL extension and catalog) and Spark's Kafka source, from jvm/pom.xml's jars.
+jvm_args="$("$venv/bin/python" -m replication.connectors.jvm)" || exit 2
+while IFS= read -r line; do spark_args+=("$line"); done <<< "$jvm_args"
 
 job="$here/jobs/demo.py"
 [ "$configs" = 1 ] && job="$here/jobs/instance.py"

@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Callable, TypeVar
 
+from replication.connectors import jvm
 from replication.connectors.spark import local_fs
 from replication.connectors.spark.worker_python import interpreter
 
@@ -93,6 +94,8 @@ def session(app_name: str = "replication", *, master: str | None = None,
             short_lived: bool = False) -> "SparkSession":
     """Return the active SparkSession, or build one with :data:`DEFAULT_CONF`.
 
+    A session this builds (its JVM started here) also has delta-spark and Spark's Kafka source on its
+    classpath, with Delta's SQL extension and catalog (:func:`replication.connectors.jvm.spark_conf`).
     Settings given by ``spark-submit`` (``--master``, ``--conf``) win: defaults only fill gaps.
     ``short_lived``: the session serves one command and ends with it, so a JVM started here gets
     :data:`SHORT_LIVED_JAVA_OPTIONS`.
@@ -117,6 +120,14 @@ def session(app_name: str = "replication", *, master: str | None = None,
     for key, value in DEFAULT_CONF.items():
         if not given.contains(key):
             builder = builder.config(key, value)
+    if _launches_jvm():
+        # delta-spark and Spark's Kafka source (jvm/pom.xml): jars can only be added before the JVM
+        # starts; under spark-submit, spark-submit.sh passes them (python -m replication.connectors.jvm).
+        for key, value in jvm.spark_conf().items():
+            if key == "spark.jars" and given.contains(key):
+                value = f"{given.get(key)},{value}"
+            if key == "spark.jars" or not given.contains(key):
+                builder = builder.config(key, value)
     if _launches_jvm() and not given.contains("spark.hadoop.fs.file.impl"):
         # Checkpoint files without a forked chmod each (local_fs); the class
         # path can only be set here, before this process starts the JVM.

@@ -1,0 +1,96 @@
+"""The JVM artifacts of ``jvm/pom.xml``, as the README's install command left them: classpaths and jar lists.
+
+``mvn -q -f jvm/pom.xml generate-resources`` copies them from Maven Central (through Maven's own
+cache) into two folders: ``jvm/lib/kafka/`` (the Apache Kafka broker, its tools and MirrorMaker 2,
+with all their dependencies: one classpath) and ``jvm/lib/spark/`` (delta-spark and Spark's Kafka
+source: the jars a Spark session adds to pyspark's own). ``REPLICATION_JVM_LIB`` names another
+folder holding the two (an installed copy of the package has no repository beside it).
+
+Run as ``python -m replication.connectors.jvm``, it prints the spark-submit options that put the Spark
+jars on a session started by ``spark-submit`` (``spark-submit.sh`` uses it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from replication.errors import ConfigError
+
+#: Names the folder holding ``kafka/`` and ``spark/`` (default: ``jvm/lib`` of the repository).
+LIB_ENV = "REPLICATION_JVM_LIB"
+
+#: Spark settings that make a session read and write Delta tables with delta-spark (SQL and catalog).
+DELTA_SQL_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+INSTALL_FIX = "run the README's install command (it ends with: mvn -q -f jvm/pom.xml generate-resources)"
+
+
+class JvmArtifactsMissing(ConfigError):
+    """The jars of ``jvm/pom.xml`` are not where they should be: the install command did not run."""
+
+
+def lib_dir() -> Path:
+    """The folder holding ``kafka/`` and ``spark/``."""
+    given = os.environ.get(LIB_ENV)
+    if given:
+        return Path(given).expanduser()
+    return Path(__file__).resolve().parents[2] / "jvm" / "lib"
+
+
+def _jars(group: str) -> list[Path]:
+    folder = lib_dir() / group
+    jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    if not jars:
+        raise JvmArtifactsMissing(
+            f"no JVM jars in {folder} (the {group} artifacts of jvm/pom.xml); {INSTALL_FIX}, "
+            f"or set {LIB_ENV} to a folder that has them"
+        )
+    return jars
+
+
+def kafka_classpath() -> str:
+    """The classpath of the Kafka broker, its tools and MirrorMaker 2 (one folder of jars)."""
+    return os.pathsep.join(str(jar) for jar in _jars("kafka"))
+
+
+def spark_jars() -> list[str]:
+    """The jars a Spark session adds: delta-spark and Spark's Kafka source (paths)."""
+    return [str(jar) for jar in _jars("spark")]
+
+
+def spark_conf() -> dict[str, str]:
+    """Settings of a session that reads Delta with delta-spark and Kafka with Spark's own source."""
+    return {"spark.jars": ",".join(spark_jars()), **DELTA_SQL_CONF}
+
+
+def java() -> str:
+    """The ``java`` to start JVMs with: ``$JAVA_HOME/bin/java``, else the one on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise JvmArtifactsMissing("java not found on PATH (and JAVA_HOME names none): install Java 17 or newer")
+    return found
+
+
+def spark_submit_args() -> list[str]:
+    """spark-submit options that add the Spark jars and delta-spark's settings."""
+    args = ["--jars", ",".join(spark_jars())]
+    for key, value in DELTA_SQL_CONF.items():
+        args += ["--conf", f"{key}={value}"]
+    return args
+
+
+if __name__ == "__main__":
+    try:
+        print("\n".join(spark_submit_args()))
+    except JvmArtifactsMissing as exc:
+        print(f"spark-submit.sh: {exc}", file=sys.stderr)
+        sys.exit(2)
