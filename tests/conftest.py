@@ -16,7 +16,7 @@ def spark():
 
 @pytest.fixture(scope="session")
 def broker():
-    """A tansu broker (memory storage) on a free loopback port, for the whole test session."""
+    """An Apache Kafka broker (KRaft, from jvm/pom.xml's jars) on free loopback ports, for the whole test session."""
     from replication.connectors.kafka.broker import EmbeddedBroker
 
     with EmbeddedBroker() as b:

@@ -1,4 +1,4 @@
-"""The embedded tansu broker: starts, serves Kafka clients, creates topics, reports failures."""
+"""The embedded Apache Kafka broker (KRaft): starts, serves Kafka clients, creates topics, reports failures."""
 
 from __future__ import annotations
 
@@ -62,23 +62,34 @@ def test_records_with_headers_round_trip(broker):
     ]
 
 
-def test_stop_ends_the_process_and_context_manager_stops_it():
-    with EmbeddedBroker() as b:
-        assert b.running
-    assert not b.running
-    with pytest.raises(BrokerError, match="not started"):
-        b.bootstrap
-
-
-def test_start_failure_raises_broker_error_with_log_tail():
+def test_a_broker_that_cannot_bind_says_why_with_its_log_and_close_removes_its_folder():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        b = EmbeddedBroker(port=port, startup_timeout=10)
+        b = EmbeddedBroker(port=port, startup_timeout=60)
+        home = b.home
         with pytest.raises(BrokerError) as err:
             b.start()
     message = str(err.value)
     assert f"127.0.0.1:{port}" in message
-    assert "Address in use" in message  # tansu's own words, from its log
+    assert "Address already in use" in message  # the broker's own words, from its log
     assert not b.running
+    assert (home / "data" / "meta.properties").is_file()  # the storage was formatted before the start
+    b.close()
+    assert not home.exists()
+    with pytest.raises(BrokerError, match="not started"):
+        EmbeddedBroker().bootstrap
+
+
+def test_the_session_broker_is_apache_kafka_in_kraft_mode(broker):
+    props = dict(line.split("=", 1) for line in (broker.home / "server.properties").read_text().splitlines())
+    assert props["process.roles"] == "broker,controller"
+    assert props["log.dirs"].startswith(str(broker.home))
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        cluster = admin.describe_cluster()
+    finally:
+        admin.close()
+    assert [b["broker_id"] for b in cluster["brokers"]] == [1]
+    assert cluster["controller_id"] == 1  # the same node is the KRaft controller

