@@ -1,3 +1,3 @@
 """Kafka, read with kafka-python: the ``replication-kafka`` Spark source and its range reads
-(``source``), record-batch decoding (``records``), fetch waits for slow brokers (``fetch_wait``) and
-the embedded tansu broker of tests and the demo (``broker``). Needs a Kafka-protocol broker."""
+(``source``), record-batch decoding (``records``), and the single-node Apache Kafka broker the demo,
+tests and benchmarks start (``broker``)."""

@@ -62,7 +62,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from replication.connectors.kafka.fetch_wait import FetchWait, partition_state
 from replication.connectors.kafka.records import RecordColumns
 from replication.connectors.spark.prefetch import (
     PREFETCH_MAX_ROWS,
@@ -123,16 +122,10 @@ POLL_TIMEOUT_MS = 10
 FETCH_MAX_WAIT_MS = 5
 #: A read() that makes no progress this long fails the task (Spark retries it).
 STALL_TIMEOUT_S = 120.0
-#: A read that gets no records this long (while behind its end) gives up its
-#: consumer and reads on with a new one: a fetch the broker never answers, or a
-#: client wedged in some state, costs seconds instead of the whole stall timeout.
-RECONNECT_AFTER_S = 5.0
 #: Range consumers give up on an unanswered request (and its connection) after this.
 RANGE_REQUEST_TIMEOUT_MS = 10_000
 #: How often the driver refreshes topic metadata to notice new topics/partitions.
 METADATA_REFRESH_S = 1.0
-#: How long the driver waits for fetch responses carrying high watermarks.
-HIGH_WATERMARK_TIMEOUT_S = 10.0
 
 
 class KafkaSourceError(ReplicationError):
@@ -407,19 +400,11 @@ class _OffsetProbe:
             group_id=None,
             enable_auto_commit=False,
             allow_auto_create_topics=False,
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-            # Watermark probes only need a fetch *response*; a broker still sends
-            # at least one whole batch, and these limits keep it to that.
-            max_partition_fetch_bytes=1,
-            fetch_max_bytes=1,
-            max_poll_records=1,
-            auto_offset_reset="latest",  # out of range: re-probe from the end
+            # Read uncommitted, as the range reads: the latest offset is the high watermark.
+            isolation_level="read_uncommitted",
         )
         self._refreshed_at = float("-inf")
         self._existing: set[str] = set()
-        # The last full probe: what ListOffsets said, and the watermarks found.
-        self._listed: dict[TopicPartition, int] = {}
-        self._probed: Positions | None = None
 
     def close(self) -> None:
         self._consumer.close()
@@ -450,57 +435,18 @@ class _OffsetProbe:
         return {(tp.topic, tp.partition): o for tp, o in self._consumer.beginning_offsets(tps).items()}
 
     def latest(self, refresh: bool = False) -> Positions:
-        """The high watermark (offset of the next record) of every partition.
-
-        ListOffsets(LATEST) alone is not enough: tansu answers with a position
-        inside the last record batch (DESIGN §9). So: seek each partition to the
-        listed offset and fetch once; the fetch response's high watermark is the
-        truth on every broker. On Apache Kafka the listed offset *is* the high
-        watermark and the fetch returns no records; on tansu it returns the last
-        batch. Taking the larger of the two never overshoots.
-
-        When ListOffsets answers exactly as at the last probe, nothing was
-        appended since (any append moves it, on Kafka and on tansu), and the
-        last probe's watermarks stand: an idle source costs one request a poll.
-        """
+        """The high watermark (offset of the next record) of every partition: one ListOffsets request."""
         tps = self.topic_partitions(refresh)
         if not tps:
             return {}
-        consumer = self._consumer
-        listed = consumer.end_offsets(tps)
-        if self._probed is not None and listed == self._listed:
-            return dict(self._probed)
-        # A fresh assignment forgets the high watermarks of earlier probes, so
-        # a value seen below is from this probe's fetch.
-        consumer.unsubscribe()
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, listed[tp])
-        deadline = time.monotonic() + HIGH_WATERMARK_TIMEOUT_S
-        pending = set(tps)
-        while pending and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=1)  # records are not wanted
-            pending = {tp for tp in pending if consumer.highwater(tp) is None}
-        consumer.pause(*tps)  # no prefetching of data nobody reads
-        if pending:
-            # The listed offset is exact on Kafka and too low (never too high) on
-            # tansu: safe; the remaining records come with a later batch.
-            log.warning("no fetch response for %s within %.0fs; using ListOffsets values",
-                        sorted(pending), HIGH_WATERMARK_TIMEOUT_S)
-        out: Positions = {}
-        for tp in tps:
-            hw = consumer.highwater(tp)
-            out[(tp.topic, tp.partition)] = max(listed[tp], hw if hw is not None else -1)
-        # Without every fetch response the listed values may be short (tansu): probe again next time.
-        self._listed, self._probed = (dict(listed), dict(out)) if not pending else ({}, None)
-        return out
+        return {(tp.topic, tp.partition): o for tp, o in self._consumer.end_offsets(tps).items()}
 
 
 # -- executor: reading one partition -------------------------------------------
 
 
-def _range_consumer(options: KafkaSourceOptions, fetch_max_wait_ms: int | None = None) -> KafkaConsumer:
-    """A consumer (no group) for reading offset ranges; ``fetch_max_wait_ms`` defaults to :data:`FETCH_MAX_WAIT_MS`."""
+def _range_consumer(options: KafkaSourceOptions) -> KafkaConsumer:
+    """A consumer (no group) for reading offset ranges."""
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
@@ -512,7 +458,7 @@ def _range_consumer(options: KafkaSourceOptions, fetch_max_wait_ms: int | None =
         auto_offset_reset="earliest",
         # The fast path replaces kafka-python's transaction filtering: read everything.
         isolation_level="read_uncommitted",
-        fetch_max_wait_ms=fetch_max_wait_ms or FETCH_MAX_WAIT_MS,
+        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
         fetch_max_bytes=FETCH_MAX_BYTES,
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         max_poll_records=MAX_POLL_RECORDS,
@@ -549,20 +495,19 @@ def read_partition(
 class RangeReader:
     """Reads the ranges of a micro-batch, all partitions at once, with one consumer kept between reads.
 
-    For micro-batches read in the driver (``sources.ReadHere``): a consumer per
+    For micro-batches read in the driver (``ingest.inputs.ReadHere``): a consumer per
     partition per batch costs a connection and several metadata round trips,
     and in a driver process busy with other Python threads each round trip
     also waits for the interpreter lock. Each read starts from a clean slate:
     records kafka-python fetched for an earlier read are dropped and every
     partition is sought to its start, so the rows are exactly those of
     :func:`read_partition`. When the installed kafka-python does not expose
-    what that needs, each read uses a fresh consumer instead.
+    what that needs, each read uses a new consumer instead.
     """
 
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
         self._consumer: KafkaConsumer | None = None
-        self._wait: FetchWait | None = None
         self._targets: dict = {}
 
     def read(self, parts: Sequence[KafkaInputPartition], *,
@@ -584,17 +529,15 @@ class RangeReader:
         headers = [key for key, _ in PUBLISH_HEADERS]
         self._targets = {tp: RecordColumns(tp.topic, tp.partition, end, schema, headers)
                          for tp, (_start, end) in ranges.items()}
-        consumer, wait = self._ready()
-        poll = _RangePoll(self.options, ranges, self._targets, consumer=consumer, wait=wait)
+        if self._consumer is None:
+            self._consumer = _range_consumer(self.options)
+        poll = _RangePoll(self.options, ranges, self._targets, consumer=self._consumer)
         try:
             for _ in poll.run(stall_timeout):
                 pass
         except BaseException:
-            poll.consumer.close()
-            self._consumer = self._wait = None
+            self.close()
             raise
-        # A new consumer if the read had to reconnect; its wait is kept while the log is behind.
-        self._consumer, self._wait = poll.consumer, poll.wait
         out = [columns.flush() for columns in self._targets.values() if len(columns)]
         self._targets = {}
         if not _discard_fetched(self._consumer):
@@ -603,14 +546,8 @@ class RangeReader:
 
     def close(self) -> None:
         if self._consumer is not None:
-            consumer, self._consumer, self._wait = self._consumer, None, None
+            consumer, self._consumer = self._consumer, None
             consumer.close()
-
-    def _ready(self) -> tuple[KafkaConsumer, FetchWait]:
-        if self._consumer is None or self._wait is None:
-            self._consumer = _range_consumer(self.options)
-            self._wait = FetchWait(self._consumer, FETCH_MAX_WAIT_MS)
-        return self._consumer, self._wait
 
 
 class _RangePoll:
@@ -619,34 +556,25 @@ class _RangePoll:
     ``ranges``: TopicPartition -> (start, end); ``targets``: TopicPartition ->
     the :class:`RecordColumns` its records go to. Stops on positions, not record
     offsets: transaction markers and compacted-away records occupy offsets but
-    are never returned.
-
-    The records of a range are known to exist, so a broker answering with none
-    gets longer fetch waits (:class:`~replication.connectors.kafka.fetch_wait.FetchWait`). A
-    consumer that still gets no records for :data:`RECONNECT_AFTER_S` while
-    behind is closed and a new one reads on from the positions reached (once
-    per stall; the rows taken so far stay). The log line says what the old one
-    was waiting for. ``consumer``: the one to start with (``RangeReader``'s),
-    else a new one; ``wait``: that consumer's :class:`FetchWait`, if it has one.
+    are never returned. ``consumer``: the one to read with (``RangeReader``'s),
+    else a new one.
     """
 
     def __init__(self, options: KafkaSourceOptions, ranges: dict, targets: dict, *,
-                 consumer: KafkaConsumer | None = None, wait: FetchWait | None = None, fast: bool = True) -> None:
+                 consumer: KafkaConsumer | None = None, fast: bool = True) -> None:
         self.options, self.ranges, self.targets = options, ranges, targets
         self.consumer = consumer if consumer is not None else _range_consumer(options)
-        self.wait = wait or FetchWait(self.consumer, FETCH_MAX_WAIT_MS)
-        self.want_fast = fast
-        self.fast = self._hook(self.consumer)
+        self.fast = fast and _decode_into(self.consumer, lambda tp: self.targets[tp])
 
     def run(self, stall_timeout: float = STALL_TIMEOUT_S) -> Iterator[None]:
         """Yield after each poll that brought records; :class:`KafkaSourceError` after ``stall_timeout`` without."""
+        consumer = self.consumer
         reached = {tp: start for tp, (start, _end) in self.ranges.items()}
-        self._seek(reached)
-        self.wait.begin()
+        consumer.assign(list(reached))
+        for tp, offset in reached.items():
+            consumer.seek(tp, offset)
         stalled_since = time.monotonic()
-        reconnected = False
         while True:
-            consumer = self.consumer
             behind = []
             for tp, (_start, end) in self.ranges.items():
                 # Bounded: a position being reset waits for a ListOffsets answer that may never come.
@@ -668,44 +596,20 @@ class _RangePoll:
             # On the fast path poll() returns one mark per record *batch*; a few batches
             # per poll bound the rows held in Python lists between two Arrow flushes.
             records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_POLL_BATCHES if self.fast else None)
-            self.wait.after_poll(bool(records), data_known=True)
             if not records:
-                stalled = time.monotonic() - stalled_since
-                if stalled > stall_timeout:
+                if time.monotonic() - stalled_since > stall_timeout:
                     tp = behind[0]
                     raise KafkaSourceError(
                         f"{tp.topic}[{tp.partition}]: no records for {stall_timeout:.0f}s at offset "
                         f"{reached[tp]}, expected data up to offset {self.ranges[tp][1]}; is the broker up? "
-                        f"({_fetch_state(consumer, tp)}, fetch wait {self.wait.ms} ms)"
+                        f"({_fetch_state(consumer, tp)})"
                     )
-                if not reconnected and stalled > min(RECONNECT_AFTER_S, stall_timeout / 2):
-                    reconnected = True
-                    self._reconnect(behind[0], stalled, reached)
                 continue
-            stalled_since, reconnected = time.monotonic(), False
+            stalled_since = time.monotonic()
             if not self.fast:
                 for tp, batch in records.items():
                     self.targets[tp].add_records(batch)
             yield
-
-    def _hook(self, consumer: KafkaConsumer) -> bool:
-        return self.want_fast and _decode_into(consumer, lambda tp: self.targets[tp])
-
-    def _seek(self, positions: dict) -> None:
-        self.consumer.assign(list(positions))
-        for tp, offset in positions.items():
-            self.consumer.seek(tp, offset)
-
-    def _reconnect(self, tp: Any, stalled: float, reached: dict) -> None:
-        """Close the stalled consumer; a new one goes on from ``reached`` (the positions whose rows were taken)."""
-        old = self.consumer
-        log.warning("%s[%d]: no records for %.0fs at offset %d (data up to %d); reading on with a new "
-                    "connection. The stalled consumer: %s, fetch wait %d ms", tp.topic, tp.partition, stalled,
-                    reached[tp], self.ranges[tp][1], _fetch_state(old, tp), self.wait.ms)
-        old.close()
-        self.consumer = self.wait.consumer = _range_consumer(self.options, self.wait.ms)
-        self.fast = self._hook(self.consumer)
-        self._seek(reached)
 
 
 def _fetch_state(consumer: KafkaConsumer, tp: Any) -> str:
@@ -718,7 +622,7 @@ def _fetch_state(consumer: KafkaConsumer, tp: Any) -> str:
     completed = getattr(fetcher, "_completed_fetches", None)
     if completed is not None:
         facts.append(f"{len(completed)} fetched responses not yet taken")
-    state = partition_state(consumer, tp)
+    state = getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)
     for flag in ("paused", "awaiting_reset", "awaiting_validation"):
         if getattr(state, flag, False):
             facts.append(flag.replace("_", " "))
