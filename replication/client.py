@@ -30,7 +30,6 @@ from pathlib import Path
 from types import TracebackType
 
 from replication import failpoints
-from replication.connectors.kafka.fetch_wait import FetchWait
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
 from replication.messages import (
@@ -47,8 +46,11 @@ from replication.messages import (
 
 log = logging.getLogger(__name__)
 
-#: The ack consumer's fetch wait while the broker keeps up (short: acks are awaited at the log's end).
+#: The ack consumer's fetch wait (short: acks are awaited at the log's end).
 ACK_FETCH_WAIT_MS = 5
+#: How long the producer keeps retrying a send while the broker is away (a week: it gives up only on an error
+#: no retry mends, which ``flush()`` raises).
+SEND_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 
 
 class PublishStore:
@@ -133,8 +135,12 @@ class Publisher:
         self.message_type = message_type
         self.resend_after = resend_after
         self.store = PublishStore(store_path)
+        # Gapless, in order: the instance keeps one sequence number per client, so a message lost while a later
+        # one arrives would be taken for a duplicate when resent. The idempotent producer (all acks) keeps
+        # order through retries, and a send is retried until the broker is back (the store holds it anyway).
         self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap.split(","), acks=1, linger_ms=2, compression_type=compression, retries=10
+            bootstrap_servers=bootstrap.split(","), acks="all", enable_idempotence=True, linger_ms=2,
+            compression_type=compression, delivery_timeout_ms=SEND_TIMEOUT_MS,
         )
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap.split(","),
@@ -142,9 +148,10 @@ class Publisher:
             fetch_max_wait_ms=ACK_FETCH_WAIT_MS,
             consumer_timeout_ms=10,
         )
-        self._fetch_wait = FetchWait(self._consumer, ACK_FETCH_WAIT_MS)
         self._cond = threading.Condition()
         self._persisted = 0
+        self._send_error: tuple[int, BaseException] | None = None
+        """The lowest sequence whose send failed for good, and why."""
         self._logon_replies: dict[str, tuple[int, int]] = {}
         """correlation id -> (persisted, stored) sequence the instance answered."""
         self._closed = threading.Event()
@@ -204,14 +211,27 @@ class Publisher:
         return seq
 
     def flush(self, timeout: float = 60.0) -> None:
-        """Wait until every published message is persisted; TimeoutError if not within ``timeout``."""
-        self._producer.flush(timeout=timeout)
-        self.wait_persisted(self._next_seq - 1, timeout=timeout)
+        """Wait until every published message is persisted; TimeoutError if not within ``timeout``,
+        :class:`ReplicationError` when a message could not be sent."""
+        from kafka.errors import KafkaError
+
+        deadline = time.monotonic() + timeout
+        try:
+            self._producer.flush(timeout=timeout)
+        except KafkaError:  # a send that failed: its own error (an errback) is what wait_persisted raises
+            pass
+        self.wait_persisted(self._next_seq - 1, timeout=max(0.0, deadline - time.monotonic()))
 
     def wait_persisted(self, seq: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._persisted < seq:
+                if self._send_error is not None:
+                    failed, exc = self._send_error
+                    raise ReplicationError(
+                        f"publisher {self.name}: message {failed} could not be sent to {self.topic}: {exc}. "
+                        "It stays in the publish store; fix the cause and start the publisher again (its logon "
+                        "resends what the instance lacks)")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
@@ -284,7 +304,15 @@ class Publisher:
         if message_type:
             headers.append((HEADER_TYPE, message_type.encode()))
         headers.extend((key, value.encode()) for key, value in extra.items())
-        self._producer.send(self.topic, key=self.name.encode(), value=body, headers=headers)
+        future = self._producer.send(self.topic, key=self.name.encode(), value=body, headers=headers)
+        future.add_errback(self._send_failed, seq)
+
+    def _send_failed(self, seq: int, exc: BaseException) -> None:
+        """A send that no retry mends (a message too large, no right to write the topic): ``flush`` raises it."""
+        with self._cond:
+            if self._send_error is None or seq < self._send_error[0]:
+                self._send_error = (seq, exc)
+            self._cond.notify_all()
 
     def _attach_acks_topic(self) -> None:
         from kafka import TopicPartition
@@ -302,8 +330,7 @@ class Publisher:
             time.sleep(0.2)
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
-        # Acks already on the topic are older than this session; reading a few of
-        # them again (brokers whose end offset is approximate) is harmless.
+        # Acks already on the topic are older than this session: start at its end.
         self._consumer.seek_to_end(*tps)
 
     def _listen(self) -> None:
@@ -315,7 +342,6 @@ class Publisher:
                 log.exception("publisher %s: ack poll failed", self.name)
                 time.sleep(0.5)
                 continue
-            self._fetch_wait.after_poll(bool(batches))
             latest = None
             for records in batches.values():
                 for record in records:
@@ -343,6 +369,8 @@ class Publisher:
         because a sync destination is away must not make the publisher send
         its whole store again every few seconds.
         """
+        from kafka.errors import KafkaError
+
         last_progress = (self.persisted_seq, time.monotonic())
         while not self._closed.wait(1.0):
             persisted = self.persisted_seq
@@ -358,6 +386,10 @@ class Publisher:
                 self.logon(timeout=self.resend_after, resend_stored=False)
             except ReplicationError as exc:
                 log.warning("%s", exc)
+            except KafkaError as exc:  # the broker is away: try again at the next stall
+                if self._closed.is_set():
+                    return
+                log.warning("publisher %s: logon to %s failed (%s); retrying", self.name, self.instance, exc)
             except Exception:  # the producer closed under us: close() is in progress
                 if not self._closed.is_set():
                     raise

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -140,7 +142,7 @@ class AckRecorder:
 class PacedPublisher:
     """Publishes small orders at a steady rate in a thread until stopped; ``published`` is the last seq."""
 
-    def __init__(self, pub, rate: float) -> None:
+    def __init__(self, pub, rate: float, topic: str = "/orders") -> None:
         import threading
 
         self.pub = pub
@@ -149,7 +151,7 @@ class PacedPublisher:
 
         def run() -> None:
             while not self._stop.wait(1.0 / rate):
-                self.published = pub.publish("/orders", json.dumps({"qty": self.published % 300}).encode())
+                self.published = pub.publish(topic, json.dumps({"qty": self.published % 300}).encode())
 
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
@@ -158,3 +160,62 @@ class PacedPublisher:
         self._stop.set()
         self._thread.join()
         return self.published
+
+
+class AckListener(threading.Thread):
+    """A long-lived consumer of ``<instance>.acks`` (librdkafka's or kafka-python's), from its beginning: the
+    highest persisted seq it saw per client. Use as a context manager, or ``start()`` and ``stop()``."""
+
+    def __init__(self, kind: str, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True, name=f"acks-{kind}")
+        self.kind, self.bootstrap, self.topic = kind, bootstrap, topic
+        self.persisted: dict[str, int] = {}
+        self.ready = threading.Event()
+        self._halt = threading.Event()
+
+    def _take(self, value: bytes) -> None:
+        ack = json.loads(value)
+        if not ack.get("logon"):
+            self.persisted[ack["client"]] = max(self.persisted.get(ack["client"], 0), int(ack["seq"]))
+
+    def run(self) -> None:
+        if self.kind == "librdkafka":
+            from confluent_kafka import Consumer as RdConsumer
+
+            consumer = RdConsumer({"bootstrap.servers": self.bootstrap, "group.id": f"acks-{time.time_ns()}",
+                                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
+            consumer.subscribe([self.topic], on_assign=lambda *_: self.ready.set())
+            try:
+                while not self._halt.is_set():
+                    message = consumer.poll(0.1)
+                    if message is not None and message.error() is None:
+                        self._take(message.value())
+            finally:
+                consumer.close()
+        else:
+            from kafka import KafkaConsumer, TopicPartition
+
+            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+            consumer.assign([TopicPartition(self.topic, 0)])
+            consumer.seek_to_beginning()
+            self.ready.set()
+            try:
+                while not self._halt.is_set():
+                    for records in consumer.poll(timeout_ms=100).values():
+                        for record in records:
+                            self._take(record.value)
+            finally:
+                consumer.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=30)
+
+
+    def __enter__(self) -> "AckListener":
+        self.start()
+        assert self.ready.wait(60), f"the {self.kind} consumer was not assigned {self.topic}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

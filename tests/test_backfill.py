@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
-from fabric_support import ONE_WAY
+from fabric_support import ONE_WAY, AckListener
 from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
 from replication import backfill, config
 from replication.commands import backfill as backfill_command
@@ -26,27 +26,12 @@ from replication.connectors import files, row_json
 from replication.connectors.delta.inbox_stream import staged_parts
 from replication.connectors.delta.stats import file_stats
 from replication.destination.resync import stored_per_publisher
+from replication.durability import acks_topic
 from replication.errors import ReplicationError
 from replication.ingest.staged_parts import StagedPart
 from replication.messages import publisher_id
 from replication.storage.layout import StorageLayout
 from replication.txlog import TXLOG_SCHEMA
-
-
-def persisted_acks(bootstrap: str, instance: str, client: str) -> int:
-    """The highest persisted ack ``instance`` sent ``client`` on ``<instance>.acks`` (0: none)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500)
-    tp = TopicPartition(f"{instance}.acks", 0)
-    consumer.assign([tp])
-    consumer.seek_to_beginning(tp)
-    best = 0
-    for record in consumer:
-        if record.key == client.encode():
-            ack = json.loads(record.value)
-            if not ack.get("logon"):
-                best = max(best, int(ack["seq"]))
-    consumer.close()
-    return best
 
 
 def handed_over(root, columns: list[str]) -> pa.Table:
@@ -91,19 +76,20 @@ def test_100k_rows_from_parquet_and_from_json_lines_each_twice_are_stored_once_r
         (jsonl_dir / f"trades-{part}.jsonl").write_bytes(
             b"".join(json.dumps({"trade": i, "px": i / 4}).encode() + b"\n" for i in range(lo, hi)))
 
-    for client, fmt, inputs, topic in (("loader-pq", "parquet", [str(parquet_dir)], "/orders"),
-                                       ("loader-jl", "jsonl", [str(jsonl_dir / "trades-0.jsonl"),
-                                                               str(jsonl_dir / "trades-1.jsonl")], "/trades")):
-        options = backfill.Options(client, fmt, topic=topic)
-        first = backfill.run(spark, cfg, inputs, options)
-        assert (first.rows, first.stored, first.rejected, first.last_seq) == (100_000, 100_000, 0, 100_000)
-        wait_until(lambda c=client: stored(pair, "a", c) == 100_000, timeout=300, what=f"A to store {client}")
-        again = backfill.run(spark, cfg, inputs, options)
-        assert (again.rows, again.stored, again.parts) == (100_000, 0, 0), "a repeated backfill writes nothing"
-        wait_until(lambda c=client: persisted_acks(pair.broker.bootstrap, pair.name("a"), c) == 100_000,
-                   timeout=300, what=f"the persisted ack of {client} (sync: once B has every row)")
-        assert publisher_rows(pair, "b", client) == list(range(1, 100_001)), "replicated to B once, in order"
-        assert publisher_rows(pair, "a", client) == list(range(1, 100_001)), "stored once, in input order"
+    with AckListener("kafka-python", pair.broker.bootstrap, acks_topic(pair.name("a"))) as acks:
+        for client, fmt, inputs, topic in (("loader-pq", "parquet", [str(parquet_dir)], "/orders"),
+                                           ("loader-jl", "jsonl", [str(jsonl_dir / "trades-0.jsonl"),
+                                                                   str(jsonl_dir / "trades-1.jsonl")], "/trades")):
+            options = backfill.Options(client, fmt, topic=topic)
+            first = backfill.run(spark, cfg, inputs, options)
+            assert (first.rows, first.stored, first.rejected, first.last_seq) == (100_000, 100_000, 0, 100_000)
+            wait_until(lambda c=client: stored(pair, "a", c) == 100_000, timeout=300, what=f"A to store {client}")
+            again = backfill.run(spark, cfg, inputs, options)
+            assert (again.rows, again.stored, again.parts) == (100_000, 0, 0), "a repeated backfill writes nothing"
+            wait_until(lambda c=client: acks.persisted.get(c) == 100_000,
+                       timeout=300, what=f"the persisted ack of {client} (sync: once B has every row)")
+            assert publisher_rows(pair, "b", client) == list(range(1, 100_001)), "replicated to B once, in order"
+            assert publisher_rows(pair, "a", client) == list(range(1, 100_001)), "stored once, in input order"
 
     rows = pair.rows("a")
     first_of = {p: i for i, p in reversed(list(enumerate(rows["publisher"].to_pylist())))}
@@ -545,9 +531,10 @@ def test_an_instance_killed_while_it_stores_staged_parts_stores_each_row_once_af
     assert len(moved) == 3, "three parts moved and written, not committed"
     proc = InstanceProcess(path, tmp_path / "run1.log")
     try:
-        for client, count in (("loader", 30_000), ("live", 500)):
-            wait_until(lambda c=client, n=count: persisted_acks(broker.bootstrap, name, c) == n, timeout=300,
-                       what=f"the persisted ack of {client} from the restarted instance")
+        with AckListener("kafka-python", broker.bootstrap, acks_topic(name)) as acks:
+            for client, count in (("loader", 30_000), ("live", 500)):
+                wait_until(lambda c=client, n=count: acks.persisted.get(c) == n, timeout=300,
+                           what=f"the persisted ack of {client} from the restarted instance")
     finally:
         assert proc.stop() == 0
     assert_exactly_once(txlog_rows(tmp_path, name), {"loader": 30_000, "live": 500})
