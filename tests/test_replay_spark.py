@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import time
 
-from pyspark.sql.datasource import DataSource, DataSourceReader
-
 from factories import collecting, destination_xml, replication_xml, run_cli, spark_seqs, wait_until, write_batches
 from fabric_support import ONE_WAY
 from replication import replay
@@ -72,9 +70,9 @@ def test_fully_durable_returns_only_what_the_sync_destination_acknowledged(fabri
 
 
 def test_the_native_delta_reader_is_chosen_where_delta_is_available(spark, monkeypatch):
-    assert replay.reads_delta_natively(spark) is False, "this Spark has no Delta jars"
+    assert replay.reads_delta_natively(spark) is True, "the project's sessions have delta-spark"
 
-    class Jvm:  # a JVM whose lookup of the "delta" source succeeds, as with delta-spark on the class path
+    class Jvm:  # a JVM whose lookup of the "delta" source fails, as on a Spark without delta-spark
         def __getattr__(self, name):
             return self
 
@@ -82,57 +80,27 @@ def test_the_native_delta_reader_is_chosen_where_delta_is_available(spark, monke
             return self
 
         def lookupDataSource(self, name, conf):
-            return name
+            raise RuntimeError("Failed to find the data source: delta")
 
-    class WithDelta:
+    class WithoutDelta:
         _jvm = Jvm()
         _jsparkSession = Jvm()
 
-    assert replay.reads_delta_natively(WithDelta()) is True
+    assert replay.reads_delta_natively(WithoutDelta()) is False
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
     assert replay.reads_delta_natively(object()) is True, "Databricks (Spark Connect has no JVM handle)"
 
 
 def test_both_readers_return_the_same_rows(spark, tmp_path, monkeypatch):
-    """The native branch reads format("delta").load(txlog): here a stand-in Delta source (deltalake's
-    snapshot) under another name; the rows equal those read from the file list."""
+    """The native branch reads format("delta").load(txlog) with delta-spark; the other, the Parquet files of
+    deltalake's snapshot that can hold the range. Both give the same rows."""
     rows = write_batches(tmp_path / "txlog", batches=5, per_publisher=4)
     mid = rows["bookmark"][17].as_py()
-    by_files = spark_seqs(replay.txlog(tmp_path, bookmark=mid, filter="/seq > 30"))
-    spark.dataSource.register(stand_in_delta())
-    monkeypatch.setattr(replay, "DELTA_FORMAT", "replay-test-delta")
-    monkeypatch.setattr(replay, "reads_delta_natively", lambda _spark: True)
     natively = replay.txlog(tmp_path, bookmark=mid, filter="/seq > 30")
-    assert spark_seqs(natively) == by_files == list(range(31, 61))
-    assert "replay-test-delta" in natively._jdf.queryExecution().analyzed().toString()
-
-
-def stand_in_delta() -> type[DataSource]:
-    """A Delta reader for the test: the table's current snapshot through deltalake. Defined in a function so
-    that Spark's Python workers get the classes by value (they cannot import this test module)."""
-
-    class StandInReader(DataSourceReader):
-        def __init__(self, path: str) -> None:
-            self.path = path
-
-        def read(self, partition):
-            from deltalake import DeltaTable
-
-            from replication.connectors.delta.txlog_stream import _spark_arrow_schema
-
-            yield from DeltaTable(self.path).to_pyarrow_table().cast(_spark_arrow_schema()).to_batches()
-
-    class StandInDelta(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "replay-test-delta"
-
-        def schema(self):
-            from replication.connectors.delta.txlog_stream import SCHEMA
-
-            return SCHEMA
-
-        def reader(self, schema):
-            return StandInReader(self.options["path"])
-
-    return StandInDelta
+    assert "DeltaFileIndex" in natively._jdf.queryExecution().executedPlan().toString(), "read by delta-spark"
+    with monkeypatch.context() as patched:
+        patched.setattr(replay, "reads_delta_natively", lambda _spark: False)
+        by_files = replay.txlog(tmp_path, bookmark=mid, filter="/seq > 30")
+        assert "DeltaFileIndex" not in by_files._jdf.queryExecution().executedPlan().toString()
+        by_files_seqs = spark_seqs(by_files)
+    assert spark_seqs(natively) == by_files_seqs == list(range(31, 61))

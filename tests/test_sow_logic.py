@@ -283,6 +283,39 @@ def test_the_exact_read_with_a_filter_tests_the_base_and_the_changes_after_it(tm
     assert {r["sow_key"]: r["data"] for r in everything.to_pylist()} == {k: b for k, b in sow.items(0, "/orders")}
 
 
+def test_a_compactions_vacuum_removes_the_files_it_replaced_and_never_another_writers(tmp_path, monkeypatch):
+    """A user's OPTIMIZE (or any writer) has written a file it has not committed yet when a compaction runs: the
+    compaction's vacuum must leave it, or that writer's commit would name a file that is gone."""
+    import pyarrow.parquet as pq
+    from deltalake import write_deltalake
+
+    from replication.connectors.delta.txlog_files import TxlogFiles
+    from replication.sow import table as sow_table
+    from replication.sow.table import SowTable
+    from replication.storage.layout import StorageLayout
+    from replication.txlog import TXLOG_SCHEMA
+
+    monkeypatch.setattr(sow_table, "KEEP_SNAPSHOTS_S", -1.0)  # no snapshot kept: every replaced file may go
+    sow = fresh()
+    stored = run(rows(*({"body": {"id": i % 4, "qty": i}} for i in range(12))), sow).txlog_rows
+    stored = stored.select(TXLOG_SCHEMA.names).cast(TXLOG_SCHEMA)
+    layout = StorageLayout.of(str(tmp_path))
+    write_deltalake(str(layout.txlog), stored.slice(0, 6))
+    table, topics, txlog = SowTable(layout, CFG.sow_topics[0]), SowTopics.of(CFG), TxlogFiles(str(layout.txlog))
+    txlog.refresh()
+    assert table.compact(txlog, topics, 0, 6)
+    first_files = set(table.table.file_uris())
+    in_flight = table.path / "bucket=0" / "part-in-flight-of-another-writer.parquet"
+    in_flight.parent.mkdir(exist_ok=True)
+    pq.write_table(table.records().slice(0, 1), in_flight)
+    write_deltalake(str(layout.txlog), stored.slice(6), mode="append")
+    txlog.refresh()
+    assert table.compact(txlog, topics, 0, 12)
+    on_disk = {str(p) for p in table.path.glob("**/*.parquet")}
+    assert str(in_flight) in on_disk, "the vacuum deleted a file no commit names yet"
+    assert not first_files & on_disk, "the files the compaction replaced are removed"
+
+
 def test_net_changes_keep_each_records_last_change_over_random_rows():
     """The column-wise fold equals the plain one: the last write or removal per (topic, key), in row order."""
     import random

@@ -276,10 +276,14 @@ class SowTable:
         return True
 
     def _vacuum(self) -> None:
-        """Remove files no recent snapshot needs: each compaction replaces whole buckets."""
+        """Remove files no recent snapshot needs: each compaction replaces whole buckets.
+
+        deltalake's vacuum in its default (lite) mode deletes only files that a commit removed, never
+        files no commit names: a user's OPTIMIZE still writing its files next to ours loses nothing.
+        """
         cutoff = (time.time() - KEEP_SNAPSHOTS_S) * 1000
         recent = [e["version"] for e in self.table.history(limit=100) if e.get("timestamp", 0) >= cutoff]
-        self.table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False,
+        self.table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False, full=False,
                           keep_versions=sorted(set(recent) | {self.table.version()}))
 
 
