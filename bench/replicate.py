@@ -8,6 +8,9 @@ One run prints (issue 3, "Performance"):
    the same topic; the clock runs from A's query start until B's txlog holds
    all N rows. Target: replication >= 0.7 x ingest only. A timeline shows
    when A's txlog, B's inbox, B's txlog and A's view of B's ack were complete;
+   MirrorMaker 2 (``bench/mirror_maker.py``) copies the same topic from the
+   benchmark's broker to a second broker it starts: what a Kafka user would
+   run instead, with its CPU seconds beside the instance's (phase ``mm2``);
 2. latency: a ``replication.client.Publisher`` in its own process publishes
    to A at a steady rate (2,000 msg/s) while A replicates to its sync
    destination B; each message is followed by (client, seq) through every
@@ -23,7 +26,7 @@ One run prints (issue 3, "Performance"):
 Both instances run in this process's Spark application, as ``replication run
 a.xml b.xml`` runs them, with the engine's default trigger (``0 seconds``).
 ``--trigger``, ``--max-offsets`` and ``--conf`` try other settings. Uses an
-embedded tansu broker unless ``--bootstrap`` is given::
+Kafka broker of its own (KRaft) unless ``--bootstrap`` is given::
 
     .venv/bin/python bench/replicate.py --quick        # 100k messages, 10 s of latency, ~3 minutes
     .venv/bin/python bench/replicate.py                # 1M messages, 30 s of latency, ~5 minutes
@@ -70,8 +73,9 @@ from common import (  # noqa: E402
     prepublish,
     steady_publisher,
 )
+from mirror_maker import MirrorRun, mirror  # noqa: E402
 
-PHASES = ("throughput", "latency")
+PHASES = ("throughput", "mm2", "latency")
 #: Seconds the started pair is watched with nothing published, before the latency run.
 IDLE_SECONDS = 8.0
 
@@ -208,8 +212,9 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
 PROCESS_KINDS = (
     ("python_streaming_source_runner", "Spark source runners (latestOffset...)"),
     ("pyspark.daemon", "Spark Python workers (reads)"),
+    ("kafka.Kafka", "broker (Kafka)"),
+    ("connect.mirror.MirrorMaker", "MirrorMaker 2"),
     ("java", "JVM (Spark)"),
-    ("tansu", "broker (tansu)"),
     ("multiprocessing", "publisher process"),
 )
 DRIVER = "driver (Python: foreachBatch, durability, acks)"
@@ -414,9 +419,11 @@ def batches_with_rows(query) -> list[dict]:
     return data_batches(query.recentProgress)
 
 
-def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> dict[str, Run]:
-    """Pre-publish once; ingest-only and replication read the same topic, ``--repeat`` times in turn (best kept)."""
-    from replication.connectors.kafka.broker import ensure_topics
+def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
+               phases: set[str]) -> tuple[dict[str, Run], MirrorRun | None]:
+    """Pre-publish once; ingest-only, replication and MirrorMaker 2 read the same topic, ``--repeat`` times in turn
+    (the best of each kept)."""
+    from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
 
     topic = f"bench-repl-{uuid.uuid4().hex[:6]}.publish"
     ensure_topics(bootstrap, [topic], partitions=args.partitions)
@@ -424,20 +431,54 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) ->
     print(f"published {args.messages:,} messages ({args.publishers} producers, {args.partitions} partitions, "
           f"zstd): {rate:,.0f} msg/s", flush=True)
     best: dict[str, Run] = {}
-    for rep in range(args.repeat):
-        order = ("ingest", "replicate") if rep % 2 == 0 else ("replicate", "ingest")
-        for key in order:
-            pair = make_pair(workdir, bootstrap, f"t{rep}{key[0]}", topic=topic, max_offsets=args.max_offsets,
-                             replicate=key == "replicate", timer=timer)
-            label = "A ingest only (no destination)" if key == "ingest" else "A -> B replication (sync)"
-            run = throughput_run(spark, pair, args.messages, timer, label=label, trigger=args.trigger,
-                                 spy=spy_file(args, key))
-            print(f"  {run.label}: {run.rate:,.0f} rows/s in {run.seconds:.1f}s, {run.cpu_seconds:.0f} CPU-s "
-                  f"({', '.join(f'{k} {v:.1f}s' for k, v in run.marks.items())}; "
-                  f"load average {os.getloadavg()[0]:.1f})" + restarted(run.restarts), flush=True)
-            if key not in best or run.seconds < best[key].seconds:
-                best[key] = run
-    return best
+    best_mirror: MirrorRun | None = None
+    keys = [k for k in ("ingest", "replicate", "mm2") if k == "mm2" and "mm2" in phases
+            or k != "mm2" and "throughput" in phases]
+    target = EmbeddedBroker().start() if "mm2" in keys else None  # MM2's target cluster
+    try:
+        for rep in range(args.repeat):
+            for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:  # each goes first in turn
+                if key == "mm2":
+                    assert target is not None
+                    mirrored = mirror(bootstrap, target.bootstrap, topic, args.messages, args.partitions,
+                                      workdir / f"mm2-{rep}", cpu_by_kind=cpu_by_kind)
+                    target_topic_cleanup(target.bootstrap, topic)
+                    print(f"  MirrorMaker 2: {mirrored.rate:,.0f} rows/s in {mirrored.seconds:.1f}s from its start, "
+                          f"{mirrored.copy_rate:,.0f} rows/s copying, {mirrored.cpu_seconds:.0f} CPU-s "
+                          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+                    if best_mirror is None or mirrored.copy_seconds < best_mirror.copy_seconds:
+                        best_mirror = mirrored
+                    continue
+                pair = make_pair(workdir, bootstrap, f"t{rep}{key[0]}", topic=topic, max_offsets=args.max_offsets,
+                                 replicate=key == "replicate", timer=timer)
+                label = "A ingest only (no destination)" if key == "ingest" else "A -> B replication (sync)"
+                run = throughput_run(spark, pair, args.messages, timer, label=label, trigger=args.trigger,
+                                     spy=spy_file(args, key))
+                print(f"  {run.label}: {run.rate:,.0f} rows/s in {run.seconds:.1f}s, {run.cpu_seconds:.0f} CPU-s "
+                      f"({', '.join(f'{k} {v:.1f}s' for k, v in run.marks.items())}; "
+                      f"load average {os.getloadavg()[0]:.1f})" + restarted(run.restarts), flush=True)
+                if key not in best or run.seconds < best[key].seconds:
+                    best[key] = run
+    finally:
+        if target is not None:
+            target.close()
+    return best, best_mirror
+
+
+def target_topic_cleanup(bootstrap: str, topic: str) -> None:
+    """Delete MM2's copy of ``topic`` and its internal topics on the target, so the next pass copies anew."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        doomed = [t for t in admin.list_topics() if t == topic or t.startswith("mm2-") or ".internal" in t]
+        if doomed:
+            admin.delete_topics(doomed)
+        deadline = time.monotonic() + 60
+        while set(doomed) & set(admin.list_topics()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        admin.close()
 
 
 # -- latency -------------------------------------------------------------------------
@@ -596,7 +637,7 @@ SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", 
                "commitOffsets")
 
 
-def report(args, runs: dict[str, Run], lat: Latency | None) -> str:
+def report(args, runs: dict[str, Run], lat: Latency | None, mirrored: MirrorRun | None = None) -> str:
     out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
            f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger {args.trigger}, "
            f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
@@ -606,6 +647,12 @@ def report(args, runs: dict[str, Run], lat: Latency | None) -> str:
     if runs:
         rows = [[r.label + restarted(r.restarts), f"{r.rows:,}", f"{r.seconds:.2f}", f"{r.rate:,.0f}",
                  f"{r.cpu_seconds:.1f}", f"{r.rows / r.cpu_seconds:,.0f}"] for r in runs.values()]
+        if mirrored is not None:
+            rows.append(["MirrorMaker 2, source -> target broker (from its start)", f"{mirrored.rows:,}",
+                         f"{mirrored.seconds:.2f}", f"{mirrored.rate:,.0f}", f"{mirrored.cpu_seconds:.1f}",
+                         f"{mirrored.rows / mirrored.cpu_seconds:,.0f}"])
+            rows.append(["MirrorMaker 2, copying (first record -> last)", f"{mirrored.rows:,}",
+                         f"{mirrored.copy_seconds:.2f}", f"{mirrored.copy_rate:,.0f}", "", ""])
         out.append(format_table(["throughput", "rows", "seconds", "rows/s", "CPU s", "rows/CPU-s"], rows))
         if "replicate" in runs:
             marks = runs["replicate"].marks
@@ -619,6 +666,14 @@ def report(args, runs: dict[str, Run], lat: Latency | None) -> str:
             checks.append(["replication / ingest only, rows per CPU-s",
                            f"{(rep.rows / rep.cpu_seconds) / (ing.rows / ing.cpu_seconds):.2f}", "",
                            "(less load-sensitive)"])
+    if mirrored is not None and "replicate" in runs:
+        rep = runs["replicate"]
+        checks.append(["replication / MirrorMaker 2 (from its start), rows/s", f"{rep.rate / mirrored.rate:.2f}", "",
+                       "(the anchor of the next targets)"])
+        checks.append(["replication / MirrorMaker 2 (copying), rows/s", f"{rep.rate / mirrored.copy_rate:.2f}", "",
+                       ""])
+        checks.append(["replication / MirrorMaker 2, rows per CPU-s",
+                       f"{(rep.rows / rep.cpu_seconds) / (mirrored.rows / mirrored.cpu_seconds):.2f}", "", ""])
     if lat:
         ms = lat.ms
         what = f"{lat.count:,} msgs at {lat.rate:,.0f}/s{restarted(lat.restarts)}"
@@ -635,6 +690,8 @@ def report(args, runs: dict[str, Run], lat: Latency | None) -> str:
         out.append("")
         out.append(latency_table(lat.ms))
     cpu_columns = {f"{run.label} ({run.seconds:.0f}s)": (run.cpu_kinds, run.seconds) for run in runs.values()}
+    if mirrored is not None:
+        cpu_columns[f"MirrorMaker 2 ({mirrored.seconds:.0f}s)"] = (mirrored.cpu_kinds, mirrored.seconds)
     if lat:
         cpu_columns[f"idle pair ({lat.idle_seconds:.0f}s)"] = (lat.idle_cpu_kinds, lat.idle_seconds)
         cpu_columns[f"latency run ({lat.wall:.0f}s)"] = (lat.cpu_kinds, lat.wall)
@@ -772,7 +829,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-rate", type=float, default=2000.0, help="msg/s of the steady publisher")
     parser.add_argument("--latency-seconds", type=float, default=None, help="(30; --quick: 10)")
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of an embedded tansu broker")
+    parser.add_argument("--bootstrap", help="use this Kafka instead of a broker started by the benchmark")
     parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy the measured runs into DIR/<run>.txt "
                         "(collapsed stacks of the driver and Spark's Python workers)")
@@ -796,9 +853,10 @@ def measure(spark, workdir: Path, bootstrap: str, args) -> str:
     timer = StageTimer()
     with timer.patched(stage_targets(timer)):
         warm_up(spark, workdir, bootstrap, args, timer)
-        runs = throughput(spark, workdir, bootstrap, args, timer) if "throughput" in phases else {}
+        runs, mirrored = (throughput(spark, workdir, bootstrap, args, timer, phases)
+                          if phases & {"throughput", "mm2"} else ({}, None))
         lat = latency(spark, workdir, bootstrap, args, timer) if "latency" in phases else None
-    return report(args, runs, lat)
+    return report(args, runs, lat, mirrored)
 
 
 def main(argv: list[str] | None = None) -> None:
