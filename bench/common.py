@@ -157,7 +157,7 @@ def synthetic_txlog_rows(instance: str, first: int, count: int, publishers: int,
     import pyarrow.compute as pc
 
     from replication.messages import publisher_id
-    from replication.txlog import TXLOG_SCHEMA
+    from replication.txlog.schema import TXLOG_SCHEMA
 
     i = np.arange(first, first + count, dtype=np.int64)
     who = pa.array(i % publishers)
@@ -201,7 +201,8 @@ def build_txlog(cfg, rows: int, publishers: int, chunk: int) -> None:
 
     from replication.connectors.delta.tables import COMMIT_METADATA_KEY, open_or_create
     from replication.storage.layout import StorageLayout
-    from replication.txlog import TXLOG_SCHEMA, PublisherState
+    from replication.txlog.schema import TXLOG_SCHEMA
+    from replication.txlog.publishers import PublisherState
 
     layout = StorageLayout.of(cfg.storage)
     table = open_or_create(layout.txlog, TXLOG_SCHEMA, name=f"{cfg.name} txlog")

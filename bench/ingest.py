@@ -72,7 +72,7 @@ def ingest_timer_targets() -> dict[str, tuple[object, str]]:
     from replication.connectors.delta.tables import IdempotentAppender
     from replication.durability import Durability
     from replication.ingest import writer
-    from replication.txlog import PublisherState
+    from replication.txlog.publishers import PublisherState
 
     return {
         "Spark's callback": (ForeachBatchFunction, "call"),

@@ -162,7 +162,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
     from replication.durability import AckSender, Durability
     from replication.ingest import inputs, writer
     from replication.storage.control import Ack, DurableState, LinkState
-    from replication.txlog import PublisherState
+    from replication.txlog.publishers import PublisherState
 
     r = timer.role
 

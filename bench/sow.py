@@ -222,7 +222,7 @@ def filled_state(cfg, records: int):
 def batch_cost(spark, workdir: Path, bootstrap: str, args) -> list[str]:
     from replication import config
     from replication.ingest.classify import TopicRecorder, classify
-    from replication.txlog import PublisherState
+    from replication.txlog.publishers import PublisherState
 
     cfg = config.load(str(write_config(workdir, "batch", bootstrap, "unused", sow=True)))
     rows = []
@@ -262,11 +262,11 @@ def compaction_cost(workdir: Path, cfg, args) -> list[str]:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from replication.connectors.delta.txlog_files import TxlogFiles
+    from replication.txlog.files import TxlogFiles
     from replication.sow.keys import SowTopics
     from replication.sow.table import SowTable, as_records
     from replication.storage.layout import StorageLayout
-    from replication.txlog import TXLOG_SCHEMA
+    from replication.txlog.schema import TXLOG_SCHEMA
 
     body = b'{"id":0,"symbol":"ACME","side":"buy","qty":1,"price":100.0,"account":{"id":"ACC-1","region":"nyc"}}'
     now = datetime.now(timezone.utc)
@@ -370,7 +370,7 @@ def query(spark, workdir: Path, bootstrap: str, args) -> list[str]:
     from replication import config
     from replication.sow.table import SowTable, as_records
     from replication.storage.layout import StorageLayout
-    from replication.txlog import TXLOG_SCHEMA
+    from replication.txlog.schema import TXLOG_SCHEMA
 
     size, tail = args.query_records, 1000
     path = write_config(workdir, "query", bootstrap, "unused", sow=True)

@@ -69,20 +69,16 @@ from deltalake.transaction import AddAction
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors import files, row_json
-from replication.connectors.delta.inbox_stream import (
-    INBOX_SCHEMA,
-    STAGED_PART_KEY,
-    create_inbox,
-)
+from replication.inbox.schema import INBOX_SCHEMA, STAGED_PART_KEY, create_inbox
 from replication.connectors.delta.tables import DISTINCT_PER_ROW, open_or_create
 from replication.destination.resync import stored_per_publisher
 from replication.errors import InputError, ReplicationError
-from replication.ingest import staged_parts
+from replication.inbox import staged_parts
 from replication.ingest.classify import TopicRecorder
 from replication.messages import MAX_MESSAGE_BYTES, body_errors
 from replication.storage.control import read_json, write_json_atomic
 from replication.storage.layout import StorageLayout
-from replication.txlog import REJECTED_SCHEMA
+from replication.txlog.schema import REJECTED_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 
 from replication import failpoints
 from replication.storage.control import Ack, DurableState
-from replication.txlog import Runs, run_bounds, runs_by_value
+from replication.txlog.runs import Runs, run_bounds, runs_by_value
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -24,14 +24,14 @@ from replication import bootstrap
 from replication.actions import DowngradeController
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
-from replication.connectors.delta.txlog_files import TxlogFiles, read_range
+from replication.txlog.files import TxlogFiles, read_range
 from replication.connectors.kafka.broker import ensure_topics
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
 from replication.ingest.classify import TopicRecorder
 from replication.ingest.inputs import InboxRows, ReadHere, ingest_stream
-from replication.ingest.staged_parts import StagedParts
+from replication.inbox.staged_parts import StagedParts
 from replication.ingest.writer import IngestWriter
 from replication.sow.compactor import Compactor
 from replication.sow.keys import SowTopics
@@ -39,7 +39,8 @@ from replication.sow.state import SowState
 from replication.sow.table import SowTable, rebuild_state
 from replication.storage.control import Heartbeat, write_instance_config
 from replication.storage.layout import INGEST_QUERY, StorageLayout
-from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA, recover_state
+from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
+from replication.txlog.publishers import recover_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

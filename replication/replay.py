@@ -6,7 +6,7 @@ a message's bookmark (start after it), a UTC time ``YYYYMMDDThhmmss[.ffffff][Z]`
 (messages persisted at or after it) or a comma-separated list (the earliest;
 as ``until``, the latest). Each resolves to a local ``seq`` position from the
 Delta file statistics, without reading the whole log
-(:mod:`replication.connectors.delta.txlog_seek`). ``until`` is inclusive: a
+(:mod:`replication.txlog.seek`). ``until`` is inclusive: a
 bookmark ends with its own message, a time with the last message persisted
 before it.
 
@@ -34,51 +34,39 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from replication import config, expressions, routing
-from replication.expressions import columnar
 from replication.config.model import InstanceConfig
-from replication.connectors.delta import txlog_stream
-from replication.connectors.delta.txlog_seek import TxlogSeek
-from replication.connectors.delta.txlog_files import TxlogFiles, local_or_uri
-from replication.connectors.delta.txlog_stream import SCHEMA
 from replication.connectors.spark.pacing import parse_rate
 from replication.connectors.spark.session import session
 from replication.errors import InputError, ReplicationError
-from replication.messages import (
-    FIELD_TYPES,
-    BOOKMARK_FORMS,
-    Epoch,
-    MessageBookmark,
-    Now,
-    PersistedAt,
-    parse_bookmarks,
-)
+from replication.expressions import columnar
+from replication.messages import FIELD_TYPES
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, as_records, net_changes, sow_topic_for, tail_rows
-from replication.storage.control import DurableState, read_instance_config
-from replication.storage.layout import StorageLayout
-from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA
+from replication.storage.control import read_instance_config
+from replication.txlog import stream as txlog_stream
+from replication.txlog.reader import Source, TxlogReader, open_txlog
+from replication.txlog.schema import REJECTED_SCHEMA
+from replication.txlog.stream import SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
     "Selection",
-    "Txlog",
+    "TxlogReader",
     "json_columns",
     "open_txlog",
     "reads_delta_natively",
@@ -88,162 +76,14 @@ __all__ = [
     "txlog",
 ]
 
-#: What a replay reads: a config file, a parsed config, or an instance's storage root.
-Source = Union[str, os.PathLike, InstanceConfig]
 
 #: The Spark format name of a native Delta reader.
 DELTA_FORMAT = "delta"
-#: Rows per window when the txlog is read without Spark (whole files; ``replication replay``).
-WINDOW_ROWS = 50_000
-#: Rows per batch of the first file, streamed.
-STREAM_ROWS = 2_000
 #: Message types whose bodies a content filter reads; rows of other types never match a filter.
 FILTERABLE_TYPES = FIELD_TYPES
 
 
 # -- where a replay reads, and where bookmarks are --------------------------------------
-
-
-def open_txlog(source: Source) -> Txlog:
-    """The txlog of ``source``: a config file (``.xml``), a parsed config, or an instance's storage root.
-
-    Raises :class:`~replication.errors.ConfigError` for a config that does not
-    load, :class:`~replication.errors.InputError` for anything else that names no instance.
-    """
-    if isinstance(source, InstanceConfig):
-        return Txlog(StorageLayout.of(source.storage), source.name)
-    if not isinstance(source, (str, os.PathLike)):
-        raise InputError(
-            f"a replay source is a config file path, a parsed config or a storage root, not {type(source).__name__}"
-        )
-    text = os.fspath(source)
-    if text.lower().endswith(".xml") or Path(text).is_file():
-        cfg = config.load(text)
-        return Txlog(StorageLayout.of(cfg.storage), cfg.name)
-    layout = StorageLayout.of(text)
-    if not layout.root.is_dir():
-        raise InputError(
-            f"{text!r} does not exist: give an instance's config file (e.g. conf/amps-1.xml), "
-            "a parsed config (replication.config.load(...)) or an instance's storage root"
-        )
-    return Txlog(layout, layout.root.name)
-
-
-class Txlog:
-    """One instance's transaction log, read without Spark: bookmark positions, the durable watermark, rows.
-
-    Positions are local ``seq`` values: a replay from position ``p`` returns
-    the rows with ``seq > p``; one until position ``q`` stops after ``seq = q``.
-    """
-
-    def __init__(self, layout: StorageLayout, name: str) -> None:
-        self.layout = layout
-        self.name = name
-        self.files = TxlogFiles(self.path)
-        self._seek: TxlogSeek | None = None
-
-    @property
-    def path(self) -> str:
-        return str(self.layout.txlog)
-
-    def exists(self) -> bool:
-        self.files.refresh()
-        return self.files.version is not None
-
-    def committed_seq(self) -> int:
-        """The highest seq committed now (0: empty or absent)."""
-        self.files.refresh()
-        return self.files.committed_seq
-
-    def durable_seq(self) -> int:
-        """Every row through this seq is acknowledged by every sync destination (``_control/durable.json``)."""
-        saved = DurableState.read(self.layout.durable_json)
-        return int(saved.durable_seq) if saved else 0
-
-    def position(self, bookmark: str, *, last: bool = False) -> int:
-        """Where ``bookmark`` is: the earliest of a list, or with ``last`` (an ``until``) the latest."""
-        positions = [self._position(point) for point in parse_bookmarks(bookmark)]
-        return max(positions) if last else min(positions)
-
-    def range(self, bookmark: str = "0", until: str | None = None, *,
-              fully_durable: bool = False) -> tuple[int, int | None]:
-        """``(start, end)``: rows ``start < seq <= end``; ``end`` None: no end (a subscription's)."""
-        start = self.position(bookmark)
-        end = self.position(until, last=True) if until is not None else None
-        if fully_durable:
-            durable = self.durable_seq()
-            end = durable if end is None else min(end, durable)
-        return start, end
-
-    def file_uris(self, after: int, through: int) -> list[str]:
-        """The data files of the current snapshot that may hold rows ``after < seq <= through``, in seq order."""
-        self.files.refresh()
-        return [f.uri for f in self.files.overlapping(after, through)] if through > after else []
-
-    def read(self, after: int, through: int) -> Iterator[pa.Table]:
-        """Rows ``after < seq <= through`` in seq order: the first file streamed in small batches (the first
-        rows come out at once, whatever the file's size), then about :data:`WINDOW_ROWS` rows (whole files,
-        checked complete) at a time."""
-        self.files.refresh()
-        position = after
-        for rows in self._stream_first_file(after, through):
-            position = int(rows.column("seq")[-1].as_py())
-            yield rows
-        for part in self.files.plan(position, through, rows_per_partition=WINDOW_ROWS):
-            yield self.files.read(part.start, part.end)
-
-    def _stream_first_file(self, after: int, through: int) -> Iterator[pa.Table]:
-        """The rows of the first file that holds ``after + 1``, batch by batch, while they follow on from
-        ``after`` without a gap (the plain case); anything else is left to the checked windows."""
-        first = self.files.overlapping(after, through)[:1]
-        if not first:
-            return
-        try:
-            parquet = pq.ParquetFile(local_or_uri(first[0].uri))
-        except FileNotFoundError:  # compacted and vacuumed since listed: the checked read re-plans
-            return
-        seq_column = parquet.schema_arrow.get_field_index("seq")
-        groups = [g for g in range(parquet.metadata.num_row_groups)
-                  if _may_hold_after(parquet.metadata.row_group(g).column(seq_column).statistics, after)]
-        position = after
-        for batch in parquet.iter_batches(batch_size=STREAM_ROWS, row_groups=groups):
-            seqs = batch.column("seq")
-            rows = pa.Table.from_batches([batch]).filter(
-                pc.and_(pc.greater(seqs, position), pc.less_equal(seqs, through)))
-            if not rows.num_rows:
-                continue
-            got = rows.column("seq").to_numpy()
-            if got[0] != position + 1 or got[-1] - got[0] != len(got) - 1:
-                return
-            yield rows.cast(TXLOG_SCHEMA)
-            position = int(got[-1])
-
-    def _position(self, point) -> int:
-        if isinstance(point, Epoch):
-            return 0
-        if isinstance(point, Now):
-            return self.committed_seq()
-        if isinstance(point, PersistedAt):
-            first = self._seeker().first_seq_persisted_at(point.micros) if self.exists() else None
-            return first - 1 if first is not None else self.committed_seq()
-        assert isinstance(point, MessageBookmark)
-        seq = self._seeker().seq_of_bookmark(point.text, point.publisher_seq) if self.exists() else None
-        if seq is None:
-            raise InputError(
-                f"bookmark {point.text!r} is not in the txlog of {self.name} ({self.path}): no message has it. "
-                f"Use a bookmark from this instance's txlog (the bookmark column, or the last one "
-                f"`replication replay` printed), or one of: {BOOKMARK_FORMS}"
-            )
-        return seq
-
-    def message_types(self, after: int, through: int) -> set[str] | None:
-        """The message types of rows ``after < seq <= through`` by the files' statistics (None: unknown)."""
-        return self._seeker().message_types(after, through) if self.exists() else None
-
-    def _seeker(self) -> TxlogSeek:
-        if self._seek is None:
-            self._seek = TxlogSeek(DeltaTable(self.path))
-        return self._seek
 
 
 # -- which rows: topic regex and content filter -----------------------------------------
@@ -356,7 +196,7 @@ def txlog(
         fully_durable: only messages every sync destination (not downgraded) has acknowledged.
         spark: the session (default: the active one, or a local one).
 
-    Columns: those of the txlog (:data:`replication.txlog.TXLOG_SCHEMA`).
+    Columns: those of the txlog (:data:`replication.txlog.schema.TXLOG_SCHEMA`).
 
     Example:
         >>> df = replay.txlog("conf/amps-1.xml", topic="^/orders", bookmark="20261123T093000Z")  # doctest: +SKIP
@@ -372,7 +212,7 @@ def txlog(
     return selection.where(rows.where((F.col("seq") > start) & (F.col("seq") <= end)), types).orderBy("seq")
 
 
-def snapshot(spark: SparkSession, log: Txlog, start: int, end: int) -> DataFrame:
+def snapshot(spark: SparkSession, log: TxlogReader, start: int, end: int) -> DataFrame:
     """The txlog's rows that may lie in ``(start, end]``: the whole table natively, else the files that overlap."""
     if reads_delta_natively(spark):
         return spark.read.format(DELTA_FORMAT).load(log.path).select(*SCHEMA.fieldNames())
@@ -471,7 +311,7 @@ def sow(source: Source, *, topic: str, filter: str | None = None, spark: SparkSe
     return selection.where(records, {sow_topic.message_type})
 
 
-def _config_of(source: Source, log: Txlog) -> InstanceConfig:
+def _config_of(source: Source, log: TxlogReader) -> InstanceConfig:
     """The instance's config: the one given, or its ``_control/instance.json``."""
     if isinstance(source, InstanceConfig):
         return source
@@ -526,11 +366,6 @@ def json_columns(df: DataFrame, schema: str | None = None, *, sample_rows: int =
     names = parsed.select("fields.*").columns
     taken = set(df.columns)
     return parsed.select("*", *[F.col("fields")[n].alias(n) for n in names if n not in taken])
-
-
-def _may_hold_after(statistics, after: int) -> bool:
-    """Can a row group with these ``seq`` statistics hold a row after ``after``? (no statistics: yes)"""
-    return statistics is None or not statistics.has_min_max or statistics.max > after
 
 
 def _struct_ddl(variant_type: str) -> str:

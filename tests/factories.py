@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.messages import bookmark
-from replication.txlog import TXLOG_SCHEMA
+from replication.txlog.schema import TXLOG_SCHEMA
 
 #: When :func:`write_batches`'s first batch was published and persisted.
 T0 = datetime(2026, 11, 23, 9, 30, 0, 250_000, tzinfo=timezone.utc)

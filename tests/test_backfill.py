@@ -23,15 +23,15 @@ from factories import destination_xml, rejected_rows, replication_xml, wait_unti
 from replication import backfill, config
 from replication.commands import backfill as backfill_command
 from replication.connectors import files, row_json
-from replication.connectors.delta.inbox_stream import staged_parts
+from replication.inbox.versions import staged_parts
 from replication.connectors.delta.stats import file_stats
 from replication.destination.resync import stored_per_publisher
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
-from replication.ingest.staged_parts import StagedPart
+from replication.inbox.staged_parts import StagedPart
 from replication.messages import publisher_id
 from replication.storage.layout import StorageLayout
-from replication.txlog import TXLOG_SCHEMA
+from replication.txlog.schema import TXLOG_SCHEMA
 
 
 def handed_over(root, columns: list[str]) -> pa.Table:
@@ -593,7 +593,7 @@ def test_parts_end_at_their_rows_or_bytes_and_a_rerun_starts_after_the_last_row_
 def test_a_client_whose_parts_were_numbered_the_earlier_way_resumes_after_its_last_row(tmp_path):
     from deltalake import CommitProperties, Transaction
 
-    from replication.connectors.delta.inbox_stream import INBOX_SCHEMA, create_inbox
+    from replication.inbox.schema import INBOX_SCHEMA, create_inbox
     from replication.storage.control import write_json_atomic
 
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
@@ -631,8 +631,8 @@ def test_one_backfill_of_a_client_at_a_time_and_a_part_the_instance_could_not_fi
     from datetime import datetime, timezone
 
     from replication.connectors.delta.tables import IdempotentAppender
-    from replication.ingest import staged_parts as sp
-    from replication.txlog import REJECTED_SCHEMA
+    from replication.inbox import staged_parts as sp
+    from replication.txlog.schema import REJECTED_SCHEMA
 
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
     layout = StorageLayout.of(cfg.storage)

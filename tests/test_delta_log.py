@@ -5,7 +5,7 @@ from __future__ import annotations
 from deltalake import DeltaTable
 
 from replication.connectors.delta.log import appends_after, local_log_dir
-from replication.connectors.delta.txlog_files import TxlogFiles, read_files
+from replication.txlog.files import TxlogFiles, read_files
 from test_txlog_source import TxlogWriter
 
 
@@ -64,20 +64,21 @@ def test_a_view_that_follows_commits_plans_and_reads_as_a_fresh_snapshot(tmp_pat
 
 
 def test_inbox_versions_read_from_their_commit_files_are_the_change_feeds_inserts(tmp_path, monkeypatch):
-    from replication.connectors.delta import inbox_stream as inbox_source
+    from replication.inbox import versions
+    from replication.inbox.schema import create_inbox
     from test_inbox_source import Upstream, push_concurrently
 
     inbox = tmp_path / "inbox"
-    inbox_source.create_inbox(inbox)
+    create_inbox(inbox)
     push_concurrently(inbox, [Upstream(inbox, "a"), Upstream(inbox, "b"), Upstream(inbox, "c")], batches=4, size=7)
-    view = inbox_source.InboxLog(str(inbox))
+    view = versions.InboxLog(str(inbox))
     assert view.latest_version() == DeltaTable(str(inbox)).version()
     push_concurrently(inbox, [Upstream(inbox, "d"), Upstream(inbox, "e")], batches=2, size=3)
     latest = DeltaTable(str(inbox)).version()
     assert view.latest_version() == latest, "the commit files after the known version were found"
-    assert inbox_source._read_appended(str(inbox), 2, latest) is not None, "plain appends: read from their files"
-    from_files = inbox_source.read_versions(str(inbox), 2, latest)
-    monkeypatch.setattr(inbox_source, "_read_appended", lambda *args: None)  # the change data feed only
-    from_feed = inbox_source.read_versions(str(inbox), 2, latest)
+    assert versions._read_appended(str(inbox), 2, latest) is not None, "plain appends: read from their files"
+    from_files = versions.read_versions(str(inbox), 2, latest)
+    monkeypatch.setattr(versions, "_read_appended", lambda *args: None)  # the change data feed only
+    from_feed = versions.read_versions(str(inbox), 2, latest)
     assert from_files.num_rows == 11 * 7 + 4 * 3
     assert from_files.to_pylist() == from_feed.to_pylist()

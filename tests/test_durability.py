@@ -10,7 +10,7 @@ from replication.durability import Durability
 from replication.ingest.classify import Classified
 from replication.storage.control import read_json
 from replication.storage.layout import StorageLayout
-from replication.txlog import run_bounds, runs_of
+from replication.txlog.runs import run_bounds, runs_of
 
 
 def committed(publishers=None, links=None, *, rows=None, link_rows=None, link_seqs=None, duplicates=None) -> Classified:

@@ -12,20 +12,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from replication.errors import ConfigError
-from replication.connectors.delta.inbox_read_ahead import InboxReadAhead
-from replication.connectors.delta.inbox_stream import (
-    FORMAT,
-    INBOX_SCHEMA,
-    INBOX_TABLE_CONFIGURATION,
-    STREAM_SCHEMA,
-    VERSIONS_PER_PARTITION,
-    InboxLog,
-    InboxSourceOptions,
-    create_inbox,
-    read_versions,
-    register,
-)
-from replication.txlog import TXLOG_SCHEMA
+from replication.inbox.read_ahead import InboxReadAhead
+from replication.inbox.stream import FORMAT, VERSIONS_PER_PARTITION, InboxSourceOptions, register
+from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION, STREAM_SCHEMA, create_inbox
+from replication.inbox.versions import InboxLog, read_versions
+from replication.txlog.schema import TXLOG_SCHEMA
 
 # -- helpers -------------------------------------------------------------------
 
@@ -357,7 +348,7 @@ _PLANNER_PROCESS = """
 import json, sys
 import pyspark.sql.streaming.python_streaming_source_runner  # what the planner process runs
 from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
-from replication.connectors.delta.inbox_stream import InboxSource
+from replication.inbox.stream import InboxSource
 
 source = InboxSource({"path": sys.argv[1], "versionsOnly": "true", "maxRowsPerTrigger": "1000"})
 schema = source.schema()

@@ -9,7 +9,7 @@ import pyarrow as pa
 from replication.config.model import InstanceConfig, TopicSpec
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classify
 from replication.messages import bookmark
-from replication.txlog import PublisherState
+from replication.txlog.publishers import PublisherState
 
 CFG = InstanceConfig(
     name="amps-1",

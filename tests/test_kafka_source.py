@@ -167,7 +167,6 @@ def test_both_read_paths_agree_on_any_offset_range(broker, start, end):
 def test_the_installed_kafka_python_takes_the_columnar_path(broker):
     # If this fails after a kafka-python upgrade, reads silently got ~3x slower:
     # adapt _decode_into to the new Fetcher.
-    from kafka import KafkaConsumer
 
     from replication.connectors.kafka.records import RecordColumns
     from replication.connectors.kafka.source import _decode_into
@@ -337,7 +336,6 @@ def test_a_read_that_gets_no_records_fails_with_what_the_consumer_saw(broker, mo
 def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeating_rows(broker, monkeypatch):
     """kafka-python answers an out-of-range fetch by moving to the log start (auto_offset_reset); rows from there
     would repeat earlier batches. Simulated with the real client: its position is moved back mid-read."""
-    from kafka import TopicPartition
 
     from replication.connectors.kafka.source import KafkaSourceError
 

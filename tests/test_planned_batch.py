@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replication.connectors.spark.planned_batch import PlannedBatch
-from replication.connectors.delta.txlog_stream import FORMAT, register
+from replication.txlog.stream import FORMAT, register
 from test_txlog_source import TxlogWriter
 
 META = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'

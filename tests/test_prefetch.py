@@ -14,8 +14,8 @@ from replication.connectors.spark import prefetch
 from replication.connectors.kafka.broker import ensure_topics
 from replication.connectors.kafka.source import KafkaSource
 from replication.connectors.spark.prefetch import PartitionBundle, PrefetchingReader
-from replication.connectors.delta.txlog_stream import SCHEMA as TXLOG_SPARK_SCHEMA
-from replication.connectors.delta.txlog_stream import TxlogSource
+from replication.txlog.stream import SCHEMA as TXLOG_SPARK_SCHEMA
+from replication.txlog.stream import TxlogSource
 
 from test_kafka_source import _options, _publish, _topic
 from test_txlog_source import TxlogWriter

@@ -177,7 +177,7 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
 
 
 def test_a_replicator_batch_that_cannot_be_read_here_is_routed_by_spark(fabric, monkeypatch, caplog):
-    from replication.connectors.delta import txlog_stream as txlog_source
+    from replication.txlog import stream as txlog_source
 
     real_read = txlog_source.TxlogFiles.read
     failures = []

@@ -16,7 +16,7 @@ from replication.sow.merge import merge, merged_body, serialize
 from replication.sow.recent import RecentRows
 from replication.sow.state import SowChanges, SowState
 from replication.sow.table import SOW_SCHEMA, TAIL_SCHEMA, Changes, apply_changes, net_changes
-from replication.txlog import PublisherState
+from replication.txlog.publishers import PublisherState
 
 CFG = InstanceConfig(
     name="amps-1",
@@ -250,11 +250,11 @@ def test_the_exact_read_with_a_filter_tests_the_base_and_the_changes_after_it(tm
     a record that stops matching after the base is gone, one that starts matching appears."""
     from deltalake import write_deltalake
 
-    from replication.connectors.delta.txlog_files import TxlogFiles
+    from replication.txlog.files import TxlogFiles
     from replication.expressions import Filter
     from replication.sow.table import SowTable, exact_records
     from replication.storage.layout import StorageLayout
-    from replication.txlog import TXLOG_SCHEMA
+    from replication.txlog.schema import TXLOG_SCHEMA
 
     sow = fresh()
     stored = run(rows(
@@ -289,11 +289,11 @@ def test_a_compactions_vacuum_removes_the_files_it_replaced_and_never_another_wr
     import pyarrow.parquet as pq
     from deltalake import write_deltalake
 
-    from replication.connectors.delta.txlog_files import TxlogFiles
+    from replication.txlog.files import TxlogFiles
     from replication.sow import table as sow_table
     from replication.sow.table import SowTable
     from replication.storage.layout import StorageLayout
-    from replication.txlog import TXLOG_SCHEMA
+    from replication.txlog.schema import TXLOG_SCHEMA
 
     monkeypatch.setattr(sow_table, "KEEP_SNAPSHOTS_S", -1.0)  # no snapshot kept: every replaced file may go
     sow = fresh()
@@ -519,10 +519,10 @@ def test_repeated_compactions_keep_the_table_equal_to_the_fold_and_reread_a_tabl
 
     from deltalake import DeltaTable, write_deltalake
 
-    from replication.connectors.delta.txlog_files import TxlogFiles
+    from replication.txlog.files import TxlogFiles
     from replication.sow.table import SowTable
     from replication.storage.layout import StorageLayout
-    from replication.txlog import TXLOG_SCHEMA
+    from replication.txlog.schema import TXLOG_SCHEMA
 
     rng = random.Random(3)
     layout = StorageLayout.of(str(tmp_path))

@@ -23,12 +23,12 @@ from replication import config
 from replication.connectors import parquet_in_place
 from replication.connectors.delta.stats import file_stats
 from replication.connectors.delta.tables import IdempotentAppender, write_file
-from replication.connectors.delta.txlog_files import TxlogFiles, read_range
-from replication.ingest import staged_parts
+from replication.txlog.files import TxlogFiles, read_range
+from replication.inbox import staged_parts
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder
-from replication.ingest.staged_parts import StagedParts
+from replication.inbox.staged_parts import StagedParts
 from replication.storage.layout import StorageLayout
-from replication.txlog import TXLOG_SCHEMA
+from replication.txlog.schema import TXLOG_SCHEMA
 
 WRITTEN = datetime(2026, 11, 25, 9, 0, 0, 123_456, tzinfo=timezone.utc)
 NOW = datetime(2026, 11, 25, 10, 0, 0, 987_654, tzinfo=timezone.utc)
@@ -219,8 +219,9 @@ def test_parts_stored_already_a_client_publishing_elsewhere_a_sow_topic_or_a_gon
 
 def test_an_inbox_commit_hands_over_a_part_by_its_descriptor_and_counts_its_rows(tmp_path):
     from replication import backfill
-    from replication.connectors.delta.inbox_stream import InboxLog, create_inbox
-    from replication.connectors.delta.inbox_stream import staged_parts as descriptors
+    from replication.inbox.versions import InboxLog
+    from replication.inbox.schema import create_inbox
+    from replication.inbox.versions import staged_parts as descriptors
 
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
     layout = StorageLayout.of(cfg.storage)

@@ -17,15 +17,9 @@ from deltalake.transaction import AddAction
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentAppender
 from replication.errors import ConfigError
 from replication.storage.control import DurableState
-from replication.txlog import TXLOG_SCHEMA
-from replication.connectors.delta.txlog_files import (
-    ROWS_PER_PARTITION,
-    TxlogFiles,
-    TxlogSourceError,
-    read_files,
-    read_range,
-)
-from replication.connectors.delta.txlog_stream import FORMAT, TxlogSourceOptions, read_partition, register
+from replication.txlog.schema import TXLOG_SCHEMA
+from replication.txlog.files import ROWS_PER_PARTITION, TxlogFiles, TxlogSourceError, read_files, read_range
+from replication.txlog.stream import FORMAT, TxlogSourceOptions, read_partition, register
 
 # -- helpers -------------------------------------------------------------------
 

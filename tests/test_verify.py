@@ -22,7 +22,7 @@ from replication.messages import bookmark
 from replication.sow.table import SowTable, as_records
 from replication.storage.control import LinkState
 from replication.storage.layout import StorageLayout
-from replication.txlog import TXLOG_SCHEMA
+from replication.txlog.schema import TXLOG_SCHEMA
 from replication.verify import verify
 
 SOW = "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic>"

@@ -19,7 +19,7 @@ from replication.connectors.delta.tables import open_or_create
 from replication.errors import ConfigError, InputError
 from replication.storage.control import write_instance_config
 from replication.storage.layout import StorageLayout
-from replication.txlog import TXLOG_SCHEMA
+from replication.txlog.schema import TXLOG_SCHEMA
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.expressions.columnar import json_member, json_objects, value_bytes
+from replication.connectors.arrow_json import json_member, json_objects, value_bytes
 
 
 def body_value(message_type: str, data: bytes | None) -> object:

@@ -27,7 +27,8 @@ from replication.commands.progress import ProgressBar
 from replication.errors import InputError
 from replication.expressions import FilterSyntaxError
 from replication.messages import BOOKMARK_FORMS
-from replication.replay import Selection, Txlog, open_txlog
+from replication.replay import Selection, open_txlog
+from replication.txlog.reader import TxlogReader
 
 #: The jsonl fields, in order (``data`` last).
 FIELDS = ("bookmark", "seq", "topic", "message_type", "publisher", "publisher_seq", "command", "publish_time",
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay(log: Txlog, selection: Selection, start: int, end: int | None, printer: Printer,
+def replay(log: TxlogReader, selection: Selection, start: int, end: int | None, printer: Printer,
            args: argparse.Namespace) -> None:
     """Print the selected rows after ``start`` (through ``end``), then with ``--follow`` new ones as they commit."""
     position, printed = start, 0

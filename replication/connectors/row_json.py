@@ -30,7 +30,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.expressions.columnar import (
+from replication.connectors.arrow_json import (
     json_member,
     json_objects,
     needs_json_escape,

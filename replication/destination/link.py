@@ -28,7 +28,7 @@ import numpy as np
 
 from replication import failpoints
 from replication.storage.control import LinkState
-from replication.txlog import Runs
+from replication.txlog.runs import Runs
 
 
 class Link:

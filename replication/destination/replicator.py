@@ -31,20 +31,17 @@ import pyarrow as pa
 
 from replication import failpoints, routing
 from replication.config.model import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
-from replication.connectors.delta import txlog_stream
-from replication.connectors.delta.inbox_stream import (
-    INBOX_SCHEMA,
-    INBOX_TABLE_CONFIGURATION,
-)
+from replication.txlog import stream as txlog_stream
+from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.connectors.delta.tables import (
     IdempotentAppender,
     log_writer_properties,
 )
-from replication.connectors.delta.txlog_files import TxlogFiles
+from replication.txlog.files import TxlogFiles
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.storage.layout import link_name
-from replication.txlog import runs_of
+from replication.txlog.runs import runs_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -31,14 +31,9 @@ from replication.messages import (
 )
 from replication.sow.keys import SowTopics
 from replication.sow.state import Prepared, SowChanges, SowState, fold, prepare
-from replication.txlog import (
-    REJECTED_SCHEMA,
-    TXLOG_SCHEMA,
-    PublisherState,
-    Runs,
-    run_bounds,
-    runs_by_code,
-)
+from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
+from replication.txlog.publishers import PublisherState
+from replication.txlog.runs import Runs, run_bounds, runs_by_code
 
 log = logging.getLogger(__name__)
 

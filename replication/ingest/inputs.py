@@ -11,9 +11,9 @@ import pyarrow.compute as pc
 
 from replication import routing
 from replication.config.model import DEFAULT_BATCH_ROWS, InstanceConfig
-from replication.connectors.delta import inbox_stream
-from replication.connectors.delta.inbox_read_ahead import InboxReadAhead
-from replication.connectors.delta.inbox_stream import read_versions, staged_parts
+from replication.inbox import stream as inbox_stream
+from replication.inbox.read_ahead import InboxReadAhead
+from replication.inbox.versions import read_versions, staged_parts
 from replication.connectors.kafka import source as kafka_source
 from replication.connectors.kafka.source import (
     KafkaSourceOptions,
@@ -22,7 +22,7 @@ from replication.connectors.kafka.source import (
 )
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
-from replication.ingest import staged_parts as staged
+from replication.inbox import staged_parts as staged
 from replication.ingest.classify import CANDIDATE_SCHEMA
 from replication.messages import BACKFILL_LINK
 from replication.storage.layout import INGEST_QUERY, StorageLayout
@@ -143,7 +143,7 @@ INBOX_MARK = "inbox-version"
 class InboxRows:
     """The ingest writer's ``expand``: inbox version rows replaced by the rows those versions hold.
 
-    The rows are read with :func:`replication.connectors.delta.inbox_stream.read_versions` and
+    The rows are read with :func:`replication.inbox.versions.read_versions` and
     mapped onto the candidate columns: ``source`` ``inbox:<upstream>``,
     ``received_from``/``received_from_group`` from the upstream, ``path`` the
     upstream's path plus this instance. They follow the batch's other rows,
@@ -169,7 +169,7 @@ class InboxRows:
                                  self.candidates(rows, parts)])
 
     def candidates(self, rows: pa.Table, parts: list[tuple[int, str]] | None = None) -> pa.Table:
-        """Inbox rows (``inbox_stream.STREAM_SCHEMA``) as candidate rows, and a marker row for each staged
+        """Inbox rows (``replication.inbox.schema.STREAM_SCHEMA``) as candidate rows, and a marker row for each staged
         backfill part ``(version, descriptor)`` among them in version order (:mod:`replication.ingest.staged_parts`).
 
         Rows a backfill wrote (link ``BACKFILL_LINK``) are this instance's own

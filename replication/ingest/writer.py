@@ -18,15 +18,15 @@ import pyarrow as pa
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
-from replication.connectors.delta.txlog_files import TxlogFiles
+from replication.txlog.files import TxlogFiles
 from replication.ingest.classify import Classified, TopicRecorder, classify, logons_in
 from replication.sow.state import SowState
 from replication.sow.table import fold_tail
-from replication.txlog import PublisherState
+from replication.txlog.publishers import PublisherState
 
 if TYPE_CHECKING:
     from replication.connectors.delta.tables import IdempotentAppender
-    from replication.ingest.staged_parts import StagedParts
+    from replication.inbox.staged_parts import StagedParts
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable
 
-from replication.connectors.delta.txlog_files import TxlogFiles
+from replication.txlog.files import TxlogFiles
 from replication.sow.keys import SowTopics
 from replication.sow.recent import RecentRows
 from replication.sow.table import TAIL_SCHEMA, SowTable

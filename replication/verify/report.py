@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from replication.txlog import run_bounds
+from replication.txlog.runs import run_bounds
 
 Kind = Literal["missing", "body", "group", "sow", "unreadable"]
 

@@ -23,7 +23,7 @@ import pyarrow.dataset as ds
 
 from replication.config.fabric import Fabric
 from replication.config.model import InstanceConfig, SowTopic
-from replication.connectors.delta.txlog_files import TxlogFiles
+from replication.txlog.files import TxlogFiles
 from replication.sow.keys import SowTopics, split_keys
 from replication.sow.table import SowTable, exact_records
 from replication.storage.layout import StorageLayout

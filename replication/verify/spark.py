@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Callable
 from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
-from replication.replay import Txlog, snapshot
+from replication.txlog.reader import TxlogReader
+from replication.replay import snapshot
 from replication.storage.layout import StorageLayout
 from replication.verify.report import LISTED, Outcome
 
@@ -81,7 +82,7 @@ class SparkTxlogs:
         if name not in self._frames:
             from pyspark.sql import functions as F
 
-            log = Txlog(StorageLayout.of(self.fabric[name].storage), name)
+            log = TxlogReader(StorageLayout.of(self.fabric[name].storage), name)
             end = log.committed_seq()
             frame = snapshot(self.spark, log, 0, end).where(F.col("seq") <= end)
             if self.pattern is not None:

@@ -4,7 +4,7 @@ Files the engine writes itself and commits with ``create_write_transaction``
 (txlog files of backfill parts, :mod:`replication.ingest.staged_parts`) need
 the statistics delta-rs would have written for them: readers place a txlog
 file by its ``seq`` range, seek a bookmark by ``publisher_seq`` and a time by
-``persist_time`` (:mod:`replication.connectors.delta.txlog_seek`), and other
+``persist_time`` (:mod:`replication.txlog.seek`), and other
 Delta readers skip files with them. Same form as delta-rs: ``minValues`` /
 ``maxValues`` / ``nullCount`` for each column of a scalar type; message
 bodies (binary) and lists have none; timestamps in milliseconds, UTC.

@@ -63,6 +63,7 @@ from pyspark.sql.types import (
 )
 
 from replication.connectors.kafka.records import RecordColumns
+from replication.connectors.spark.options import int_option
 from replication.connectors.spark.prefetch import (
     PREFETCH_MAX_ROWS,
     prefetch_rows_option,
@@ -184,26 +185,10 @@ class KafkaSourceOptions:
         return cls(
             servers.strip(),
             topics,
-            _positive_int(opts, "maxOffsetsPerTrigger", example=100000),
-            _positive_int(opts, "minPartitions", example=4),
+            int_option(opts, "maxOffsetsPerTrigger", FORMAT, minimum=1, example=100000),
+            int_option(opts, "minPartitions", FORMAT, minimum=1, example=4),
             prefetch_rows_option(opts, FORMAT),
         )
-
-
-def _positive_int(opts: Mapping[str, str], name: str, *, example: int) -> int | None:
-    raw = opts.get(name.lower())
-    if raw in (None, ""):
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(
-            f"{FORMAT}: {name} must be a positive integer, got {raw!r}; "
-            f"e.g. .option('{name}', {example}), or leave it out"
-        )
-    return value
 
 
 # -- offsets -------------------------------------------------------------------

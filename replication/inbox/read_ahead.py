@@ -1,7 +1,7 @@
 """The ingest writer's inbox reads, with the next batch's versions read while it writes this one.
 
 The ingest writer reads each micro-batch's inbox versions itself
-(:func:`replication.connectors.delta.inbox_stream.read_versions`), and the
+(:func:`replication.inbox.versions.read_versions`), and the
 next micro-batch starts at the version after this one's last. So, once a
 batch's versions are read, a thread reads the versions committed after them
 (plain appends on local storage only, about one batch of rows: the planner's
@@ -24,11 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
-from replication.connectors.delta.inbox_stream import (
-    STREAM_SCHEMA,
-    read_appended_version,
-    read_versions,
-)
+from replication.inbox.schema import STREAM_SCHEMA
+from replication.inbox.versions import read_appended_version, read_versions
 
 log = logging.getLogger(__name__)
 

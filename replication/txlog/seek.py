@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from replication.connectors.delta.txlog_files import file_uri, local_or_uri
+from replication.txlog.files import file_uri, local_or_uri
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

@@ -3,7 +3,7 @@
 A backfill (:mod:`replication.backfill`) writes each part of its input as a
 txlog file (:data:`TXLOG_SCHEMA`, the rows as this instance stores a publish)
 in the inbox's staging directory, and commits a descriptor of it to the inbox
-(a commit with no rows, :data:`inbox_stream.STAGED_PART_KEY`). The inbox stays
+(a commit with no rows, :data:`replication.inbox.schema.STAGED_PART_KEY`). The inbox stays
 the instance's one batch entrance, running or not, and the ingest writer the
 txlog's one writer: only it knows the rows' ``seq`` and ``persist_time``. The
 part's file has those two columns laid out to be overwritten in place
@@ -64,7 +64,7 @@ from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder
 from replication.messages import publisher_id
 from replication.sow.keys import SowTopics
 from replication.storage.layout import StorageLayout
-from replication.txlog import REJECTED_SCHEMA, TXLOG_SCHEMA
+from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
 log = logging.getLogger(__name__)
 

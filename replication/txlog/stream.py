@@ -8,7 +8,7 @@ exact, and every read checks that it got all of them.
 
 Reads cost what the range holds, not what the log holds: the driver keeps the
 table's file list (with each file's ``min``/``max`` of ``seq`` from the Delta
-statistics, :mod:`replication.connectors.delta.txlog_files`) and hands each
+statistics, :mod:`replication.txlog.files`) and hands each
 task the few files that overlap its range; the task reads them with
 ``pyarrow.parquet`` (row groups pruned by their own statistics) and never
 opens the Delta log. Compaction (files rewritten with
@@ -52,16 +52,17 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from replication.connectors.delta.txlog_files import ROWS_PER_PARTITION, TxlogFiles, TxlogRange, read_files, read_range
+from replication.txlog.files import ROWS_PER_PARTITION, TxlogFiles, TxlogRange, read_files, read_range
 from replication.connectors.spark.pacing import Pacer, parse_rate
 from replication.connectors.spark.prefetch import (
     PREFETCH_MAX_ROWS,
     prefetch_rows_option,
     prefetching,
 )
+from replication.connectors.spark.options import int_option
 from replication.errors import ConfigError
 from replication.storage.control import DurableState
-from replication.txlog import TXLOG_SCHEMA
+from replication.txlog.schema import TXLOG_SCHEMA
 
 if TYPE_CHECKING:
     import numpy as np
@@ -169,23 +170,6 @@ def project(columns: tuple[str, ...] | None) -> pa.Schema:
     if columns is None:
         return TXLOG_SCHEMA
     return pa.schema([f for f in TXLOG_SCHEMA if f.name in columns])
-
-
-def int_option(opts: Mapping[str, str], name: str, fmt: str, *, minimum: int, example: int) -> int | None:
-    """Option ``name`` (looked up lower-cased) as an int >= ``minimum``; None when absent."""
-    raw = opts.get(name.lower())
-    if raw in (None, ""):
-        return None
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ConfigError(
-            f"{fmt}: {name} must be {kind}, got {raw!r}; e.g. .option('{name}', {example}), or leave it out"
-        )
-    return value
 
 
 # -- executor: reading one range -----------------------------------------------

@@ -1,7 +1,7 @@
 """An instance's txlog read by ``seq`` without Spark: which files hold which seqs, and reading a range.
 
 The driver side of the ``replication-txlog`` stream
-(:mod:`replication.connectors.delta.txlog_stream`) and every reader outside
+(:mod:`replication.txlog.stream`) and every reader outside
 Spark (``replication replay``/``sow``/``verify``, bootstrap, the SOW) share
 this view. ``seq`` is contiguous (the ingest writer assigns ``max_seq + 1
 ...`` in each commit), so a range ``(a, b]`` holds exactly ``b - a`` rows and
@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlparse
 from replication.connectors.delta.log import appends_after, local_log_dir
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY
 from replication.errors import StorageError
-from replication.txlog import TXLOG_SCHEMA
+from replication.txlog.schema import TXLOG_SCHEMA
 
 if TYPE_CHECKING:
     import numpy as np
