@@ -8,7 +8,7 @@ C++, pieces side by side on every core), and the comparisons run on whole
 columns: ~0.5 us a record.
 
 The answer is the one :meth:`Filter.matches` gives for each body, the same
-value model (see :mod:`replication.expressions`): NULL for a missing field,
+value model (see :mod:`replication.expressions.values`): NULL for a missing field,
 JSON null and the empty string; a string that looks like a number compares
 as one with numbers; a non-numeric string is greater than any number; booleans
 are the strings ``true``/``false``. Arrow's reader is stricter than the
@@ -34,24 +34,23 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from replication.connectors.arrow_json import value_offsets, value_bytes
-from replication.expressions import (
-    _NUMERIC_RE,
+from replication.expressions import Filter
+from replication.expressions.syntax import (
     Between,
     BoolOp,
     Compare,
     Expr,
     Field,
-    Filter,
     InList,
     IsNull,
     Like,
     Literal,
     Not,
-    Operand,
-    _literal_value,
-    _string_value,
+    OperandVisitor,
+    Visitor,
     fields,
 )
+from replication.expressions.values import _NUMERIC_RE, _literal_value, _string_value
 
 #: Bodies parsed at a time (bounded memory; offsets stay 32-bit).
 CHUNK = 1 << 18
@@ -150,8 +149,7 @@ class _Values(NamedTuple):
 def _json_mask(expr: Expr, bodies: pa.Array, valid_json: bool, threads: bool) -> np.ndarray:
     paths = sorted(f.path for f in fields(expr))
     columns = _parse_columns(bodies, paths, valid_json, threads) if paths else {}
-    n = len(bodies)
-    known, value = _eval(expr, columns, n)
+    known, value = _ColumnEvaluator(columns, len(bodies)).visit(expr)
     return known & value
 
 
@@ -295,10 +293,6 @@ _NUMBER_OPS = {"=": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_eq
                ">=": np.greater_equal}
 
 
-def _operand(node: Operand, columns: dict[tuple[str, ...], _Values], n: int) -> _Values:
-    return columns[node.path] if isinstance(node, Field) else _literal(node, n)
-
-
 def _compare(a: _Values, b: _Values, op: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     known = ~(a.null | b.null)
     both_strings = a.string & b.string
@@ -331,31 +325,56 @@ def _not(result: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     return known, known & ~value
 
 
-def _eval(node: Expr, columns: dict[tuple[str, ...], _Values], n: int) -> tuple[np.ndarray, np.ndarray]:
-    if isinstance(node, Compare):
-        return _compare(_operand(node.left, columns, n), _operand(node.right, columns, n), node.op, n)
-    if isinstance(node, InList):
-        v = _operand(node.operand, columns, n)
-        r = _or([_compare(v, _operand(i, columns, n), "=", n) for i in node.items])
+class _ColumnOperand(OperandVisitor[_Values]):
+    """An operand over every row: a field's parsed column, or a literal repeated."""
+
+    def __init__(self, columns: dict[tuple[str, ...], _Values], n: int):
+        self.columns, self.n = columns, n
+
+    def visit_Field(self, node: Field) -> _Values:
+        return self.columns[node.path]
+
+    def visit_Literal(self, node: Literal) -> _Values:
+        return _literal(node, self.n)
+
+
+class _ColumnEvaluator(Visitor[tuple[np.ndarray, np.ndarray]]):
+    """A node's (known, value) over every row of ``columns``."""
+
+    def __init__(self, columns: dict[tuple[str, ...], _Values], n: int):
+        self.n = n
+        self.operand = _ColumnOperand(columns, n).visit
+
+    def visit_Compare(self, node: Compare) -> tuple[np.ndarray, np.ndarray]:
+        return _compare(self.operand(node.left), self.operand(node.right), node.op, self.n)
+
+    def visit_InList(self, node: InList) -> tuple[np.ndarray, np.ndarray]:
+        v = self.operand(node.operand)
+        r = _or([_compare(v, self.operand(i), "=", self.n) for i in node.items])
         return _not(r) if node.negated else r
-    if isinstance(node, Between):
-        v = _operand(node.operand, columns, n)
-        r = _and([_compare(v, _operand(node.low, columns, n), ">=", n),
-                  _compare(v, _operand(node.high, columns, n), "<=", n)])
+
+    def visit_Between(self, node: Between) -> tuple[np.ndarray, np.ndarray]:
+        v = self.operand(node.operand)
+        r = _and([_compare(v, self.operand(node.low), ">=", self.n),
+                  _compare(v, self.operand(node.high), "<=", self.n)])
         return _not(r) if node.negated else r
-    if isinstance(node, IsNull):
-        null = _operand(node.operand, columns, n).null
-        return np.ones(n, dtype=bool), (~null if node.negated else null)
-    if isinstance(node, Not):
-        return _not(_eval(node.item, columns, n))
-    if isinstance(node, BoolOp):
-        results = [_eval(i, columns, n) for i in node.items]
+
+    def visit_IsNull(self, node: IsNull) -> tuple[np.ndarray, np.ndarray]:
+        null = self.operand(node.operand).null
+        return np.ones(self.n, dtype=bool), (~null if node.negated else null)
+
+    def visit_Not(self, node: Not) -> tuple[np.ndarray, np.ndarray]:
+        return _not(self.visit(node.item))
+
+    def visit_BoolOp(self, node: BoolOp) -> tuple[np.ndarray, np.ndarray]:
+        results = [self.visit(i) for i in node.items]
         return _and(results) if node.op == "AND" else _or(results)
-    if isinstance(node, Like):
-        return _like(node, _operand(node.operand, columns, n), n)
-    if isinstance(node, Literal):
-        return np.ones(n, dtype=bool), np.full(n, str(node.value).lower() == "true")
-    raise TypeError(f"not a filter node: {node!r}")
+
+    def visit_Like(self, node: Like) -> tuple[np.ndarray, np.ndarray]:
+        return _like(node, self.operand(node.operand), self.n)
+
+    def visit_Literal(self, node: Literal) -> tuple[np.ndarray, np.ndarray]:
+        return np.ones(self.n, dtype=bool), np.full(self.n, str(node.value).lower() == "true")
 
 
 def _like(node: Like, v: _Values, n: int) -> tuple[np.ndarray, np.ndarray]:
