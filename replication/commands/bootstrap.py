@@ -14,7 +14,7 @@ import sys
 
 from replication import bootstrap, config
 from replication.commands.progress import ProgressBar
-from replication.config.parser import parse_location
+from replication.config.values import parse_location
 from replication.connectors.delta.tables import open_or_create
 from replication.errors import ConfigError, InputError
 from replication.storage.control import write_instance_config

@@ -2,7 +2,10 @@
 
 :func:`load` is the entry point. The pieces: ``model`` (the dataclasses),
 ``xml_reader`` (secure, strict XML with errors that name file, line and fix),
-``parser`` (the schema: which elements become which dataclass), ``effective``
+``values`` (an element's text to a checked value: intervals, names, locations,
+filters...), ``parser`` (the entry points and the schema of the root, which
+elements become which dataclass) with ``sections`` (the schema of the
+transports, transaction log, SOW, replication and bootstrap), ``effective``
 (a parsed config as JSON, ``_control/instance.json``) and ``fabric`` (several
 configs read together, destination addresses resolved to instances).
 

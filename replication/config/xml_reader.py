@@ -1,17 +1,18 @@
 """Secure, strict reading of an XML config: element paths, cardinality, ``${VAR}``, located errors.
 
-Generic plumbing for :mod:`replication.config.parser`, which holds the schema.
-Each :class:`Node` knows its path (``AMPSConfig/Replication/Destination[2]``) so
-every error reads ``<file>:<line>: <path>: <problem>. Fix: <fix>``.
+Generic plumbing for :mod:`replication.config.parser`, which holds the schema,
+and :mod:`replication.config.values`, which parses the values. Each :class:`Node`
+knows its path (``AMPSConfig/Replication/Destination[2]``) so every error reads
+``<file>:<line>: <path>: <problem>. Fix: <fix>``.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Concatenate, NoReturn, ParamSpec, TypeVar
 
 from lxml import etree
 
@@ -21,6 +22,9 @@ from replication.errors import ConfigError
 ROOT = "AMPSConfig"
 _VAR = re.compile(r"\$\{([^}]*)\}")
 _VAR_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\Z", re.S)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -143,8 +147,12 @@ class Node:
     def source(self) -> Source:
         return Source(self.ctx.file, self.line)
 
+    def error(self, what: str, fix: str, *, line: int | None = None) -> ConfigError:
+        """The :class:`ConfigError` placed at this element (or at ``line`` within it)."""
+        return config_error(self.ctx, line or self.line, self.path, what, fix)
+
     def fail(self, what: str, fix: str, *, line: int | None = None) -> NoReturn:
-        raise config_error(self.ctx, line or self.line, self.path, what, fix)
+        raise self.error(what, fix, line=line)
 
     def fail_attribute(self, attr: str) -> NoReturn:
         self.fail(
@@ -182,6 +190,11 @@ class Node:
                 "export a non-empty value for the variable, or give a default: ${NAME:-value}",
             )
         return value
+
+    def read(self, parse: Callable[Concatenate[str, Node, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """The element's :meth:`text` parsed by ``parse`` (a :mod:`replication.config.values` parser),
+        its errors placed at this element."""
+        return parse(self.text(), self, *args, **kwargs)
 
     def children(self, schema: Mapping[str, Card]) -> Kids:
         """Group child elements by name, refusing unknown, repeated, missing ones and stray text."""
@@ -239,10 +252,10 @@ def _check_markup(parent: Node, child: etree._Element) -> None:
 
 def _unknown(tag: str, parent: str, schema: Mapping[str, Card]) -> tuple[str, str]:
     allowed = ", ".join(schema)
-    guess = suggest(tag, schema)
+    guess, hint = did_you_mean(tag, schema, shown="<{}>")
     what = f"unknown element <{tag}> in <{parent}>; allowed here: {allowed}"
     if guess:
-        return f"{what}; did you mean <{guess}>?", f"rename <{tag}> to <{guess}>"
+        return f"{what}{hint}", f"rename <{tag}> to <{guess}>"
     return what, f"remove <{tag}>, or rename it to one of the allowed elements"
 
 
@@ -252,6 +265,15 @@ def suggest(value: str, choices: Mapping[str, object] | tuple[str, ...]) -> str 
         return by_lower[value.lower()]
     close = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=0.6)
     return by_lower[close[0]] if close else None
+
+
+def did_you_mean(
+    value: str, choices: Mapping[str, object] | tuple[str, ...], *, shown: str = "'{}'"
+) -> tuple[str | None, str]:
+    """The choice closest to ``value`` (:func:`suggest`) and the ``; did you mean 'x'?`` that names it
+    (``shown`` formats the choice), or ``(None, "")`` when none is close."""
+    guess = suggest(value, choices)
+    return guess, f"; did you mean {shown.format(guess)}?" if guess else ""
 
 
 class Kids:
