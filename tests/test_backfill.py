@@ -21,6 +21,9 @@ from kafka import KafkaProducer
 from fabric_support import ONE_WAY, AckListener
 from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
 from replication import backfill, config
+from replication.backfill.commit import check_and_record_input, client_lock, committed_through
+from replication.backfill.plan import NumberedFile
+from replication.backfill.tasks import files_per_task, message_bodies, write_file_parts
 from replication.commands import backfill as backfill_command
 from replication.connectors import files, row_json
 from replication.inbox.versions import staged_parts
@@ -212,7 +215,7 @@ def test_a_row_as_json_is_what_orjson_makes_of_it_and_each_type_has_a_json_form_
 
     table = pa.table({"id": pa.array([1, None, -3], pa.int64()), "sym": ["ACME", "é✓", None],
                       "ok": [True, False, None], "big": pa.array([2**64 - 1, 0, 5], pa.uint64())})
-    bodies, generated = backfill._bodies(table, backfill.Options("c", "parquet", topic="/t"))
+    bodies, generated = message_bodies(table, backfill.Options("c", "parquet", topic="/t"))
     assert generated and bodies.to_pylist() == [orjson.dumps(row) for row in table.to_pylist()]
     # string columns without nulls (their quotes go in the text between columns), first, inner and last
     plain = pa.table({"sym": ["A", ""], "n": [1, None], "desk": pa.array(["x", "é"], pa.large_string()),
@@ -276,9 +279,9 @@ def test_a_part_stages_good_rows_as_txlog_rows_and_each_bad_one_to_rejected_with
     (tmp_path / "inbox" / "staging").mkdir(parents=True)
     (tmp_path / "rejected").mkdir()
     options = backfill.Options("loader", "parquet", topic_column="kind", data_column="body")
-    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 6, 101), options,
-                                   (str(tmp_path / "inbox"), str(tmp_path / "inbox" / "staging")),
-                                   str(tmp_path / "rejected"), 0)
+    (part,) = write_file_parts(cfg, NumberedFile(str(source), 6, 101), options,
+                               (str(tmp_path / "inbox"), str(tmp_path / "inbox" / "staging")),
+                               str(tmp_path / "rejected"), 0)
     assert (part.first_seq, part.rows, part.rejected_rows, part.last_good_seq) == (101, 6, 4, 106)
     staged = StagedPart.from_json(part.staged)
     assert (staged.client, staged.rows, staged.first, staged.last, staged.topics) == ("loader", 2, 101, 106,
@@ -316,10 +319,10 @@ def test_a_file_whose_row_count_changed_since_the_plan_stops_its_task_naming_it(
     for planned in (5, 9):
         with pytest.raises(backfill.BackfillInputError, match=f"{source}: its row count is not the {planned} the "
                            "plan counted; the file changed during the backfill"):
-            backfill._file_parts(cfg, backfill._Work(str(source), planned, 1), options,
-                                 (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), 0)
-    (part,) = backfill._file_parts(cfg, backfill._Work(str(source), 7, 1), options,
-                                   (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), 0)
+            write_file_parts(cfg, NumberedFile(str(source), planned, 1), options,
+                             (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), 0)
+    (part,) = write_file_parts(cfg, NumberedFile(str(source), 7, 1), options,
+                               (str(tmp_path), str(tmp_path / "inbox")), str(tmp_path / "rejected"), 0)
     assert (part.rows, part.last_good_seq) == (7, 7)
 
 
@@ -327,18 +330,18 @@ def test_files_share_a_task_up_to_its_rows_unless_that_leaves_a_core_idle_and_ke
     def works(*rows: int) -> list:
         out, seq = [], 1
         for n, count in enumerate(rows):
-            out.append(backfill._Work(f"f{n}", count, seq))
+            out.append(NumberedFile(f"f{n}", count, seq))
             seq += count
         return out
 
     def names(groups: list) -> list[list[str]]:
         return [[w.path for w in group] for group in groups]
 
-    assert names(backfill._task_groups(works(*[1000] * 6), cores=2)) == [["f0", "f1", "f2"], ["f3", "f4", "f5"]]
-    small = backfill.TASK_ROWS // 4
-    assert names(backfill._task_groups(works(*[small] * 8), cores=1)) == [
+    assert names(files_per_task(works(*[1000] * 6), cores=2)) == [["f0", "f1", "f2"], ["f3", "f4", "f5"]]
+    small = backfill.tasks.TASK_ROWS // 4
+    assert names(files_per_task(works(*[small] * 8), cores=1)) == [
         ["f0", "f1", "f2", "f3"], ["f4", "f5", "f6", "f7"]], "no task beyond TASK_ROWS"
-    assert names(backfill._task_groups(works(10, 3 * backfill.TASK_ROWS, 10, 10), cores=2)) == [
+    assert names(files_per_task(works(10, 3 * backfill.tasks.TASK_ROWS, 10, 10), cores=2)) == [
         ["f0"], ["f1"], ["f2", "f3"]], "a large file is a task of its own"
 
 
@@ -575,15 +578,15 @@ def test_parts_end_at_their_rows_or_bytes_and_a_rerun_starts_after_the_last_row_
     (tmp_path / "inbox" / "staging").mkdir(parents=True)
     (tmp_path / "rejected").mkdir()
     options = backfill.Options("wide", "parquet", topic="/orders")
-    monkeypatch.setattr(backfill, "PART_BYTES", 1_000_000)  # ~1,000 of these rows
-    parts = backfill._file_parts(cfg, backfill._Work(str(source), 3000, 11), options, staging, str(tmp_path / "rejected"), 0)
+    monkeypatch.setattr(backfill.tasks, "PART_BYTES", 1_000_000)  # ~1,000 of these rows
+    parts = write_file_parts(cfg, NumberedFile(str(source), 3000, 11), options, staging, str(tmp_path / "rejected"), 0)
     sizes = [p.rows for p in parts]  # (a row: ~1,012 bytes as Arrow holds it)
     assert len(parts) == 4 and all(900 < n <= 1000 for n in sizes[:-1]) and sum(sizes) == 3000, sizes
     assert [p.first_seq for p in parts] == [11] + [p.last_seq + 1 for p in parts[:-1]] and parts[-1].last_seq == 3010, \
         "parts of at most PART_BYTES of input, contiguous, the file's rows numbered from its first sequence"
-    monkeypatch.setattr(backfill, "PART_ROWS", 700)
-    resumed = backfill._file_parts(cfg, backfill._Work(str(source), 3000, 11), options, staging,
-                                   str(tmp_path / "rejected"), 1500)
+    monkeypatch.setattr(backfill.tasks, "PART_ROWS", 700)
+    resumed = write_file_parts(cfg, NumberedFile(str(source), 3000, 11), options, staging,
+                               str(tmp_path / "rejected"), 1500)
     assert [(p.first_seq, p.last_seq) for p in resumed] == [(1501, 2200), (2201, 2900), (2901, 3010)], \
         "the rows an earlier run committed are read past; parts of at most PART_ROWS rows"
     first = pq.read_table(tmp_path / "inbox" / StagedPart.from_json(resumed[0].staged).file, columns=["publisher_seq"])
@@ -605,25 +608,25 @@ def test_a_client_whose_parts_were_numbered_the_earlier_way_resumes_after_its_la
             app_transactions=[Transaction(app_id, version)]))
         inbox.update_incremental()
 
-    work = [backfill._Work("a.csv", 250_000, 1), backfill._Work("b.csv", 30_000, 250_001)]
+    work = [NumberedFile("a.csv", 250_000, 1), NumberedFile("b.csv", 30_000, 250_001)]
     # an earlier version's parts: 100,000 rows of a file each, numbered 1, 2, 3 (a.csv), 4 (b.csv)
     write_json_atomic(layout.backfill_input("old"), {"client": "old", "files": [["a.csv", 250_000, 1],
                                                                                ["b.csv", 30_000, 4]]})
     commit("backfill:old", 2)
-    assert backfill._done(inbox, "old", work, layout) == 200_000
-    backfill._check_same_input(cfg, layout, "old", work, 200_000)  # (a run that then fails before a commit)
-    assert backfill._done(inbox, "old", work, layout) == 200_000, "still its part 2: the version says how to read it"
+    assert committed_through(inbox, "old", work, layout) == 200_000
+    check_and_record_input(cfg, layout, "old", work, 200_000)  # (a run that then fails before a commit)
+    assert committed_through(inbox, "old", work, layout) == 200_000, "still its part 2: the version says how to read it"
     commit("backfill-seq:old", 250_000)
-    assert backfill._done(inbox, "old", work, layout) == 250_000, "once a part is committed the new way, its version"
+    assert committed_through(inbox, "old", work, layout) == 250_000, "once a part is committed the new way, its version"
     layout.backfill_input("old").unlink()
-    assert backfill._done(inbox, "old", work, layout) == 250_000, "whatever the record says, or that it is gone"
+    assert committed_through(inbox, "old", work, layout) == 250_000, "whatever the record says, or that it is gone"
     commit("backfill:older", 3)  # (no record at all: the parts as that run numbered this input)
-    assert backfill._done(inbox, "older", work, layout) == 250_000
+    assert committed_through(inbox, "older", work, layout) == 250_000
     write_json_atomic(layout.backfill_input("moved"), {"client": "moved", "files": [["a.csv", 250_000, 1],
                                                                                    ["c.csv", 30_000, 4]]})
     with pytest.raises(backfill.BackfillInputError, match="its file 2 was c.csv"):
-        backfill._check_same_input(cfg, layout, "moved", work, 250_001)
-    backfill._check_same_input(cfg, layout, "moved", work, 250_000)  # (nothing of c.csv committed: any file)
+        check_and_record_input(cfg, layout, "moved", work, 250_001)
+    check_and_record_input(cfg, layout, "moved", work, 250_000)  # (nothing of c.csv committed: any file)
 
 
 def test_one_backfill_of_a_client_at_a_time_and_a_part_the_instance_could_not_find_does_not_stop_the_next(
@@ -638,7 +641,7 @@ def test_one_backfill_of_a_client_at_a_time_and_a_part_the_instance_could_not_fi
     layout = StorageLayout.of(cfg.storage)
     source = tmp_path / "in.csv"
     source.write_text("id\n1\n2\n")
-    with backfill._only_run(layout, cfg, "busy"):
+    with client_lock(layout, cfg, "busy"):
         with pytest.raises(backfill.BackfillBusyError, match="another backfill by client busy into solo is running"):
             backfill.run(spark, cfg, [str(source)], backfill.Options("busy", "csv", topic="/orders"))
     assert backfill.run(spark, cfg, [str(source)], backfill.Options("busy", "csv", topic="/orders")).stored == 2

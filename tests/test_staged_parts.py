@@ -218,7 +218,7 @@ def test_parts_stored_already_a_client_publishing_elsewhere_a_sow_topic_or_a_gon
 
 
 def test_an_inbox_commit_hands_over_a_part_by_its_descriptor_and_counts_its_rows(tmp_path):
-    from replication import backfill
+    from replication.backfill.commit import commit_staged_part
     from replication.inbox.versions import InboxLog
     from replication.inbox.schema import create_inbox
     from replication.inbox.versions import staged_parts as descriptors
@@ -227,9 +227,9 @@ def test_an_inbox_commit_hands_over_a_part_by_its_descriptor_and_counts_its_rows
     layout = StorageLayout.of(cfg.storage)
     inbox = create_inbox(layout.inbox)
     descriptor = staged(layout, "loader", list(range(1, 4001)), 1)
-    assert backfill._commit_staged(layout, inbox, descriptor, "backfill:loader", 1)
-    assert backfill._commit_staged(layout, inbox, None, "backfill:loader", 2), "all rejected: the position alone"
-    assert not backfill._commit_staged(layout, inbox, staged(layout, "loader", [1], 1), "backfill:loader", 1)
+    assert commit_staged_part(layout, inbox, descriptor, "backfill:loader", 1)
+    assert commit_staged_part(layout, inbox, None, "backfill:loader", 2), "all rejected: the position alone"
+    assert not commit_staged_part(layout, inbox, staged(layout, "loader", [1], 1), "backfill:loader", 1)
     assert len(list(layout.backfill_staging("loader").iterdir())) == 1, "a version in already: its copy removed"
     assert descriptors(str(layout.inbox), 0, 2) == [(1, descriptor)]
     assert DeltaTable(str(layout.inbox)).to_pyarrow_table().num_rows == 0, "no rows in the inbox itself"
@@ -250,7 +250,7 @@ def test_a_descriptor_naming_a_file_outside_the_staging_directory_moves_nothing(
 
 
 def test_a_backfill_removes_the_staged_files_no_one_will_take_and_keeps_those_waiting(tmp_path):
-    from replication import backfill
+    from replication.backfill.commit import remove_unclaimed_staged_files
 
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
     layout = StorageLayout.of(cfg.storage)
@@ -258,7 +258,7 @@ def test_a_backfill_removes_the_staged_files_no_one_will_take_and_keeps_those_wa
     staged(layout, "c", [1, 2], 1)
     waiting = staged(layout, "c", [3, 5], 3)
     staged(layout, "c", [6], 6)
-    backfill._remove_left_behind(layout.backfill_staging("c"), done=5, stored=2)
+    remove_unclaimed_staged_files(layout.backfill_staging("c"), done=5, stored=2)
     left = {p.name for p in layout.backfill_staging("c").iterdir()}
     assert left == {Path(staged_parts.StagedPart.from_json(waiting).file).name}, \
         "a stored part's file (its instance crashed before removing it) and a part never handed over go"
