@@ -75,7 +75,9 @@ def plain_consumer(bootstrap: str, topic: str, count: int, partitions: int) -> f
 
 def source_read_alone(bootstrap: str, topic: str, count: int, partitions: int) -> float:
     """Rows/s of the source's read() called directly, partition after partition (no Spark)."""
-    from replication.connectors.kafka.source import KafkaInputPartition, KafkaSourceOptions, read_partition
+    from replication.connectors.kafka.offsets import KafkaInputPartition
+    from replication.connectors.kafka.ranges import read_partition
+    from replication.connectors.kafka.source import KafkaSourceOptions
 
     options = KafkaSourceOptions.parse({"bootstrap.servers": bootstrap, "topics": topic})
     per_partition = [count // partitions + (1 if p < count % partitions else 0) for p in range(partitions)]

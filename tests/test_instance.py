@@ -169,18 +169,18 @@ def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, br
 
 
 def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch, caplog):
-    from replication.connectors.kafka import source as kafka_source
+    from replication.connectors.kafka import ranges as kafka_ranges
 
-    real_read = kafka_source.RangeReader.read
+    real_read = kafka_ranges.RangeReader.read
     failures = []
 
     def failing_once(self, parts, **kwargs):
         if not failures:
             failures.append(parts)
-            raise kafka_source.KafkaSourceError("no records for 15s (injected)")
+            raise kafka_ranges.KafkaSourceError("no records for 15s (injected)")
         return real_read(self, parts, **kwargs)
 
-    monkeypatch.setattr(kafka_source.RangeReader, "read", failing_once)
+    monkeypatch.setattr(kafka_ranges.RangeReader, "read", failing_once)
     inst = start_instance()
     with publisher(broker, inst, "fallback", tmp_path) as pub:
         for i in range(300):
@@ -194,9 +194,9 @@ def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broke
 
 def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, tmp_path, monkeypatch, caplog):
     from replication import instance as instance_module
-    from replication.connectors.kafka import source as kafka_source
+    from replication.connectors.kafka import ranges as kafka_ranges
 
-    real_read = kafka_source.RangeReader.read
+    real_read = kafka_ranges.RangeReader.read
     armed, slowed = threading.Event(), threading.Event()
 
     def slow_once(self, parts, **kwargs):
@@ -206,7 +206,7 @@ def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, 
         return real_read(self, parts, **kwargs)
 
     monkeypatch.setattr(instance_module, "SLOW_BATCH_REPORT_S", 1.5)
-    monkeypatch.setattr(kafka_source.RangeReader, "read", slow_once)
+    monkeypatch.setattr(kafka_ranges.RangeReader, "read", slow_once)
     inst = start_instance()
     with publisher(broker, inst, "slowpoke", tmp_path) as pub:
         armed.set()

@@ -11,13 +11,11 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from replication.connectors.kafka.broker import ensure_topics
 from replication.errors import ConfigError
+from replication.connectors.kafka.offsets import KafkaInputPartition, _OffsetProbe, limit_positions
+from replication.connectors.kafka.ranges import read_partition
 from replication.connectors.kafka.source import (
     FORMAT,
-    KafkaInputPartition,
     KafkaSourceOptions,
-    _OffsetProbe,
-    limit_positions,
-    read_partition,
     register,
 )
 
@@ -169,7 +167,7 @@ def test_the_installed_kafka_python_takes_the_columnar_path(broker):
     # adapt _decode_into to the new Fetcher.
 
     from replication.connectors.kafka.records import RecordColumns
-    from replication.connectors.kafka.source import _decode_into
+    from replication.connectors.kafka.ranges import _decode_into
 
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
     try:
@@ -268,7 +266,7 @@ def _wait_for(condition, query, timeout: float = 120.0) -> None:
 
 def test_a_kept_range_reader_reads_each_range_as_read_partition_does(broker):
     """One consumer across reads: forward, overlapping, backwards and split ranges, several partitions at once."""
-    from replication.connectors.kafka.source import RangeReader
+    from replication.connectors.kafka.ranges import RangeReader
 
     topic = _topic("ranges")
     ensure_topics(broker.bootstrap, [topic], partitions=2)
@@ -309,21 +307,21 @@ def _publish_one_batch_each(bootstrap: str, topic: str, count: int) -> None:
 def test_a_read_that_gets_no_records_fails_with_what_the_consumer_saw(broker, monkeypatch):
     """Polls that bring nothing while the range has data (a broker that stopped answering) fail the read after the
     stall timeout, naming the partition, the offsets and the consumer's state: Spark retries the task."""
-    from replication.connectors.kafka import source as kafka_source
-    from replication.connectors.kafka.source import KafkaSourceError, RangeReader
+    from replication.connectors.kafka import ranges as kafka_ranges
+    from replication.connectors.kafka.ranges import KafkaSourceError, RangeReader
 
     topic = _topic("dead")
     ensure_topics(broker.bootstrap, [topic])
     _publish_one_batch_each(broker.bootstrap, topic, 10)
     options = KafkaSourceOptions.parse(_options(broker, topic))
-    real = kafka_source._range_consumer
+    real = kafka_ranges._range_consumer
 
     def silent(opts):
         consumer = real(opts)
         consumer.poll = lambda *args, **kwargs: {}
         return consumer
 
-    monkeypatch.setattr(kafka_source, "_range_consumer", silent)
+    monkeypatch.setattr(kafka_ranges, "_range_consumer", silent)
     reader = RangeReader(options)
     with pytest.raises(KafkaSourceError) as failure:
         reader.read([KafkaInputPartition(topic, 0, 0, 10)], stall_timeout=2)
@@ -337,15 +335,15 @@ def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeati
     """kafka-python answers an out-of-range fetch by moving to the log start (auto_offset_reset); rows from there
     would repeat earlier batches. Simulated with the real client: its position is moved back mid-read."""
 
-    from replication.connectors.kafka.source import KafkaSourceError
+    from replication.connectors.kafka.ranges import KafkaSourceError
 
     topic = _topic("reset")
     ensure_topics(broker.bootstrap, [topic])
     _publish_one_batch_each(broker.bootstrap, topic, 60)
     options = KafkaSourceOptions.parse(_options(broker, topic))
-    from replication.connectors.kafka import source as kafka_source
+    from replication.connectors.kafka import ranges as kafka_ranges
 
-    real = kafka_source._range_consumer
+    real = kafka_ranges._range_consumer
 
     def resetting(opts, *args):
         c = real(opts, *args)
@@ -360,14 +358,14 @@ def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeati
         c.poll = poll
         return c
 
-    monkeypatch.setattr(kafka_source, "_range_consumer", resetting)
+    monkeypatch.setattr(kafka_ranges, "_range_consumer", resetting)
     with pytest.raises(KafkaSourceError, match=r"\[0\]: the broker says offset \d+ is out of range "
                                                r"\(the consumer went back to \d+\)"):
         list(read_partition(options, KafkaInputPartition(topic, 0, 20, 60)))
 
 
 def test_a_range_beyond_the_brokers_data_fails_saying_how_far_the_data_goes(broker):
-    from replication.connectors.kafka.source import KafkaSourceError, RangeReader
+    from replication.connectors.kafka.ranges import KafkaSourceError, RangeReader
 
     topic = _topic("short")
     ensure_topics(broker.bootstrap, [topic])

@@ -15,10 +15,10 @@ from replication.inbox import stream as inbox_stream
 from replication.inbox.read_ahead import InboxReadAhead
 from replication.inbox.versions import read_versions, staged_parts
 from replication.connectors.kafka import source as kafka_source
+from replication.connectors.kafka.ranges import RangeReader
 from replication.connectors.kafka.source import (
     KafkaSourceOptions,
     KafkaStreamReader,
-    RangeReader,
 )
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch

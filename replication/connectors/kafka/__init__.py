@@ -1,3 +1,3 @@
-"""Kafka, read with kafka-python: the ``replication-kafka`` Spark source and its range reads
-(``source``), record-batch decoding (``records``), and the single-node Apache Kafka broker the demo,
-tests and benchmarks start (``broker``)."""
+"""Kafka, read with kafka-python: the ``replication-kafka`` Spark source (``source``), its driver-side
+offsets (``offsets``) and its reads of offset ranges (``ranges``), record-batch decoding (``records``), and
+the single-node Apache Kafka broker the demo, tests and benchmarks start (``broker``)."""
