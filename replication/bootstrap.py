@@ -64,7 +64,7 @@ from replication.config.fabric import addresses_of, normalize_address
 from replication.config.model import InstanceConfig, TopicSpec
 from replication.connectors.delta.tables import IdempotentAppender, commit_metadata_since
 from replication.txlog.files import TxlogFiles
-from replication.errors import ReplicationError
+from replication.errors import ConfigError, ReplicationError
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, exact_records, topic_id
@@ -76,8 +76,19 @@ log = logging.getLogger(__name__)
 
 #: App transaction of the bootstrap's txlog commits.
 APP_ID = "bootstrap"
-#: Rows per txlog commit (memory holds one chunk at a time); ``REPLICATION_BOOTSTRAP_CHUNK_ROWS`` sets it.
-CHUNK_ROWS = int(os.environ.get("REPLICATION_BOOTSTRAP_CHUNK_ROWS", "200000"))
+#: Rows per txlog commit (memory holds one chunk at a time), unless ``REPLICATION_BOOTSTRAP_CHUNK_ROWS`` says.
+CHUNK_ROWS = 200_000
+
+
+def chunk_rows() -> int:
+    """Rows per txlog commit of a bootstrap: ``REPLICATION_BOOTSTRAP_CHUNK_ROWS``, else :data:`CHUNK_ROWS`."""
+    raw = os.environ.get("REPLICATION_BOOTSTRAP_CHUNK_ROWS", "").strip()
+    if not raw:
+        return CHUNK_ROWS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"REPLICATION_BOOTSTRAP_CHUNK_ROWS={raw!r}: give a number of rows, e.g. 200000, "
+                          "or unset it")
+    return int(raw)
 #: Source seqs read at a time.
 READ_SEQS = 200_000
 
@@ -257,16 +268,17 @@ def _copy_txlog(cfg: InstanceConfig, layout: StorageLayout, source: Source, stat
     through = state.source_through
     pending: list[pa.Table] = []
     pending_rows = 0
+    per_chunk = chunk_rows()
     while after < through or pending:
         if after < through:
-            end = min(after + min(READ_SEQS, CHUNK_ROWS), through)
+            end = min(after + min(READ_SEQS, per_chunk), through)
             rows = src.read(after, end)
             rows = rows.filter(_topic_mask(rows, topics))
             after = end
             if rows.num_rows:
                 pending.append(rows)
                 pending_rows += rows.num_rows
-            if pending_rows < CHUNK_ROWS and after < through:
+            if pending_rows < per_chunk and after < through:
                 continue
         if pending_rows:
             batch = pa.concat_tables(pending)

@@ -55,7 +55,6 @@ class StorageError(ReplicationError):
     transient = True
 
 
-class LinkError(ReplicationError):
-    """A replication link cannot be used right now (destination down, validation failed)."""
-
-    transient = True
+class SowRefusal(ReplicationError):
+    """A message a SOW topic cannot take (no key, a delete that names nothing, a body that is not of its
+    message type or cannot be merged); its text is the reason the message is stored with in ``rejected/``."""

@@ -31,24 +31,28 @@ def _parse(spec: str) -> dict[str, tuple[int, str]]:
     return armed
 
 
-_ARMED = _parse(os.environ.get("REPLICATION_FAILPOINTS", ""))
+#: What is armed: from ``REPLICATION_FAILPOINTS`` at the first pass through any point, or :func:`arm`.
+_armed: dict[str, tuple[int, str]] | None = None
 
 
 def arm(spec: str) -> None:
     """Arm failpoints in this process (same syntax as the environment variable); counts restart."""
-    global _ARMED
+    global _armed
     with _lock:
-        _ARMED = _parse(spec)
+        _armed = _parse(spec)
         _counts.clear()
 
 
 def hit(name: str) -> None:
     """Count a pass through ``name``; fail here if armed for this pass."""
-    if not _ARMED:
+    global _armed
+    if _armed is None:
+        _armed = _parse(os.environ.get("REPLICATION_FAILPOINTS", ""))
+    if not _armed:
         return
     with _lock:
         _counts[name] = _counts.get(name, 0) + 1
-        nth, action = _ARMED.get(name, (0, ""))
+        nth, action = _armed.get(name, (0, ""))
         if nth != _counts[name]:
             return
     if action == "raise":

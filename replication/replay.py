@@ -287,7 +287,7 @@ def sow(source: Source, *, topic: str, filter: str | None = None, spark: SparkSe
     try:
         index, sow_topic = sow_topic_for(cfg, topic)
         table = SowTable(log.layout, sow_topic, create=False)
-    except ValueError as exc:
+    except InputError as exc:
         raise InputError(f"replay.sow: {exc}") from None
     except TableNotFoundError:
         raise ReplicationError(f"replay.sow: {cfg.name} has no SOW table for {topic!r} yet: the SOW topic's table is "

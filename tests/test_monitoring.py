@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from replication.commands.status import check
 
 NOW = 10_000.0
@@ -68,3 +70,16 @@ def test_a_never_started_instance_is_down_for_check_and_not_checked_for_verify(t
     assert status.returncode == 1 and status.stdout.startswith("DOWN: a is not running"), status.stdout
     verify = cli("verify", str(config))
     assert verify.returncode == 0 and "0 links and 0 group pairs compared" in verify.stdout, verify.stdout
+
+
+def test_an_instance_json_that_cannot_be_read_is_a_config_error_naming_the_file_and_the_fix(tmp_path):
+    from replication.errors import ConfigError
+    from replication.storage.control import read_instance_config
+
+    broken = tmp_path / "instance.json"
+    broken.write_text('{"name": "a", ')
+    with pytest.raises(ConfigError, match=r"instance\.json is not valid JSON .*Fix: start that instance again"):
+        read_instance_config(broken)
+    broken.write_text('{"version": 1}')
+    with pytest.raises(ConfigError, match=r"instance\.json: .*Fix: run the same version of replication"):
+        read_instance_config(broken)

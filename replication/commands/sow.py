@@ -20,7 +20,7 @@ import orjson
 
 from replication import config
 from replication.commands.output import body_value, json_lines
-from replication.errors import ConfigError
+from replication.errors import ConfigError, InputError
 from replication.expressions import Filter, FilterSyntaxError
 from replication.sow.table import read_current
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--filter: {str(exc).splitlines()[0]}") from None
     try:
         records = read_current(cfg, args.topic, keys=args.keys, filter=flt)
-    except ValueError as exc:
+    except InputError as exc:
         raise ConfigError(f"--topic: {exc}") from None
     if args.limit is not None:
         records = records.slice(0, args.limit)

@@ -37,7 +37,7 @@ from replication.txlog.runs import Runs, run_bounds, runs_by_code
 
 log = logging.getLogger(__name__)
 
-#: Columns every ingest source provides (see ``sources`` for how Kafka rows map onto them).
+#: Columns every ingest source provides (see :mod:`replication.ingest.inputs` for how Kafka rows map onto them).
 CANDIDATE_SCHEMA = pa.schema(
     [
         pa.field("source", pa.string()),  # "kafka" or "inbox:<upstream>"
@@ -59,7 +59,7 @@ CANDIDATE_SCHEMA = pa.schema(
         pa.field("path", pa.list_(pa.string())),
         pa.field("publish_time", pa.timestamp("us", tz="UTC")),
         pa.field("upstream_seq", pa.int64()),
-        # An inbox version whose rows the writer fetches itself (sources.InboxRows).
+        # An inbox version whose rows the writer fetches itself (:class:`replication.ingest.inputs.InboxRows`).
         pa.field("inbox_version", pa.int64()),
     ]
 )

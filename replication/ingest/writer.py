@@ -84,9 +84,9 @@ class IngestWriter:
         self.save_state = save_state
         self.on_commit = on_commit
         self.expand = expand
-        """Turns the batch's inbox version rows into the rows those versions hold (see sources.InboxRows)."""
+        """Turns the batch's inbox version rows into the rows those versions hold (see :class:`replication.ingest.inputs.InboxRows`)."""
         self.read_here = read_here
-        """Reads a small batch without a Spark job (see sources.ReadHere); None: collect the DataFrame."""
+        """Reads a small batch without a Spark job (see :class:`replication.ingest.inputs.ReadHere`); None: collect the DataFrame."""
         self.sow = sow
         """The SOW state (None: no SOW topics); folded from ``txlog_files`` by :meth:`catch_up`."""
         self.txlog_files = txlog_files

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replication.config.model import InstanceConfig, SowTopic
+from replication.errors import SowRefusal
 from replication.messages import TAG_VALUE_TYPES, tag_value_fields
 from replication.routing import regex_matches
 
@@ -84,16 +85,17 @@ def join_keys(keys: list[str]) -> str:
 
 
 def parse_body(message_type: str, data: bytes | None) -> Any:
-    """The body as keys and merges read it: a JSON value, or a FIX/NVFIX field list. Raises ValueError."""
+    """The body as keys and merges read it: a JSON value, or a FIX/NVFIX field list. Raises
+    :class:`~replication.errors.SowRefusal` for a body that is not of its message type."""
     if message_type in TAG_VALUE_TYPES:
         fields = tag_value_fields(data or b"")
         if not fields or any(not tag for tag, _ in fields):
-            raise ValueError(f"body is not {message_type}: expected tag=value fields separated by \\x01")
+            raise SowRefusal(f"body is not {message_type}: expected tag=value fields separated by \\x01")
         return fields
     try:
         return orjson.loads(data or b"")
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"body is not valid JSON ({exc})") from None
+        raise SowRefusal(f"body is not valid JSON ({exc})") from None
 
 
 def key_of(sow: SowTopic, doc: Any) -> str | None:

@@ -36,6 +36,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from replication.errors import SowRefusal
 from replication.expressions import Filter, FilterSyntaxError
 from replication.expressions.columnar import matching
 from replication.messages import FIELD_TYPES
@@ -189,7 +190,7 @@ def prepare(topics: SowTopics, rows: dict[str, list], indexes: list[int]) -> tup
                     continue
         try:
             prepared[i] = _prepare_row(topics.topics[index], index, topic_col[i], command, rows, i)
-        except ValueError as exc:
+        except SowRefusal as exc:
             reasons[i] = str(exc)
     return prepared, reasons
 
@@ -201,24 +202,24 @@ def _prepare_row(sow, index: int, topic: str, command: str, rows: dict[str, list
         if given_keys is not None:
             keys = split_keys(given_keys)
             if not keys:
-                raise ValueError(f"sow_delete on {where}: amps-sow-keys {given_keys!r} names no key; give "
+                raise SowRefusal(f"sow_delete on {where}: amps-sow-keys {given_keys!r} names no key; give "
                                  "comma-separated keys as shown in the SOW's sow_key column")
             return Prepared(index, delete_keys=tuple(keys))
         if given_filter is not None:
             try:
                 return Prepared(index, delete_filter=Filter(given_filter))
             except FilterSyntaxError as exc:
-                raise ValueError(f"sow_delete on {where}: amps-filter does not parse: "
+                raise SowRefusal(f"sow_delete on {where}: amps-filter does not parse: "
                                  f"{str(exc).splitlines()[0]}") from None
         data = rows["data"][i]
         if not data or not sow.keys:
             how = f"a body with the key fields {', '.join(sow.keys)}" if sow.keys else "(this topic has no <Key>)"
-            raise ValueError(f"sow_delete on {where} names nothing to delete: give amps-sow-keys, amps-filter "
+            raise SowRefusal(f"sow_delete on {where} names nothing to delete: give amps-sow-keys, amps-filter "
                              f"or {how}")
         doc = _parsed(sow.message_type, data, f"sow_delete on {where}")
         key = key_of(sow, doc)
         if key is None:
-            raise ValueError(f"sow_delete on {where} names nothing to delete: its body has no value for "
+            raise SowRefusal(f"sow_delete on {where} names nothing to delete: its body has no value for "
                              f"{', '.join(missing_key_fields(sow, doc))}; give the key fields, amps-sow-keys or "
                              "amps-filter")
         return Prepared(index, delete_keys=(key,))
@@ -230,16 +231,16 @@ def _prepare_row(sow, index: int, topic: str, command: str, rows: dict[str, list
                    f"delta_publish on {sow.message_type} messages cannot be merged: their bodies have no fields; "
                    "publish the whole message")
         if problem:
-            raise ValueError(f"{problem} (on {where})")
+            raise SowRefusal(f"{problem} (on {where})")
     if sow.keys:
         key = key_of(sow, doc)
         if key is None:
-            raise ValueError(f"{command} on {where} has no value for key {', '.join(missing_key_fields(sow, doc))}: "
+            raise SowRefusal(f"{command} on {where} has no value for key {', '.join(missing_key_fields(sow, doc))}: "
                              "a SOW record needs its key fields")
     else:
         key = rows["sow_key"][i]
         if not key:
-            raise ValueError(f"{command} on {where} has no amps-sow-key header: the SOW topic {sow.name!r} has no "
+            raise SowRefusal(f"{command} on {where} has no amps-sow-key header: the SOW topic {sow.name!r} has no "
                              "<Key>, so each message names its key in amps-sow-key")
     return Prepared(index, key=key)
 
@@ -247,8 +248,8 @@ def _prepare_row(sow, index: int, topic: str, command: str, rows: dict[str, list
 def _parsed(message_type: str, data: bytes | None, what: str) -> Any:
     try:
         return parse_body(message_type, data)
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
+    except SowRefusal as exc:
+        raise SowRefusal(f"{what}: {exc}") from None
 
 
 @dataclass

@@ -38,6 +38,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from replication import failpoints
 from replication.config.model import InstanceConfig, SowTopic
+from replication.errors import InputError
 from replication.txlog.files import TxlogFiles
 from replication.expressions import Filter
 from replication.expressions.columnar import matching
@@ -326,13 +327,13 @@ def _hold(records: dict[str, dict[str, bytes]], rows: pa.Table) -> None:
 
 
 def sow_topic_for(cfg: InstanceConfig, topic: str) -> tuple[int, SowTopic]:
-    """The ``<SOW><Topic>`` holding ``topic`` (first match, any message type); ValueError when none does."""
+    """The ``<SOW><Topic>`` holding ``topic`` (first match, any message type); :class:`InputError` when none does."""
     topics = SowTopics.of(cfg)
     for index, sow in enumerate(cfg.sow_topics):
         if topics.index(topic, sow.message_type) == index:
             return index, sow
     names = ", ".join(repr(s.name) for s in cfg.sow_topics) or "none"
-    raise ValueError(f"{topic!r} is not a SOW topic of {cfg.name} (its SOW topics: {names})")
+    raise InputError(f"{topic!r} is not a SOW topic of {cfg.name} (its SOW topics: {names})")
 
 
 def exact_records(table: SowTable, txlog: TxlogFiles, topics: SowTopics, index: int, *, through: int | None = None,
@@ -376,7 +377,7 @@ def read_current(cfg: InstanceConfig, topic: str, *, keys: list[str] | None = No
     """The exact current records of ``topic`` (SOW_SCHEMA, seq order): the base plus the txlog rows after it.
 
     ``keys`` (as shown in ``sow_key``) reads only their buckets; ``filter`` keeps
-    the records it matches. Raises ValueError when ``topic`` is not a SOW topic.
+    the records it matches. Raises :class:`InputError` when ``topic`` is not a SOW topic.
     """
     index, sow = sow_topic_for(cfg, topic)
     layout = StorageLayout.of(cfg.storage)

@@ -257,10 +257,16 @@ def read_instance_config(path: Path) -> InstanceConfig:
     """Read ``instance.json``; a layout this version cannot read is a :class:`ConfigError`
     (terminal: waiting will not fix it). A missing file raises ``FileNotFoundError``."""
     with open(path, encoding="utf-8") as fh:
-        payload = json.load(fh)
+        text = fh.read()
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}): an instance writes it whole at each start. Fix: "
+                          "start that instance again to rewrite it", file=str(path)) from None
     try:
         return effective.from_dict(payload)
-    except ValueError as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        problem = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
         raise ConfigError(
-            f"{path}: {exc}. Fix: run the same version of replication on both instances", file=str(path)
+            f"{path}: {problem}. Fix: run the same version of replication on both instances", file=str(path)
         ) from None
