@@ -30,7 +30,7 @@ from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
 from replication.ingest.classify import TopicRecorder
-from replication.ingest.inputs import InboxRows, ReadHere, ingest_stream
+from replication.ingest.inputs import InboxRows, DriverRead, ingest_stream
 from replication.inbox.staged_parts import StagedParts
 from replication.ingest.writer import IngestWriter
 from replication.sow.compactor import Compactor
@@ -142,7 +142,7 @@ class Instance:
             save_state=lambda s: s.save(self.layout.publishers_json),
             on_commit=self.durability.on_commit,
             expand=InboxRows(self.cfg, str(self.layout.inbox)) if self.cfg.replication_transport else None,
-            read_here=ReadHere(self.cfg, self.layout),
+            driver_read=DriverRead(self.cfg, self.layout),
             sow=self.sow,
             txlog_files=TxlogFiles(str(self.layout.txlog)) if self.sow is not None else None,
             sow_committed=self.compactor.committed if self.compactor is not None else None,
@@ -356,8 +356,8 @@ class Instance:
                 self.query.stop()
             except Exception:
                 log.exception("%s: stopping the ingest query failed", self.name)
-        if self.writer is not None and self.writer.read_here is not None:
-            self.writer.read_here.close()
+        if self.writer is not None and self.writer.driver_read is not None:
+            self.writer.driver_read.close()
         if self.compactor is not None:
             self.compactor.stop()  # the SOW tables current as of the last batch
         if self._heartbeat is not None:

@@ -33,12 +33,12 @@ def fabric(spark, broker, tmp_path):
     f.close()
 
 
-@pytest.fixture(params=["read-here", "spark-job"])
+@pytest.fixture(params=["driver-read", "spark-job"])
 def read_path(request, monkeypatch):
     """An engine test run twice: small micro-batches read by the writers themselves (the default), and
     every micro-batch collected from Spark's DataFrame (what large batches take)."""
     if request.param == "spark-job":
         from replication.connectors.spark import planned_batch
 
-        monkeypatch.setattr(planned_batch, "DIRECT_MAX_ROWS", -1)
+        monkeypatch.setattr(planned_batch, "DRIVER_READ_MAX_ROWS", -1)
     return request.param

@@ -251,8 +251,8 @@ def test_available_now_from_absent_inbox_then_concurrent_upstreams_then_restart(
     assert min(second.column("inbox_version").to_pylist()) > max(first.column("inbox_version").to_pylist())
 
 
-@pytest.mark.parametrize("prefetch", ["0", "8"], ids=["tasks", "planner"])
-def test_max_rows_per_trigger_bounds_batches_in_whole_commits(spark, tmp_path, prefetch):
+@pytest.mark.parametrize("driver_read", ["0", "8"], ids=["tasks", "planner"])
+def test_max_rows_per_trigger_bounds_batches_in_whole_commits(spark, tmp_path, driver_read):
     inbox = tmp_path / "inbox"
     create_inbox(inbox)
     a = Upstream(inbox, "amps-a")
@@ -260,7 +260,7 @@ def test_max_rows_per_trigger_bounds_batches_in_whole_commits(spark, tmp_path, p
         a.push(4)
     # One task per commit, or the planner reading the commits in turn: rows come back in version order.
     batches = run_available_now(
-        spark, inbox, tmp_path / "cp", maxRowsPerTrigger="9", versionsPerPartition="1", prefetchRows=prefetch
+        spark, inbox, tmp_path / "cp", maxRowsPerTrigger="9", versionsPerPartition="1", driverReadRows=driver_read
     )
     assert [b.num_rows for b in batches] == [8, 8, 8]
     assert by_link(pa.concat_tables(batches)) == {"amps-a": list(range(1, 25))}
@@ -297,15 +297,15 @@ def test_processing_time_trigger_follows_concurrent_upstreams(spark, tmp_path):
 # -- versions only: Spark tracks the position, the ingest writer fetches the rows ---------
 
 
-@pytest.mark.parametrize("prefetch", ["0", "1000"], ids=["tasks", "planner"])
-def test_versions_only_streams_one_row_per_version_within_the_row_limit(spark, tmp_path, prefetch):
+@pytest.mark.parametrize("driver_read", ["0", "1000"], ids=["tasks", "planner"])
+def test_versions_only_streams_one_row_per_version_within_the_row_limit(spark, tmp_path, driver_read):
     inbox = tmp_path / "inbox"
     create_inbox(inbox)
     a = Upstream(inbox, "amps-a")
     for _ in range(5):
         a.push(4)  # versions 1..5
     batches = run_available_now(spark, inbox, tmp_path / "cp", versionsOnly="true", maxRowsPerTrigger="9",
-                                prefetchRows=prefetch)
+                                driverReadRows=driver_read)
     assert [b.column_names for b in batches] == [["inbox_version"]] * len(batches)
     # Version 0 (the table's creation, no rows) rides with the first batch.
     assert [b.column("inbox_version").to_pylist() for b in batches] == [[0, 1, 2], [3, 4], [5]]

@@ -44,7 +44,7 @@ def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_in
     pubs = [publisher(broker, inst, c, tmp_path) for c in clients]
     # 100k through the default path; the forced Spark-collect path is the same code on other batches, so a
     # fifth of the volume shows it (and keeps the suite's time down)
-    per_client = 25_000 if read_path == "read-here" else 5_000
+    per_client = 25_000 if read_path == "driver-read" else 5_000
     oob = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5)  # a second, unrelated Kafka client
     rng = random.Random(7)
     sent_copies = 0
@@ -86,8 +86,8 @@ def test_100k_from_4_publishers_with_duplicates_are_stored_exactly_once(start_in
     assert_exactly_once(rows, {c: per_client for c in clients})
     assert b'{"copy": true}' not in set(rows["data"].to_pylist()), "an out-of-band copy replaced the original"
     assert inst.status().counters["duplicates"] >= sent_copies
-    read_here = inst.writer.read_here.batches
-    assert read_here > 0 if read_path == "read-here" else read_here == 0, read_here
+    in_driver = inst.writer.driver_read.batches
+    assert in_driver > 0 if read_path == "driver-read" else in_driver == 0, in_driver
 
 
 def test_a_publisher_gets_its_acks_from_an_acks_topic_with_a_long_history(start_instance, broker, tmp_path):
@@ -168,7 +168,7 @@ def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, br
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"survivor": 600})
 
 
-def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch, caplog):
+def test_a_batch_that_cannot_be_read_in_the_driver_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch, caplog):
     from replication.connectors.kafka import ranges as kafka_ranges
 
     real_read = kafka_ranges.RangeReader.read
@@ -187,7 +187,7 @@ def test_a_batch_that_cannot_be_read_here_is_read_by_spark(start_instance, broke
             pub.publish("/orders", b'{"i": %d}' % i)
         pub.flush(timeout=120)
     assert failures, "the injected failure was reached"
-    assert any("reading it here failed; Spark reads it instead" in r.getMessage() for r in caplog.records)
+    assert any("reading it in the driver failed; Spark reads it instead" in r.getMessage() for r in caplog.records)
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"fallback": 300})
     assert inst.restarts == 0, "the query did not fail"
 
@@ -213,8 +213,8 @@ def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, 
         pub.publish("/orders", b'{"i": 1}')
         step = wait_until(lambda: slowed.is_set() and inst.status().batch, timeout=60, what="a batch in progress")
         pub.flush(timeout=60)
-    assert step["step"] == "reading its rows here", step
-    reports = [r.getMessage() for r in caplog.records if "has been reading its rows here for" in r.getMessage()]
+    assert step["step"] == "reading its rows in the driver", step
+    reports = [r.getMessage() for r in caplog.records if "has been reading its rows in the driver for" in r.getMessage()]
     assert reports and reports[0].startswith(f"{inst.name}: ingest batch {step['id']} "), reports
     assert inst.status().batch is None, "no batch in progress once the message is persisted"
 

@@ -191,14 +191,14 @@ def test_missing_topic_has_no_partitions_until_it_is_created(broker):
 # -- the stream ----------------------------------------------------------------
 
 
-# prefetchRows: every batch read by the planner (default), by tasks (0), or both (100: the last, 60-row batch)
-@pytest.mark.parametrize("prefetch", [{}, {"prefetchRows": "0"}, {"prefetchRows": "100"}],
+# driverReadRows: every batch read in the driver by the planner (default), by tasks (0), or both (100: the last, 60-row batch)
+@pytest.mark.parametrize("driver_read", [{}, {"driverReadRows": "0"}, {"driverReadRows": "100"}],
                          ids=["planner", "tasks", "mixed"])
-def test_available_now_delivers_each_message_once_within_the_batch_limit_and_resumes(spark, broker, tmp_path, prefetch):
+def test_available_now_delivers_each_message_once_within_the_batch_limit_and_resumes(spark, broker, tmp_path, driver_read):
     topic = _topic("stream")
     ensure_topics(broker.bootstrap, [topic], partitions=3)
     _publish(broker.bootstrap, topic, 300, partitions=3)
-    options = _options(broker, topic, maxOffsetsPerTrigger="120", **prefetch)
+    options = _options(broker, topic, maxOffsetsPerTrigger="120", **driver_read)
     checkpoint = str(tmp_path / "checkpoint")
 
     batches = _run_available_now(spark, options, checkpoint)

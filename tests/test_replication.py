@@ -54,9 +54,9 @@ def publish_paced(pub, n: int, rate: float) -> None:
 
 def assert_read_path(read_path: str, *instances) -> None:
     """Small batches were read by the writers themselves, or (spark-job) every batch by Spark."""
-    counts = [inst.writer.read_here.batches for inst in instances]
-    counts += [m.writer.batches_read_here for inst in instances for m in inst.managers if m.writer is not None]
-    if read_path == "read-here":
+    counts = [inst.writer.driver_read.batches for inst in instances]
+    counts += [m.writer.batches_read_in_driver for inst in instances for m in inst.managers if m.writer is not None]
+    if read_path == "driver-read":
         assert all(n > 0 for n in counts), counts
     else:
         assert not any(counts), counts
@@ -176,7 +176,7 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
     assert_exactly_once(fabric.rows("b"), {"waiter": 100})
 
 
-def test_a_replicator_batch_that_cannot_be_read_here_is_routed_by_spark(fabric, monkeypatch, caplog):
+def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark(fabric, monkeypatch, caplog):
     from replication.txlog import stream as txlog_source
 
     real_read = txlog_source.TxlogFiles.read
@@ -199,7 +199,7 @@ def test_a_replicator_batch_that_cannot_be_read_here_is_routed_by_spark(fabric, 
     pub.flush(timeout=120)
     wait_until(lambda: fabric.count("b") == 300, what="B to receive every message")
     assert failures, "the injected failure was reached"
-    assert any("could not be read here; Spark reads them instead" in r.getMessage() for r in caplog.records)
+    assert any("could not be read in the driver; Spark reads them instead" in r.getMessage() for r in caplog.records)
     assert_exactly_once(fabric.rows("b"), {"via-spark": 300})
 
 

@@ -137,7 +137,7 @@ def test_options():
         ({}, "option 'path' is required"),
         ({"path": "/t", "startSeq": "-1"}, "startSeq must be an integer >= 0, got '-1'"),
         ({"path": "/t", "maxRowsPerTrigger": "0"}, "maxRowsPerTrigger must be a positive integer"),
-        ({"path": "/t", "prefetchRows": "many"}, r"prefetchRows must be an integer >= 0 \(0 reads every"),
+        ({"path": "/t", "driverReadRows": "many"}, r"driverReadRows must be an integer >= 0 \(0 reads every"),
         ({"path": "/t", "columns": "seq,body"}, r"columns lists 'body', not a txlog column; choose from seq, "),
         ({"path": "/t", "endSeq": "soon"}, "endSeq must be an integer >= 0, got 'soon'"),
         ({"path": "/t", "rate": "fast"}, r"'fast' is not a replay rate; write a positive multiple .* e.g. '2x'"),
@@ -331,25 +331,25 @@ def test_available_now_delivers_every_row_once_in_order_and_restarts_where_it_st
     assert run_available_now(spark, tmp_path / "txlog", checkpoint) == []
 
 
-# prefetchRows: every batch read by the planner (default), by tasks (0), or both (5: the last, 2-row batch)
-@pytest.mark.parametrize("prefetch", [{}, {"prefetchRows": "0"}, {"prefetchRows": "5"}], ids=["planner", "tasks", "mixed"])
-def test_max_rows_per_trigger_bounds_each_batch_and_start_seq_skips(spark, tmp_path, prefetch):
+# driverReadRows: every batch read in the driver by the planner (default), by tasks (0), or both (5: the last, 2-row batch)
+@pytest.mark.parametrize("driver_read", [{}, {"driverReadRows": "0"}, {"driverReadRows": "5"}], ids=["planner", "tasks", "mixed"])
+def test_max_rows_per_trigger_bounds_each_batch_and_start_seq_skips(spark, tmp_path, driver_read):
     writer = TxlogWriter(tmp_path / "txlog")
     for _ in range(4):
         writer.append(10)
 
     batches = run_available_now(
-        spark, tmp_path / "txlog", tmp_path / "cp", maxRowsPerTrigger="7", startSeq="3", **prefetch
+        spark, tmp_path / "txlog", tmp_path / "cp", maxRowsPerTrigger="7", startSeq="3", **driver_read
     )
     assert [len(b) for b in seqs(batches)] == [7, 7, 7, 7, 7, 2]
     assert flat(batches) == list(range(4, 41))
 
 
-@pytest.mark.parametrize("prefetch", ["0", "1000"], ids=["tasks", "planner"])
-def test_columns_reads_only_those_columns_with_seq_first(spark, tmp_path, prefetch):
+@pytest.mark.parametrize("driver_read", ["0", "1000"], ids=["tasks", "planner"])
+def test_columns_reads_only_those_columns_with_seq_first(spark, tmp_path, driver_read):
     writer = TxlogWriter(tmp_path / "txlog")
     writer.append(12)
-    batches = run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", columns="topic, path", prefetchRows=prefetch)
+    batches = run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", columns="topic, path", driverReadRows=driver_read)
     rows = pa.concat_tables(batches)
     assert rows.column_names == ["seq", "topic", "path"]
     assert rows.column("seq").to_pylist() == list(range(1, 13))

@@ -4,7 +4,7 @@ Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 
 1. mark each row routed or not with the routing rules (the loop rule asks whether the instance
    actually reached, by its ``instance.json``, is on the row's path). A small batch (the live
-   stream) is read here from the txlog's Parquet files, its seq range taken
+   stream) is read in the driver from the txlog's Parquet files, its seq range taken
    from the query's offset log (:mod:`replication.connectors.spark.planned_batch`), and routed
    with :func:`replication.routing.route_mask`: no Spark job. A larger one (a
    backlog) is routed by Spark with one native column
@@ -78,7 +78,7 @@ class ReplicatorWriter:
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
         """Where small batches' seq ranges are found, to read them here (see replication.connectors.spark.planned_batch)."""
         self.rows_sent = 0
-        self.batches_read_here = 0
+        self.batches_read_in_driver = 0
 
     def __call__(self, df, batch_id: int) -> None:
         span = self._planned_span(batch_id)
@@ -101,7 +101,7 @@ class ReplicatorWriter:
         self._send(routed, routed_seqs, through, batch_id)
 
     def _planned_span(self, batch_id: int) -> tuple[int, int] | None:
-        """(after, through) seqs of a batch small enough to read here, from the offset log; else None."""
+        """(after, through) seqs of a batch small enough to read in the driver, from the offset log; else None."""
         if self.planned is None:
             return None
         ranges = self.planned.ranges(batch_id)
@@ -112,19 +112,19 @@ class ReplicatorWriter:
             after, through = int(start["seq"]), int(end["seq"])
         except (KeyError, TypeError, ValueError):
             return None
-        return (after, through) if 0 <= through - after <= planned_batch.DIRECT_MAX_ROWS else None
+        return (after, through) if 0 <= through - after <= planned_batch.DRIVER_READ_MAX_ROWS else None
 
     def _route_here(self, after: int, through: int) -> tuple[pa.Table | None, np.ndarray, int] | None:
         """The batch (after, through] read from the txlog files and routed here, without a Spark job:
-        (routed rows, their seqs, through); None when it could not be read here (Spark routes it)."""
+        (routed rows, their seqs, through); None when it could not be read in the driver (Spark routes it)."""
         try:
             rows = self.txlog.read(after, through)
             mask = routing.route_mask(self.cfg, self.dest, rows, target=self.target)
         except Exception:
-            log.warning("%s->%s: seqs %d-%d could not be read here; Spark reads them instead",
+            log.warning("%s->%s: seqs %d-%d could not be read in the driver; Spark reads them instead",
                         self.cfg.name, self.dest.name, after + 1, through, exc_info=True)
             return None
-        self.batches_read_here += 1
+        self.batches_read_in_driver += 1
         routed_seqs = rows["seq"].to_numpy()[mask]
         return (rows.filter(pa.array(mask)) if routed_seqs.size else None), routed_seqs, through
 
@@ -168,8 +168,8 @@ def start_query(
         .option("columns", ",".join(routing.spark_condition_columns(cfg, dest, target=target)))
         .option("startSeq", str(start_seq))
         .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS))
-        # Batches up to DIRECT_MAX_ROWS are read by the writer: the planner need not read them too.
-        .option("prefetchRows", "0")
+        # Batches up to DRIVER_READ_MAX_ROWS are read in the driver by the writer: the planner need not.
+        .option("driverReadRows", "0")
         .load()
     )
     writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link,

@@ -46,10 +46,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from replication.connectors.spark.options import bool_option, int_option
-from replication.connectors.spark.prefetch import (
-    PREFETCH_MAX_ROWS,
-    prefetch_rows_option,
-    prefetching,
+from replication.connectors.spark.driver_read import (
+    DRIVER_READ_MAX_ROWS,
+    driver_read_rows_option,
+    with_driver_reads,
 )
 from replication.errors import ConfigError
 from replication.inbox.schema import STREAM_SCHEMA, VERSIONS_SCHEMA
@@ -84,9 +84,9 @@ class InboxSourceOptions:
         versions_per_partition: a micro-batch is read by one Spark task per this
             many versions (option ``versionsPerPartition``, default
             :data:`VERSIONS_PER_PARTITION`).
-        prefetch_rows: a micro-batch of at most this many rows is read by the
+        driver_read_rows: a micro-batch of at most this many rows is read by the
             source's planner process instead of Spark tasks (option
-            ``prefetchRows``; 0: always tasks). See :mod:`replication.connectors.spark.prefetch`.
+            ``driverReadRows``; 0: always tasks). See :mod:`replication.connectors.spark.driver_read`.
         versions_only: one row per version, column ``inbox_version`` (option
             ``versionsOnly``, ``true``/``false``); the reader fetches the rows
             with :func:`read_versions`. ``maxRowsPerTrigger`` still counts rows.
@@ -95,7 +95,7 @@ class InboxSourceOptions:
     path: str
     max_rows_per_trigger: int | None = None
     versions_per_partition: int = VERSIONS_PER_PARTITION
-    prefetch_rows: int = PREFETCH_MAX_ROWS
+    driver_read_rows: int = DRIVER_READ_MAX_ROWS
     versions_only: bool = False
 
     @property
@@ -116,7 +116,7 @@ class InboxSourceOptions:
             int_option(opts, "maxRowsPerTrigger", FORMAT, minimum=1, example=50000),
             int_option(opts, "versionsPerPartition", FORMAT, minimum=1, example=VERSIONS_PER_PARTITION)
             or VERSIONS_PER_PARTITION,
-            prefetch_rows_option(opts, FORMAT),
+            driver_read_rows_option(opts, FORMAT),
             bool_option(opts, "versionsOnly", FORMAT),
         )
 
@@ -164,8 +164,8 @@ class InboxSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = InboxSourceOptions.parse(self.options)
-        return prefetching(InboxStreamReader(options), _spark_arrow_schema(options.versions_only),
-                           options.prefetch_rows)
+        return with_driver_reads(InboxStreamReader(options), _spark_arrow_schema(options.versions_only),
+                           options.driver_read_rows)
 
 
 class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

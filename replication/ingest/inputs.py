@@ -53,8 +53,8 @@ def kafka_options(transport: "KafkaTransport") -> dict[str, str]:
         "bootstrap.servers": ",".join(transport.bootstrap_servers),
         "topics": ",".join(transport.topics),
         "maxOffsetsPerTrigger": str(transport.max_offsets_per_trigger),
-        # Batches up to DIRECT_MAX_ROWS are read by the writer (ReadHere): the planner need not read them too.
-        "prefetchRows": "0",
+        # Batches up to DRIVER_READ_MAX_ROWS are read in the driver by the writer (DriverRead): the planner need not.
+        "driverReadRows": "0",
     }
 
 
@@ -216,11 +216,11 @@ class InboxRows:
         )
 
 
-#: A read here that gets no records for this long gives the batch to Spark's tasks.
-READ_HERE_STALL_S = 15.0
+#: A read in the driver that gets no records for this long gives the batch to Spark's tasks.
+DRIVER_READ_STALL_S = 15.0
 
 
-class ReadHere:
+class DriverRead:
     """The ingest writer's own read of a small micro-batch, as candidate rows; None: collect Spark's.
 
     The batch's ranges come from the ingest query's offset log
@@ -240,7 +240,7 @@ class ReadHere:
         # (the inbox stream's batches hold about DEFAULT_BATCH_ROWS rows: read about one ahead)
         self.inbox_reads = InboxReadAhead(str(layout.inbox), DEFAULT_BATCH_ROWS) if self.inbox is not None else None
         self.batches = 0
-        """Micro-batches read here rather than by a Spark job."""
+        """Micro-batches read in the driver rather than by a Spark job."""
 
     def __call__(self, batch_id: int) -> pa.Table | None:
         ranges = self.planned.ranges(batch_id)
@@ -254,7 +254,7 @@ class ReadHere:
                 return None
             offsets += sum(p.end - p.start for p in parts)
             plans.append((transport, reader, parts))
-        if offsets > planned_batch.DIRECT_MAX_ROWS:
+        if offsets > planned_batch.DRIVER_READ_MAX_ROWS:
             return None
         versions = None
         if self.inbox is not None:
@@ -266,7 +266,7 @@ class ReadHere:
         tables = []
         try:
             for transport, reader, parts in plans:
-                batches = reader.read(parts, stall_timeout=READ_HERE_STALL_S)
+                batches = reader.read(parts, stall_timeout=DRIVER_READ_STALL_S)
                 if batches:
                     tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
             if versions is not None and versions[1] >= versions[0]:
@@ -274,7 +274,7 @@ class ReadHere:
                                                     staged_parts(self.inbox.inbox, *versions)))
         except Exception:
             # Spark's tasks read the same ranges with their own consumers and retries.
-            log.warning("ingest batch %d: reading it here failed; Spark reads it instead", batch_id, exc_info=True)
+            log.warning("ingest batch %d: reading it in the driver failed; Spark reads it instead", batch_id, exc_info=True)
             self.close()
             return None
         self.batches += 1

@@ -36,7 +36,7 @@ class IngestWriter:
 
     Order of effects for batch ``b`` (each step safe to crash after):
 
-    0. take the batch's rows: read here for a small batch (``read_here``, no
+    0. take the batch's rows: read in the driver for a small batch (``driver_read``, no
        Spark job), else collected from Spark's DataFrame; the same rows either way;
        staged backfill parts that can be stored as they are are moved into the
        txlog's directory and given the batch's first seqs (``staged``: an
@@ -71,7 +71,7 @@ class IngestWriter:
         save_state: Callable[[PublisherState], None],
         on_commit: Callable[[int, Classified], None],
         expand: Callable[[pa.Table], pa.Table] | None = None,
-        read_here: Callable[[int], pa.Table | None] | None = None,
+        driver_read: Callable[[int], pa.Table | None] | None = None,
         sow: SowState | None = None,
         txlog_files: TxlogFiles | None = None,
         sow_committed: Callable[[pa.Table, int, int], None] | None = None,
@@ -85,8 +85,8 @@ class IngestWriter:
         self.on_commit = on_commit
         self.expand = expand
         """Turns the batch's inbox version rows into the rows those versions hold (see :class:`replication.ingest.inputs.InboxRows`)."""
-        self.read_here = read_here
-        """Reads a small batch without a Spark job (see :class:`replication.ingest.inputs.ReadHere`); None: collect the DataFrame."""
+        self.driver_read = driver_read
+        """Reads a small batch without a Spark job (see :class:`replication.ingest.inputs.DriverRead`); None: collect the DataFrame."""
         self.sow = sow
         """The SOW state (None: no SOW topics); folded from ``txlog_files`` by :meth:`catch_up`."""
         self.txlog_files = txlog_files
@@ -130,9 +130,9 @@ class IngestWriter:
     def __call__(self, df, batch_id: int) -> None:
         try:
             batch = None
-            if self.read_here is not None:
-                self._enter(batch_id, "reading its rows here")
-                batch = self.read_here(batch_id)
+            if self.driver_read is not None:
+                self._enter(batch_id, "reading its rows in the driver")
+                batch = self.driver_read(batch_id)
             if batch is None:
                 self._enter(batch_id, "reading its rows with a Spark job")
                 batch = df.toArrow()
@@ -148,7 +148,7 @@ class IngestWriter:
             return
         if self.expand is not None:
             batch = self.expand(batch)
-        # Spark's own inputRowsPerSecond counts only rows its jobs read; batches read here are not among them.
+        # Spark's own inputRowsPerSecond counts only rows its jobs read; batches read in the driver are not among them.
         if self._last_batch_at is not None and started > self._last_batch_at:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)
         self._last_batch_at = started

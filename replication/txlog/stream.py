@@ -54,10 +54,10 @@ from pyspark.sql.types import StructType
 
 from replication.txlog.files import ROWS_PER_PARTITION, TxlogFiles, TxlogRange, read_files, read_range
 from replication.connectors.spark.pacing import Pacer, parse_rate
-from replication.connectors.spark.prefetch import (
-    PREFETCH_MAX_ROWS,
-    prefetch_rows_option,
-    prefetching,
+from replication.connectors.spark.driver_read import (
+    DRIVER_READ_MAX_ROWS,
+    driver_read_rows_option,
+    with_driver_reads,
 )
 from replication.connectors.spark.options import int_option
 from replication.errors import ConfigError
@@ -97,9 +97,9 @@ class TxlogSourceOptions:
         rows_per_partition: a micro-batch is read by one Spark task per about
             this many rows, cut at file boundaries (option ``rowsPerPartition``,
             default :data:`ROWS_PER_PARTITION`).
-        prefetch_rows: a micro-batch of at most this many rows is read by the
+        driver_read_rows: a micro-batch of at most this many rows is read by the
             source's planner process instead of Spark tasks (option
-            ``prefetchRows``; 0: always tasks). See :mod:`replication.connectors.spark.prefetch`.
+            ``driverReadRows``; 0: always tasks). See :mod:`replication.connectors.spark.driver_read`.
         columns: only these txlog columns, ``seq`` always among them (option
             ``columns``, comma separated; default: all). A reader that needs
             only a few columns (the replicator's routing) moves far less data
@@ -117,7 +117,7 @@ class TxlogSourceOptions:
     start_seq: int = 0
     max_rows_per_trigger: int | None = None
     rows_per_partition: int = ROWS_PER_PARTITION
-    prefetch_rows: int = PREFETCH_MAX_ROWS
+    driver_read_rows: int = DRIVER_READ_MAX_ROWS
     columns: tuple[str, ...] | None = None
     end_seq: int | None = None
     durable_file: str | None = None
@@ -142,7 +142,7 @@ class TxlogSourceOptions:
             int_option(opts, "startSeq", FORMAT, minimum=0, example=0) or 0,
             int_option(opts, "maxRowsPerTrigger", FORMAT, minimum=1, example=50000),
             int_option(opts, "rowsPerPartition", FORMAT, minimum=1, example=ROWS_PER_PARTITION) or ROWS_PER_PARTITION,
-            prefetch_rows_option(opts, FORMAT),
+            driver_read_rows_option(opts, FORMAT),
             _columns_option(opts.get("columns")),
             int_option(opts, "endSeq", FORMAT, minimum=0, example=1000),
             (opts.get("durablefile") or "").strip() or None,
@@ -220,7 +220,7 @@ class TxlogSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = TxlogSourceOptions.parse(self.options)
-        return prefetching(TxlogStreamReader(options), _spark_arrow_schema(options.columns), options.prefetch_rows)
+        return with_driver_reads(TxlogStreamReader(options), _spark_arrow_schema(options.columns), options.driver_read_rows)
 
 
 class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -132,7 +132,7 @@ def read_partition(
 class RangeReader:
     """Reads the ranges of a micro-batch, all partitions at once, with one consumer kept between reads.
 
-    For micro-batches read in the driver (``ingest.inputs.ReadHere``): a consumer per
+    For micro-batches read in the driver (``ingest.inputs.DriverRead``): a consumer per
     partition per batch costs a connection and several metadata round trips,
     and in a driver process busy with other Python threads each round trip
     also waits for the interpreter lock. Each read starts from a clean slate:

@@ -65,10 +65,10 @@ from replication.connectors.kafka.offsets import (
 )
 from replication.connectors.kafka.ranges import SCHEMA, _spark_arrow_schema, read_partition
 from replication.connectors.spark.options import int_option
-from replication.connectors.spark.prefetch import (
-    PREFETCH_MAX_ROWS,
-    prefetch_rows_option,
-    prefetching,
+from replication.connectors.spark.driver_read import (
+    DRIVER_READ_MAX_ROWS,
+    driver_read_rows_option,
+    with_driver_reads,
 )
 from replication.errors import ConfigError
 
@@ -100,17 +100,17 @@ class KafkaSourceOptions:
             decoding is CPU-bound in Python, so a busy Kafka partition can use
             several cores. Sub-ranges of one Kafka partition are planned in
             offset order. ``None``: one task per Kafka partition.
-        prefetch_rows: a micro-batch of at most this many offsets is read by the
+        driver_read_rows: a micro-batch of at most this many offsets is read by the
             source's planner process instead of Spark tasks (option
-            ``prefetchRows``, default :data:`replication.connectors.spark.prefetch.PREFETCH_MAX_ROWS`;
-            0: always tasks). See :mod:`replication.connectors.spark.prefetch`.
+            ``driverReadRows``, default :data:`replication.connectors.spark.driver_read.DRIVER_READ_MAX_ROWS`;
+            0: always tasks). See :mod:`replication.connectors.spark.driver_read`.
     """
 
     bootstrap_servers: str
     topics: tuple[str, ...]
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
-    prefetch_rows: int = PREFETCH_MAX_ROWS
+    driver_read_rows: int = DRIVER_READ_MAX_ROWS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
@@ -133,7 +133,7 @@ class KafkaSourceOptions:
             topics,
             int_option(opts, "maxOffsetsPerTrigger", FORMAT, minimum=1, example=100000),
             int_option(opts, "minPartitions", FORMAT, minimum=1, example=4),
-            prefetch_rows_option(opts, FORMAT),
+            driver_read_rows_option(opts, FORMAT),
         )
 
 
@@ -152,7 +152,7 @@ class KafkaSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = KafkaSourceOptions.parse(self.options)
-        return prefetching(KafkaStreamReader(options), _spark_arrow_schema(), options.prefetch_rows)
+        return with_driver_reads(KafkaStreamReader(options), _spark_arrow_schema(), options.driver_read_rows)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

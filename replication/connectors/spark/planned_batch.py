@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-#: A micro-batch of at most this many rows is read by the writer itself.
-DIRECT_MAX_ROWS = 50_000
+from replication.connectors.spark.driver_read import DRIVER_READ_MAX_ROWS
+
+__all__ = ["DRIVER_READ_MAX_ROWS", "PlannedBatch"]
 
 
 class PlannedBatch:

@@ -1,8 +1,8 @@
-"""Small micro-batches read by the planner, large ones by tasks: the same rows either way.
+"""Small micro-batches read in the driver by the planner, large ones by tasks: the same rows either way.
 
 These drive the stream readers the way Spark's planner process does (plan,
-then ask for prefetched rows), on real Delta tables and a real broker; the
-source tests run the same sources in Spark with prefetching on and off.
+then ask for the rows read in the driver), on real Delta tables and a real broker; the
+source tests run the same sources in Spark with driver reads on and off.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from replication.connectors.spark import prefetch
+from replication.connectors.spark import driver_read
 from replication.connectors.kafka.broker import ensure_topics
 from replication.connectors.kafka.source import KafkaSource
-from replication.connectors.spark.prefetch import PartitionBundle, PrefetchingReader
+from replication.connectors.spark.driver_read import PartitionBundle, DriverReadingReader
 from replication.txlog.stream import SCHEMA as TXLOG_SPARK_SCHEMA
 from replication.txlog.stream import TxlogSource
 
@@ -33,15 +33,15 @@ def rows_of(reader, partitions) -> pa.Table:
 
 def test_the_installed_pyspark_offers_the_planner_path():
     # If a PySpark upgrade removes it, sources silently fall back to tasks: this says so.
-    assert prefetch.AVAILABLE
+    assert driver_read.AVAILABLE
 
 
 def test_a_small_txlog_range_is_handed_over_by_the_planner_and_a_large_one_left_to_tasks(tmp_path):
     writer = TxlogWriter(tmp_path / "txlog")
     for _ in range(5):
         writer.append(20)
-    reader = reader_for(TxlogSource, {"path": str(tmp_path / "txlog"), "prefetchRows": "50"}, TXLOG_SPARK_SCHEMA)
-    assert isinstance(reader, PrefetchingReader)
+    reader = reader_for(TxlogSource, {"path": str(tmp_path / "txlog"), "driverReadRows": "50"}, TXLOG_SPARK_SCHEMA)
+    assert isinstance(reader, DriverReadingReader)
 
     start = reader.initialOffset()
     assert reader.getCache(start, {"seq": 40}) is None  # nothing planned yet (a batch re-planned after a restart)
@@ -64,18 +64,18 @@ def test_a_small_txlog_range_is_handed_over_by_the_planner_and_a_large_one_left_
     reader.stop()
 
 
-def test_prefetch_rows_zero_leaves_the_reader_as_it_is(tmp_path):
-    reader = reader_for(TxlogSource, {"path": str(tmp_path / "txlog"), "prefetchRows": "0"}, TXLOG_SPARK_SCHEMA)
-    assert not isinstance(reader, PrefetchingReader)
+def test_driver_read_rows_zero_leaves_the_reader_as_it_is(tmp_path):
+    reader = reader_for(TxlogSource, {"path": str(tmp_path / "txlog"), "driverReadRows": "0"}, TXLOG_SPARK_SCHEMA)
+    assert not isinstance(reader, DriverReadingReader)
 
 
 def test_kafka_rows_read_by_the_planner_equal_those_read_by_tasks(broker):
-    topic = _topic("prefetch")
+    topic = _topic("driver-read")
     ensure_topics(broker.bootstrap, [topic], partitions=2)
     _publish(broker.bootstrap, topic, 200, partitions=2)
     source = KafkaSource(_options(broker, topic))
     reader = source.streamReader(source.schema())
-    assert isinstance(reader, PrefetchingReader)
+    assert isinstance(reader, DriverReadingReader)
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
 
@@ -89,18 +89,18 @@ def test_kafka_rows_read_by_the_planner_equal_those_read_by_tasks(broker):
 
 
 @pytest.mark.parametrize("value", ["-1", "lots"])
-def test_a_bad_prefetch_rows_option_names_the_fix(tmp_path, value):
+def test_a_bad_driver_read_rows_option_names_the_fix(tmp_path, value):
     from replication.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"prefetchRows must be an integer >= 0 .*\.option\('prefetchRows', 50000\)"):
-        reader_for(TxlogSource, {"path": str(tmp_path), "prefetchRows": value}, TXLOG_SPARK_SCHEMA)
+    with pytest.raises(ConfigError, match=r"driverReadRows must be an integer >= 0 .*\.option\('driverReadRows', 50000\)"):
+        reader_for(TxlogSource, {"path": str(tmp_path), "driverReadRows": value}, TXLOG_SPARK_SCHEMA)
 
 
 def test_a_planner_process_exits_quietly_when_spark_hangs_up():
     # What Spark's runner does when the JVM closes its socket: EOFError, then BrokenPipeError replying.
     script = (
         "import sys\n"
-        "from replication.connectors.spark.prefetch import quiet_when_spark_hangs_up\n"
+        "from replication.connectors.spark.driver_read import quiet_when_spark_hangs_up\n"
         "quiet_when_spark_hangs_up(); quiet_when_spark_hangs_up()\n"
         "try:\n"
         "    raise EOFError\n"

@@ -1,4 +1,4 @@
-"""Small micro-batches read by the engine's writers without a Spark job, and the same rows as Spark's."""
+"""The ingest's inputs: Kafka rows mapped to candidate rows in the driver, the same as Spark maps them."""
 
 from __future__ import annotations
 

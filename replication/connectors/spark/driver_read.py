@@ -1,4 +1,4 @@
-"""Small micro-batches read on the driver side, large ones by Spark tasks.
+"""Small micro-batches read in the driver (in Spark's planner process), large ones by Spark tasks.
 
 A Python streaming source normally reads every micro-batch in executor tasks:
 each task hands the pickled reader to a Python worker, which reads and streams
@@ -9,17 +9,17 @@ readers: the source's planner process (a long-lived Python process next to the
 driver) reads the rows itself and hands them to Spark with the partition plan;
 the task then only copies them out of the block manager, with no Python worker.
 
-:func:`prefetching` gives a source both: a micro-batch of at most
+:func:`with_driver_reads` gives a source both: a micro-batch of at most
 ``max_rows`` rows takes the planner path, a larger one (a backlog) is read by
 parallel tasks as before. The rows are the same either way: the planner calls
 the source's own ``read(partition)`` on the partitions it planned.
 
 Spark offers the planner path only to readers that are instances of its
-private ``_SimpleStreamReaderWrapper``; :class:`PrefetchingReader` subclasses
-it. When the installed PySpark lacks it, :func:`prefetching` returns the
+private ``_SimpleStreamReaderWrapper``; :class:`DriverReadingReader` subclasses
+it. When the installed PySpark lacks it, :func:`with_driver_reads` returns the
 reader unchanged and every batch is read by tasks (correct, only slower).
 
-Crash safety needs nothing special: the prefetched rows are a cache of one
+Crash safety needs nothing special: the rows read in the driver are a cache of one
 planned range. A batch re-planned after a restart finds no cache and is read
 by tasks, from the same immutable range (Kafka offsets, txlog seqs, inbox
 versions).
@@ -38,7 +38,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from replication.errors import ConfigError
 
 #: Default bound of a micro-batch read on the planner (rows).
-PREFETCH_MAX_ROWS = 50_000
+DRIVER_READ_MAX_ROWS = 50_000
 
 try:  # PySpark's planner path is offered only to instances of this private class
     from pyspark.sql.datasource_internal import (
@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - depends on the PySpark release
 
 
 class SizedReader(Protocol):
-    """What a source tells :class:`PrefetchingReader` beyond the stream reader API."""
+    """What a source tells :class:`DriverReadingReader` beyond the stream reader API."""
 
     def rows_between(self, start: dict, end: dict, at_most: int) -> int:
         """Rows of the range ``start``..``end``, or any number above ``at_most`` once past it."""
@@ -61,12 +61,12 @@ class SizedReader(Protocol):
 
 @dataclass(frozen=True)
 class PartitionBundle(InputPartition):
-    """The one partition Spark allows for a prefetched batch: every planned partition, read in turn."""
+    """The one partition Spark allows for a batch read in the driver: every planned partition, read in turn."""
 
     parts: tuple[InputPartition, ...]
 
 
-class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
+class DriverReadingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
     """Wraps a source's stream reader; see the module docstring.
 
     Spark's planner calls ``partitions(start, end)`` and then, for readers of
@@ -75,7 +75,7 @@ class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
     ``Trigger.AvailableNow`` support on such readers.
     """
 
-    def __init__(self, inner: DataSourceStreamReader, schema: pa.Schema, max_rows: int = PREFETCH_MAX_ROWS) -> None:
+    def __init__(self, inner: DataSourceStreamReader, schema: pa.Schema, max_rows: int = DRIVER_READ_MAX_ROWS) -> None:
         self.simple_reader = inner
         self.schema = schema
         self.max_rows = max_rows
@@ -102,7 +102,7 @@ class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
         self._fetched = None
         self.simple_reader.stop()
 
-    # Planning, with the rows of a small range read here.
+    # Planning, with the rows of a small range read in the driver.
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         parts = list(self.simple_reader.partitions(start, end))
@@ -126,7 +126,7 @@ class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
 
     def _read_all(self, parts: list[InputPartition]) -> pa.RecordBatch:
         batches = [batch for part in parts for batch in self.simple_reader.read(part)]
-        # One record batch: Spark handles a prefetched block of many batches markedly slower.
+        # One record batch: Spark handles a block of many batches read in the driver markedly slower.
         table = pa.Table.from_batches(batches, schema=self.schema) if batches else self.schema.empty_table()
         combined = table.combine_chunks().to_batches()
         return combined[0] if combined else pa.RecordBatch.from_pylist([], schema=self.schema)
@@ -139,12 +139,12 @@ class PrefetchingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
         return self.simple_reader.read(partition)
 
 
-def prefetching(inner: DataSourceStreamReader, schema: pa.Schema, max_rows: int = PREFETCH_MAX_ROWS) -> DataSourceStreamReader:
+def with_driver_reads(inner: DataSourceStreamReader, schema: pa.Schema, max_rows: int = DRIVER_READ_MAX_ROWS) -> DataSourceStreamReader:
     """``inner`` with small micro-batches read on the planner when this PySpark allows it."""
     quiet_when_spark_hangs_up()
     if not AVAILABLE or max_rows <= 0:
         return inner
-    return PrefetchingReader(inner, schema, max_rows)
+    return DriverReadingReader(inner, schema, max_rows)
 
 
 def quiet_when_spark_hangs_up() -> None:
@@ -169,19 +169,19 @@ def quiet_when_spark_hangs_up() -> None:
     sys.excepthook = hook
 
 
-def prefetch_rows_option(opts: Mapping[str, str], fmt: str) -> int:
-    """Option ``prefetchRows`` of source ``fmt`` (keys lower-cased): rows, 0 to turn prefetching off."""
-    raw = opts.get("prefetchrows")
+def driver_read_rows_option(opts: Mapping[str, str], fmt: str) -> int:
+    """Option ``driverReadRows`` of source ``fmt`` (keys lower-cased): rows, 0 to read every batch in Spark tasks."""
+    raw = opts.get("driverreadrows")
     if raw in (None, ""):
-        return PREFETCH_MAX_ROWS
+        return DRIVER_READ_MAX_ROWS
     try:
         value = int(str(raw).strip())
     except ValueError:
         value = -1
     if value < 0:
         raise ConfigError(
-            f"{fmt}: prefetchRows must be an integer >= 0 (0 reads every micro-batch in Spark tasks), "
-            f"got {raw!r}; e.g. .option('prefetchRows', {PREFETCH_MAX_ROWS}), or leave it out"
+            f"{fmt}: driverReadRows must be an integer >= 0 (0 reads every micro-batch in Spark tasks), "
+            f"got {raw!r}; e.g. .option('driverReadRows', {DRIVER_READ_MAX_ROWS}), or leave it out"
         )
     return value
 
