@@ -153,7 +153,8 @@ def spark_batch_seconds(query, rows: int) -> float | None:
 
 def spark_kafka_delta_baseline(spark, bootstrap: str, topic: str, rows: int, workdir: Path,
                                max_offsets: int) -> Run:
-    """(c): ``readStream.format("kafka")`` with headers -> ``writeStream.format("delta")``, same trigger and batch cap."""
+    """(c): ``readStream.format("kafka")`` with headers -> ``writeStream.format("delta")``, with the instance's
+    trigger and batch cap."""
     target, checkpoint = workdir / "baseline-c", workdir / "baseline-c-checkpoint"
     source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")

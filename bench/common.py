@@ -201,8 +201,8 @@ def build_txlog(cfg, rows: int, publishers: int, chunk: int) -> None:
 
     from replication.connectors.delta.tables import COMMIT_METADATA_KEY, open_or_create
     from replication.storage.layout import StorageLayout
-    from replication.txlog.schema import TXLOG_SCHEMA
     from replication.txlog.publishers import PublisherState
+    from replication.txlog.schema import TXLOG_SCHEMA
 
     layout = StorageLayout.of(cfg.storage)
     table = open_or_create(layout.txlog, TXLOG_SCHEMA, name=f"{cfg.name} txlog")

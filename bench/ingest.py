@@ -40,12 +40,11 @@ from pathlib import Path
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
+from baselines import Run, plain_baseline, spark_baseline, spark_batch_seconds, spark_kafka_delta_baseline  # noqa: E402
 from common import (  # noqa: E402
-    build_txlog,
-    run_benchmark,
     PhaseTimer,
     PySpy,
+    build_txlog,
     data_batches,
     feeds,
     format_table,
@@ -53,11 +52,13 @@ from common import (  # noqa: E402
     offsets_moved,
     percentile,
     prepublish,
+    run_benchmark,
     steady_publisher,
     tree_cpu_seconds,
     wait_until,
 )
-from baselines import Run, plain_baseline, spark_baseline, spark_batch_seconds, spark_kafka_delta_baseline  # noqa: E402
+
+from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 
 PHASES = ("ingest", "a", "b", "c", "latency", "txlog")
 
@@ -293,7 +294,7 @@ def _spy_file(args, phase: str) -> str | None:
 def report(args, runs: dict[str, Run], lat: dict | None, scaling: list[dict]) -> str:
     """The final tables: rates, ratios and targets, latency, txlog scaling, ingest breakdown."""
     out = [f"\n== bench/ingest.py: {args.messages:,} msgs, {args.partitions} partitions, "
-           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger 0 s, "
+           f"{args.publishers} publishers, MaxOffsetsPerTrigger={_max_offsets(args)}, trigger 0 s, "
            f"inbox {'on' if args.inbox else 'off'}, "
            f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
     if runs:
@@ -338,6 +339,10 @@ def report(args, runs: dict[str, Run], lat: dict | None, scaling: list[dict]) ->
         out.append("")
         out.append(_scaling_table(scaling, args.txlog_batch))
     return "\n".join(out)
+
+
+def _max_offsets(args) -> str:
+    return f"{args.max_offsets:,}" if args.max_offsets else f"{DEFAULT_BATCH_ROWS:,} (default)"
 
 
 def _batch_time(run: Run) -> float:

@@ -56,14 +56,10 @@ if TYPE_CHECKING:
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")  # stop() of an idle query logs harmless warnings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 from common import (  # noqa: E402
+    STEADY_CLIENT,
     Labeler,
     PhaseTimer,
-    run_benchmark,
-    wait_until,
-    write_instance_config,
-    STEADY_CLIENT,
     PySpy,
     data_batches,
     feeds,
@@ -71,9 +67,14 @@ from common import (  # noqa: E402
     offsets_moved,
     percentile,
     prepublish,
+    run_benchmark,
     steady_publisher,
+    wait_until,
+    write_instance_config,
 )
 from mirror_maker import MirrorRun, mirror  # noqa: E402
+
+from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 
 PHASES = ("throughput", "mm2", "latency")
 #: Seconds the started pair is watched with nothing published, before the latency run.
@@ -538,7 +539,7 @@ LATENCY_STEPS = (
 class Latency:
     """The steady-publishing run: per message and step, milliseconds from the publish."""
 
-    ms: dict[str, "np.ndarray"]
+    ms: dict[str, np.ndarray]
     """Step (:data:`LATENCY_STEPS`) -> one value per message (NaN: never seen)."""
     count: int
     rate: float
@@ -601,7 +602,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
                    idle_kinds, idle_seconds)
 
 
-def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, "np.ndarray"]:
+def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, np.ndarray]:
     """Milliseconds from each publish to each step, and the publish times.
 
     A message is found at A and B by (client, publisher seq) in their txlogs;
@@ -639,7 +640,8 @@ SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", 
 
 def report(args, runs: dict[str, Run], lat: Latency | None, mirrored: MirrorRun | None = None) -> str:
     out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
-           f"{args.publishers} publishers, MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger {args.trigger}, "
+           f"{args.publishers} publishers, "
+           f"MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger {args.trigger}, "
            f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
     if args.conf:
         out.append(f"Spark settings tried: {', '.join(args.conf)}")
@@ -698,7 +700,7 @@ def report(args, runs: dict[str, Run], lat: Latency | None, mirrored: MirrorRun 
     if cpu_columns:
         out.append("")
         out.append(cpu_table(cpu_columns))
-    for key, run in runs.items():
+    for _key, run in runs.items():
         out.append("")
         out.append(stage_table(f"where time goes: {run.label} ({run.seconds:.1f}s)", run.stages, run.seconds))
         out.append("")

@@ -147,7 +147,8 @@ def ingest_pass(spark, workdir: Path, bootstrap: str, topic: str, messages: int,
             status = inst.status()
             return status.max_seq + status.counters.get("rejected", 0) >= messages or bool(status.error)
 
-        wait_until(handled, timeout=600 + messages / 1000, interval=0.05, what=f"{name} to ingest {messages:,} messages")
+        wait_until(handled, timeout=600 + messages / 1000, interval=0.05,
+                   what=f"{name} to ingest {messages:,} messages")
         seconds, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
         if inst.status().error:
             raise SystemExit(f"{name}: {inst.status().error}")
@@ -262,10 +263,10 @@ def compaction_cost(workdir: Path, cfg, args) -> list[str]:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from replication.txlog.files import TxlogFiles
     from replication.sow.keys import SowTopics
     from replication.sow.table import SowTable, as_records
     from replication.storage.layout import StorageLayout
+    from replication.txlog.files import TxlogFiles
     from replication.txlog.schema import TXLOG_SCHEMA
 
     body = b'{"id":0,"symbol":"ACME","side":"buy","qty":1,"price":100.0,"account":{"id":"ACC-1","region":"nyc"}}'
@@ -386,7 +387,8 @@ def query(spark, workdir: Path, bootstrap: str, args) -> list[str]:
                               "price": 100.0 + k % 97 / 10, "trader": f"trader-{k % 50:04d}", "desk": "equities-nyc",
                               "account": {"id": f"ACC-{k % 10007:06d}", "region": "nyc"}}).encode() for k in keys]
         return pa.table({
-            "seq": pa.array(range(first, first + n), pa.int64()), "bookmark": [f"1|{s}|" for s in range(first, first + n)],
+            "seq": pa.array(range(first, first + n), pa.int64()),
+            "bookmark": [f"1|{s}|" for s in range(first, first + n)],
             "publisher": ["p"] * n, "publisher_seq": pa.array(range(first, first + n), pa.int64()),
             "topic": ["/orders"] * n, "message_type": ["json"] * n, "command": ["publish"] * n,
             "sow_key": [str(k) for k in keys], "sow_keys": pa.nulls(n, pa.string()), "filter": pa.nulls(n, pa.string()),

@@ -49,7 +49,7 @@ class DowngradePolicy:
     grace_period: float = 0.0
 
 
-def policy_of(cfg: "InstanceConfig") -> DowngradePolicy | None:
+def policy_of(cfg: InstanceConfig) -> DowngradePolicy | None:
     """The downgrade/upgrade policy of a config, or None when it has none."""
     for action in cfg.actions:
         if action.on.module != ON_SCHEDULE:
@@ -71,7 +71,7 @@ def policy_of(cfg: "InstanceConfig") -> DowngradePolicy | None:
 class DowngradeController:
     """Applies a :class:`DowngradePolicy` to an instance's links on a driver thread."""
 
-    def __init__(self, policy: DowngradePolicy, links: dict[str, "Link"], durability: "Durability",
+    def __init__(self, policy: DowngradePolicy, links: dict[str, Link], durability: Durability,
                  *, started: float | None = None) -> None:
         self.policy = policy
         self.links = links
@@ -83,7 +83,7 @@ class DowngradeController:
         """Links left sync by MinimumSyncDestinations (said once in the log, not at every tick)."""
 
     @classmethod
-    def from_config(cls, cfg, links, durability, *, started: float | None = None) -> "DowngradeController | None":
+    def from_config(cls, cfg, links, durability, *, started: float | None = None) -> DowngradeController | None:
         policy = policy_of(cfg)
         if policy is None or not any(link.sync for link in links.values()):
             return None

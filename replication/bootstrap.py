@@ -48,9 +48,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -63,13 +63,13 @@ from replication import failpoints
 from replication.config.fabric import addresses_of, normalize_address
 from replication.config.model import InstanceConfig, TopicSpec
 from replication.connectors.delta.tables import IdempotentAppender, commit_metadata_since
-from replication.txlog.files import TxlogFiles
 from replication.errors import ConfigError, ReplicationError
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, exact_records, topic_id
 from replication.storage.control import BootstrapState, read_instance_config
 from replication.storage.layout import StorageLayout
+from replication.txlog.files import TxlogFiles
 from replication.txlog.schema import TXLOG_SCHEMA
 
 log = logging.getLogger(__name__)

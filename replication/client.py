@@ -264,7 +264,8 @@ class Publisher:
                 if left <= 0:
                     raise ReplicationError(
                         f"publisher {self.name}: no logon reply from instance {self.instance} on topic "
-                        f"{acks_topic(self.instance)} within {timeout}s; is the instance running and reading {self.topic}?"
+                        f"{acks_topic(self.instance)} within {timeout}s; is the instance running and reading "
+                        f"{self.topic}?"
                     )
                 self._cond.wait(min(left, 5.0))
             persisted, stored = self._logon_replies.pop(correlation)
@@ -289,10 +290,11 @@ class Publisher:
             self._consumer.close()
             self.store.close()
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     # -- internals ----------------------------------------------------------

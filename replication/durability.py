@@ -45,9 +45,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.compute as pc
@@ -90,7 +90,7 @@ class AckSender:
             retries=5,
         )
 
-    def send(self, acks: dict[str, int], logons: list["Logon"], persisted: dict[str, int],
+    def send(self, acks: dict[str, int], logons: list[Logon], persisted: dict[str, int],
              stored: dict[str, int] | None = None) -> None:
         """Persisted acks, then logon replies: the client's persisted and stored (received) positions."""
         for client, seq in acks.items():
@@ -208,13 +208,13 @@ class Durability:
         self,
         sender: AckSender | None,
         *,
-        layout: "StorageLayout",
+        layout: StorageLayout,
         committed_seq: int,
         publishers: dict[str, int],
         upstreams: dict[str, int],
-        destinations: Mapping[str, "Link"] | None = None,
-        rows_since: Callable[[int, int], "pa.Table"] | None = None,
-        received_since: Callable[[str, int, int], "pa.Table"] | None = None,
+        destinations: Mapping[str, Link] | None = None,
+        rows_since: Callable[[int, int], pa.Table] | None = None,
+        received_since: Callable[[str, int, int], pa.Table] | None = None,
         now: Callable[[], float] = time.time,
     ) -> None:
         """``publishers``/``upstreams``: the txlog's positions at start. ``destinations``: the instance's
@@ -249,8 +249,8 @@ class Durability:
             self._recover(publishers, upstreams, rows_since, received_since)
 
     def _recover(self, publishers: dict[str, int], upstreams: dict[str, int],
-                 rows_since: Callable[[int, int], "pa.Table"] | None,
-                 received_since: Callable[[str, int, int], "pa.Table"] | None) -> None:
+                 rows_since: Callable[[int, int], pa.Table] | None,
+                 received_since: Callable[[str, int, int], pa.Table] | None) -> None:
         """After a restart: what was committed but not known durable waits again."""
         after, through = self.durable_seq, self.committed_seq
         whole = _span(after + 1, through)
@@ -292,7 +292,7 @@ class Durability:
         if self._sender and self.persisted:
             self._sender.send(dict(self.persisted), [], self.persisted)
 
-    def on_commit(self, last_seq: int, result: "Classified") -> None:
+    def on_commit(self, last_seq: int, result: Classified) -> None:
         with self._lock:
             first = self.committed_seq + 1
             # A key whose rows the result does not list (a catch-up after a failed batch)
@@ -324,7 +324,7 @@ class Durability:
         self.release(result.logons)
 
     # -- ages ---------------------------------------------------------------
-    def link_age(self, link: "Link", now: float | None = None) -> float:
+    def link_age(self, link: Link, now: float | None = None) -> float:
         """Seconds since the oldest row ``link`` has not acknowledged (or not decided) was committed; 0 when
         it waits for nothing. Counted whether the link is sync, async or downgraded."""
         oldest = link.oldest_waiting()
@@ -350,13 +350,13 @@ class Durability:
             self._times[:half] = self._times[:half:2]
 
     # -- what is durable ----------------------------------------------------
-    def _sync_links(self) -> list["Link"]:
+    def _sync_links(self) -> list[Link]:
         return [link for link in self._links.values() if link.sync and not link.downgraded]
 
-    def _holds(self, runs: Runs, links: list["Link"]) -> bool:
+    def _holds(self, runs: Runs, links: list[Link]) -> bool:
         return any(link.holds_any(runs) for link in links)
 
-    def release(self, logons: list["Logon"] | None = None) -> dict[str, int]:
+    def release(self, logons: list[Logon] | None = None) -> dict[str, int]:
         """Release what became durable: persisted acks to publishers, acks to upstreams."""
         links = self._sync_links()
         version = sum(link.version for link in self._links.values())
@@ -387,7 +387,7 @@ class Durability:
             self._sender.send(released, logons or [], persisted, stored)
         return released
 
-    def _release_publishers(self, links: list["Link"]) -> dict[str, int]:
+    def _release_publishers(self, links: list[Link]) -> dict[str, int]:
         """Pop each publisher's positions whose rows are all durable, in order; what moved."""
         moved: dict[str, int] = {}
         for key in list(self._publishers):
@@ -404,7 +404,7 @@ class Durability:
         if self._sender:
             self._sender.close()
 
-    def _release_upstream(self, state: _Upstream, links: list["Link"], version: int) -> tuple[int, tuple] | None:
+    def _release_upstream(self, state: _Upstream, links: list[Link], version: int) -> tuple[int, tuple] | None:
         """Drop this upstream's rows that became durable; the new (prefix, runs) if it changed, else None.
 
         A batch whose rows are all durable goes at once; one still partly held is checked row by row,
@@ -435,7 +435,7 @@ class Durability:
 
 
     @staticmethod
-    def _keep_held_rows(entry: _UpstreamRows, links: list["Link"]) -> None:
+    def _keep_held_rows(entry: _UpstreamRows, links: list[Link]) -> None:
         """Keep only the rows of ``entry`` a link still holds. Rows before every link's oldest waiting
         row are durable and rows after a link's last decided row are held, so only the rows between
         are looked at one by one, and not even those when one link holds all of them (a batch in flight)."""
@@ -459,8 +459,8 @@ class Durability:
         entry.waiting = None
 
 
-def _received_rows(rows: "pa.Table", upstream: str, acked: int, top: int,
-                   received_since: Callable[[str, int, int], "pa.Table"], through: int) -> _UpstreamRows | None:
+def _received_rows(rows: pa.Table, upstream: str, acked: int, top: int,
+                   received_since: Callable[[str, int, int], pa.Table], through: int) -> _UpstreamRows | None:
     """After a restart, the rows ``upstream`` sent after ``acked``, matched to our txlog rows by
     (publisher, publisher_seq): stored ones wait for their local rows, the others (duplicates, rejects)
     for everything committed to be handed over. None when the inbox cannot be read."""

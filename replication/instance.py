@@ -24,14 +24,13 @@ from replication import bootstrap
 from replication.actions import DowngradeController
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
-from replication.txlog.files import TxlogFiles, read_range
 from replication.connectors.kafka.broker import ensure_topics
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
-from replication.ingest.classify import TopicRecorder
-from replication.ingest.inputs import InboxRows, DriverRead, ingest_stream
 from replication.inbox.staged_parts import StagedParts
+from replication.ingest.classify import TopicRecorder
+from replication.ingest.inputs import DriverRead, InboxRows, ingest_stream
 from replication.ingest.writer import IngestWriter
 from replication.sow.compactor import Compactor
 from replication.sow.keys import SowTopics
@@ -39,8 +38,9 @@ from replication.sow.state import SowState
 from replication.sow.table import SowTable, rebuild_state
 from replication.storage.control import Heartbeat, write_instance_config
 from replication.storage.layout import INGEST_QUERY, StorageLayout
-from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
+from replication.txlog.files import TxlogFiles, read_range
 from replication.txlog.publishers import recover_state
+from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -76,7 +76,7 @@ class Instance:
         inst.stop()
     """
 
-    def __init__(self, cfg: InstanceConfig, spark: "SparkSession", *, trigger_interval: str = "0 seconds") -> None:
+    def __init__(self, cfg: InstanceConfig, spark: SparkSession, *, trigger_interval: str = "0 seconds") -> None:
         self.cfg = cfg
         self.spark = spark
         self.layout = StorageLayout.of(cfg.storage)
@@ -103,11 +103,12 @@ class Instance:
     def name(self) -> str:
         return self.cfg.name
 
-    def start(self) -> "Instance":
+    def start(self) -> Instance:
         self.layout.root.mkdir(parents=True, exist_ok=True)
         write_instance_config(self.cfg, self.layout.instance_json)
         txlog = IdempotentAppender(self.layout.txlog, TXLOG_SCHEMA, app_id="ingest", name=f"{self.name} txlog")
-        rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id="ingest", name=f"{self.name} rejected")
+        rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id="ingest",
+                                      name=f"{self.name} rejected")
         if bootstrap.needed(self.cfg, self.layout):  # before anything is served: no ingest, acks or replication yet
             bootstrap.run(self.cfg, self.layout, progress=self._log_bootstrap)
             txlog.refresh()
@@ -226,7 +227,8 @@ class Instance:
         """``publisher``, ``publisher_seq`` and ``upstream_seq`` of the inbox rows ``upstream`` sent with
         ``after < upstream_seq <= through`` (inbox files are written in upstream order: their statistics
         keep this read to the last few)."""
-        wanted = (ds.field("link") == upstream) & (ds.field("upstream_seq") > after) & (ds.field("upstream_seq") <= through)
+        seq = ds.field("upstream_seq")
+        wanted = (ds.field("link") == upstream) & (seq > after) & (seq <= through)
         return DeltaTable(str(self.layout.inbox)).to_pyarrow_dataset().to_table(
             columns=["publisher", "publisher_seq", "upstream_seq"], filter=wanted)
 
@@ -326,7 +328,7 @@ class Instance:
                         self.name, name, time.strftime("%H:%M:%S", time.localtime(previous.since)), link["state"])
         return previous.since
 
-    def _report_moving(self, name: str, previous: "_Progress | None", now: float) -> None:
+    def _report_moving(self, name: str, previous: _Progress | None, now: float) -> None:
         if previous is not None and previous.reported:
             log.warning("%s: destination %s moves again after %.0fs", self.name, name, now - previous.since)
 

@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Union
 
 import orjson
 
@@ -101,7 +100,7 @@ class PersistedAt:
 
 
 #: One point of a bookmark list.
-BookmarkPoint = Union[Epoch, Now, MessageBookmark, PersistedAt]
+BookmarkPoint = Epoch | Now | MessageBookmark | PersistedAt
 
 #: The accepted forms, as every bookmark error lists them.
 BOOKMARK_FORMS = (

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from replication import expressions
 
@@ -105,7 +105,7 @@ def published(topic: str, at: str, *, message_type: str = "json", data: Any = No
     return Message(topic, message_type, data, None, None, (at,), at)
 
 
-def forwarded(msg: Message, sender: "InstanceConfig", receiver: str) -> Message:
+def forwarded(msg: Message, sender: InstanceConfig, receiver: str) -> Message:
     """The row ``receiver`` stores when ``sender`` replicates ``msg`` to it."""
     return replace(
         msg,
@@ -116,7 +116,7 @@ def forwarded(msg: Message, sender: "InstanceConfig", receiver: str) -> Message:
     )
 
 
-def received_paths(paths: "pa.Array | pa.ChunkedArray", instance: str) -> "pa.ListArray":
+def received_paths(paths: pa.Array | pa.ChunkedArray, instance: str) -> pa.ListArray:
     """Arrow: the ``path`` an instance stores for rows it received (each upstream path + itself; null: [])."""
     import numpy as np
     import pyarrow as pa
@@ -177,20 +177,20 @@ class ContentFilter:
 
 @dataclass(frozen=True)
 class AllOf:
-    items: tuple["Cond", ...]
+    items: tuple[Cond, ...]
 
 
 @dataclass(frozen=True)
 class AnyOf:
-    items: tuple["Cond", ...]
+    items: tuple[Cond, ...]
 
 
 @dataclass(frozen=True)
 class Negate:
-    item: "Cond"
+    item: Cond
 
 
-Cond = Union[Matches, Equals, IsNull, Contains, ContentFilter, AllOf, AnyOf, Negate]
+Cond = Matches | Equals | IsNull | Contains | ContentFilter | AllOf | AnyOf | Negate
 
 
 @dataclass(frozen=True)
@@ -207,14 +207,14 @@ def _topic_cond(name: str, message_type: str) -> Cond:
     return AllOf((Matches(("topic",), name), Equals("message_type", message_type)))
 
 
-def _filter_of(topic: "DestinationTopic") -> ContentFilter | None:
+def _filter_of(topic: DestinationTopic) -> ContentFilter | None:
     # parsed, and checked against the topic's message type, when the config was loaded
     if topic.filter is None:
         return None
     return ContentFilter(topic.filter.expr, topic.filter.text, topic.message_type)
 
 
-def rules(cfg: "InstanceConfig", dest: "Destination", *, target: str | None = None) -> tuple[Rule, ...]:
+def rules(cfg: InstanceConfig, dest: Destination, *, target: str | None = None) -> tuple[Rule, ...]:
     """The rules a row must meet to go from ``cfg`` to ``dest``.
 
     Args:
@@ -286,7 +286,7 @@ def _py(cond: Cond, msg: Message) -> bool:
     raise TypeError(f"not a routing condition: {cond!r}")
 
 
-def decide(cfg: "InstanceConfig", dest: "Destination", msg: Message, *, target: str | None = None) -> Decision:
+def decide(cfg: InstanceConfig, dest: Destination, msg: Message, *, target: str | None = None) -> Decision:
     """Apply the four rules to one message, in order; say which one stops it and why.
 
     Example:
@@ -301,8 +301,8 @@ def decide(cfg: "InstanceConfig", dest: "Destination", msg: Message, *, target: 
     return Decision(True, None, f"sent to {target} (destination {dest.name}, {dest.sync_type})")
 
 
-def route_mask(cfg: "InstanceConfig", dest: "Destination", rows: "pa.Table", *,
-               target: str | None = None) -> "np.ndarray":
+def route_mask(cfg: InstanceConfig, dest: Destination, rows: pa.Table, *,
+               target: str | None = None) -> np.ndarray:
     """:func:`decide` for every row of a txlog table: True where the row goes to ``dest``.
 
     The replicator's evaluation of a micro-batch it reads itself (small
@@ -334,7 +334,7 @@ def route_mask(cfg: "InstanceConfig", dest: "Destination", rows: "pa.Table", *,
     return out
 
 
-def _why(rule: str, cfg: "InstanceConfig", dest: "Destination", msg: Message, target: str) -> str:
+def _why(rule: str, cfg: InstanceConfig, dest: Destination, msg: Message, target: str) -> str:
     what = f"topic {msg.topic!r} ({msg.message_type})"
     if rule == "txlog":
         return f"{what} is not recorded in {cfg.name}'s transaction log"
@@ -364,13 +364,13 @@ def _why(rule: str, cfg: "InstanceConfig", dest: "Destination", msg: Message, ta
 
 
 def spark_condition(
-    cfg: "InstanceConfig",
-    dest: "Destination",
+    cfg: InstanceConfig,
+    dest: Destination,
     *,
     target: str | None = None,
     data_col: str = "data",
-    variant: "Column | None" = None,
-) -> "Column":
+    variant: Column | None = None,
+) -> Column:
     """One native Spark boolean column: the rows of ``cfg``'s txlog that go to ``dest``.
 
     Reads the txlog columns ``topic``, ``message_type``, ``data``,
@@ -394,7 +394,7 @@ def spark_condition(
     return F.coalesce(out, F.lit(False))
 
 
-def spark_condition_columns(cfg: "InstanceConfig", dest: "Destination", *, target: str | None = None,
+def spark_condition_columns(cfg: InstanceConfig, dest: Destination, *, target: str | None = None,
                             data_col: str = "data") -> tuple[str, ...]:
     """The txlog columns :func:`spark_condition` reads for ``dest`` (``data`` only with a content filter)."""
     found: list[str] = []
@@ -429,7 +429,7 @@ def _has_filter(cond: Cond, message_type: str | None = None) -> bool:
     return False
 
 
-def _spark(cond: Cond, v: "Column | None", data_col: str = "data") -> "Column":
+def _spark(cond: Cond, v: Column | None, data_col: str = "data") -> Column:
     from pyspark.sql import functions as F
 
     if isinstance(cond, Matches):

@@ -1,4 +1,4 @@
-"""Run instances in one Spark application until Ctrl-C or SIGTERM (to the process or its group), with a live progress line."""
+"""Run instances in one Spark application until Ctrl-C or SIGTERM (to the process or its group), with progress."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from replication.config.model import InstanceConfig
 from replication.connectors.spark.session import session

@@ -115,7 +115,7 @@ def _overlaps(a: str, b: str) -> bool:
     return topic_covers(a, b) or topic_covers(b, a)
 
 
-def enforced_checks(topic: "DestinationTopic") -> frozenset[str]:
+def enforced_checks(topic: DestinationTopic) -> frozenset[str]:
     """The checks a destination ``<Topic>`` enforces (all but its exclusions)."""
     return frozenset(VALIDATION_CHECKS) - topic.exclude_validation
 
@@ -123,7 +123,7 @@ def enforced_checks(topic: "DestinationTopic") -> frozenset[str]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _dests_back_to(down: "InstanceConfig", up: "InstanceConfig") -> list["Destination"]:
+def _dests_back_to(down: InstanceConfig, up: InstanceConfig) -> list[Destination]:
     """The downstream's destinations that can lead back to the upstream instance."""
     up_addrs = addresses_of(up)
     return [
@@ -133,7 +133,7 @@ def _dests_back_to(down: "InstanceConfig", up: "InstanceConfig") -> list["Destin
     ]
 
 
-def _replicating(cfg: "InstanceConfig", name: str, message_type: str, *, covers: bool = True):
+def _replicating(cfg: InstanceConfig, name: str, message_type: str, *, covers: bool = True):
     """(destination, topic) pairs of ``cfg`` that replicate ``name``."""
     for d in cfg.destinations:
         for t in d.topics:
@@ -143,41 +143,41 @@ def _replicating(cfg: "InstanceConfig", name: str, message_type: str, *, covers:
                 yield d, t
 
 
-def _sow_topics(cfg: "InstanceConfig", topic: "DestinationTopic") -> list["SowTopic"]:
+def _sow_topics(cfg: InstanceConfig, topic: DestinationTopic) -> list[SowTopic]:
     return [s for s in cfg.sow_topics if s.message_type == topic.message_type and topic_covers(topic.name, s.name)]
 
 
-def _queues(cfg: "InstanceConfig", topic: "DestinationTopic") -> list["QueueTopic"]:
+def _queues(cfg: InstanceConfig, topic: DestinationTopic) -> list[QueueTopic]:
     return [q for q in cfg.queues if q.message_type == topic.message_type and topic_covers(topic.name, q.name)]
 
 
-def _same_queue(cfg: "InstanceConfig", q: "QueueTopic") -> "QueueTopic | None":
+def _same_queue(cfg: InstanceConfig, q: QueueTopic) -> QueueTopic | None:
     for other in cfg.queues:
         if other.message_type == q.message_type and other.name == q.name:
             return other
     return None
 
 
-def _same_sow(cfg: "InstanceConfig", s: "SowTopic") -> "SowTopic | None":
+def _same_sow(cfg: InstanceConfig, s: SowTopic) -> SowTopic | None:
     for other in cfg.sow_topics:
         if other.message_type == s.message_type and topic_covers(other.name, s.name):
             return other
     return None
 
 
-def _filter_form(flt: "Filter | None") -> str | None:
+def _filter_form(flt: Filter | None) -> str | None:
     """The canonical form of a filter: two filters that read the same compare equal."""
     return str(flt) if flt is not None else None
 
 
-def _topic_xml(t: "DestinationTopic | SowTopic | QueueTopic", *, with_filter: "Filter | None" = None) -> str:
+def _topic_xml(t: DestinationTopic | SowTopic | QueueTopic, *, with_filter: Filter | None = None) -> str:
     parts = f"<Name>{t.name}</Name><MessageType>{t.message_type}</MessageType>"
     if with_filter:
         parts += f"<Filter>{_xml_escape(with_filter.text)}</Filter>"
     return f"<Topic>{parts}</Topic>"
 
 
-def _text(flt: "Filter | None") -> str | None:
+def _text(flt: Filter | None) -> str | None:
     return flt.text if flt is not None else None
 
 
@@ -185,7 +185,7 @@ def _xml_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _exclude_hint(up: "InstanceConfig", dest: "Destination", topic: "DestinationTopic", check: str) -> str:
+def _exclude_hint(up: InstanceConfig, dest: Destination, topic: DestinationTopic, check: str) -> str:
     checks = [c for c in VALIDATION_CHECKS if c in topic.exclude_validation or c == check]
     return (
         f"in {up.name}'s config set <ExcludeValidation>{','.join(checks)}</ExcludeValidation> on "
@@ -196,7 +196,7 @@ def _exclude_hint(up: "InstanceConfig", dest: "Destination", topic: "Destination
 # --------------------------------------------------------------------------- the nine checks
 
 
-def validate_link(up: "InstanceConfig", dest: "Destination", down: "InstanceConfig") -> list[Finding]:
+def validate_link(up: InstanceConfig, dest: Destination, down: InstanceConfig) -> list[Finding]:
     """Run every check ``dest``'s topics enforce on the link ``up`` -> ``down``; [] means the link may start.
 
     Args:

@@ -45,8 +45,9 @@ the stages in turn.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from deltalake import DeltaTable
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import orjson

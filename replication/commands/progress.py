@@ -67,7 +67,7 @@ class ProgressBar:
         self.stream.write(("\r" if self.tty else "") + self.line() + ("\x1b[K\n" if self.tty else "\n"))
         self.stream.flush()
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, kind, error, trace) -> None:

@@ -35,9 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 naming each problem (instance down, link refused, stalled or lagging); 0 if none")
     parser.add_argument("--stall-after", type=_seconds, default=DEFAULT_STALL_AFTER_S, metavar="SECONDS",
-                        help=f"--check: rows waiting with no progress this long is a stall (default {DEFAULT_STALL_AFTER_S:g})")
+                        help="--check: rows waiting with no progress this long is a stall "
+                             f"(default {DEFAULT_STALL_AFTER_S:g})")
     parser.add_argument("--max-lag", type=_seconds, default=DEFAULT_MAX_LAG_S, metavar="SECONDS",
-                        help=f"--check: a link whose oldest unacknowledged row is older lags (default {DEFAULT_MAX_LAG_S:g})")
+                        help="--check: a link whose oldest unacknowledged row is older lags "
+                             f"(default {DEFAULT_MAX_LAG_S:g})")
 
 
 def _seconds(text: str) -> float:

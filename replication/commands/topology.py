@@ -143,7 +143,7 @@ class Layout:
     group_order: list[str]
 
     @classmethod
-    def of(cls, fabric: Fabric) -> "Layout":
+    def of(cls, fabric: Fabric) -> Layout:
         nodes: dict[str, Node] = {}
         for cfg in fabric:
             nodes[cfg.name] = Node(cfg.name, cfg.group or cfg.name, _node_lines(cfg))
@@ -216,7 +216,8 @@ def draw(fabric: Fabric, *, title: str | None = None) -> Canvas:
     lay = Layout.of(fabric)
     nodes, edges = lay.nodes, lay.edges
     for n in nodes.values():
-        n.w = max(170.0, text_width(n.name, NAME_SIZE, bold=True) + 28, *(text_width(s, SUB_SIZE) + 28 for s in n.lines))
+        n.w = max(170.0, text_width(n.name, NAME_SIZE, bold=True) + 28,
+                  *(text_width(s, SUB_SIZE) + 28 for s in n.lines))
         n.h = 30 + len(n.lines) * 15
     w_node = max(n.w for n in nodes.values())
     for n in nodes.values():
@@ -226,7 +227,7 @@ def draw(fabric: Fabric, *, title: str | None = None) -> Canvas:
         n.h = h_node
 
     gap_x, row_pad = 150.0, {}
-    for g, members in lay.groups.items():
+    for g, _members in lay.groups.items():
         inner = [e for e in edges if nodes[e.src].group == g and nodes[e.dst].group == g]
         gap_x = max([gap_x] + [_label_size(e.label)[0] + 36 for e in inner])
         label_h = max([0.0] + [_label_size(e.label)[1] for e in inner])
@@ -262,7 +263,8 @@ def draw(fabric: Fabric, *, title: str | None = None) -> Canvas:
     c = Canvas(width, height)
     n_groups = len([g for g in lay.groups if g != EXTERNAL_GROUP])
     c.text(margin, 38, title or "Replication topology", size=20, bold=True)
-    c.text(margin, 60, f"{len(fabric)} instance{'s' if len(fabric) != 1 else ''} in {n_groups} group{'s' if n_groups != 1 else ''} "
+    instances = f"{len(fabric)} instance{'s' if len(fabric) != 1 else ''}"
+    c.text(margin, 60, f"{instances} in {n_groups} group{'s' if n_groups != 1 else ''} "
            "· one arrow per destination address",
            size=12, color="#475569")
     c.text(margin, 76, "label on the preferred arrow: destination · ack type, failover order, PassThrough, "

@@ -25,7 +25,8 @@ MAX_ROUTES = 100_000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("configs", nargs="+", metavar="CONFIG", help="instance config files (XML)")
-    parser.add_argument("--from", dest="start", required=True, metavar="INSTANCE", help="instance the message is published to")
+    parser.add_argument("--from", dest="start", required=True, metavar="INSTANCE",
+                        help="instance the message is published to")
     parser.add_argument("--topic", required=True, help="AMPS topic of the message")
     parser.add_argument("--type", dest="message_type", default="json", help="message type (default: json)")
     parser.add_argument("--message", default=None, metavar="JSON", help="message body, for content filters")
@@ -121,7 +122,8 @@ def trace(
     if start not in fabric:
         raise ConfigError(f"--from {start}: no given config is named {start!r}; instances: {', '.join(fabric.configs)}")
     if start in without:
-        raise ConfigError(f"--from {start} is also given with --without: a message cannot be published to a down instance")
+        raise ConfigError(f"--from {start} is also given with --without: a message cannot be published to a down "
+                          "instance")
     unknown = [w for w in without if w not in fabric]
     if unknown:
         raise ConfigError(f"--without {', '.join(unknown)}: no such instance; instances: {', '.join(fabric.configs)}")

@@ -83,7 +83,8 @@ def _print_text(fabric: Fabric, results) -> None:
     unknown = [link for link, _fs in results if link.downstream is None]
     for link, fs in checked:
         where = f" (failover {link.priority})" if link.priority > 1 else ""
-        guessed = f"  [address {link.address} matches no config; taken as {link.downstream} by name]" if link.by_name else ""
+        guessed = (f"  [address {link.address} matches no config; taken as {link.downstream} by name]"
+                   if link.by_name else "")
         print(f"{'FAIL' if fs else 'ok  '}  {link.label}{where}{guessed}")
         for f in fs:
             print("      " + str(f).replace("\n", "\n      "))

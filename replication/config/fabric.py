@@ -12,8 +12,8 @@ cascading mesh's ``LiveProdSubscriptions``) still leads to ``Live-A`` and
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from replication.config.model import Destination, InstanceConfig
 from replication.config.parser import parse_file
@@ -82,7 +82,7 @@ class Fabric:
                 self._by_address.setdefault(addr, cfg.name)
 
     @classmethod
-    def load(cls, paths: Sequence[str]) -> "Fabric":
+    def load(cls, paths: Sequence[str]) -> Fabric:
         """Parse every config file (:func:`replication.config.load`); a bad file raises :class:`ConfigError`."""
         return cls([parse_file(p) for p in paths], files=list(paths))
 

@@ -7,7 +7,7 @@ per row.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import orjson

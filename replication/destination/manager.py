@@ -28,8 +28,9 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from replication import validation
 from replication.config.model import Destination, InstanceConfig
@@ -65,7 +66,7 @@ class DestinationManager:
 
     def __init__(
         self,
-        spark: "SparkSession",
+        spark: SparkSession,
         cfg: InstanceConfig,
         dest: Destination,
         *,
@@ -88,7 +89,7 @@ class DestinationManager:
         self.name = link_name(cfg.name, dest.name)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def start(self) -> "DestinationManager":
+    def start(self) -> DestinationManager:
         self._thread.start()
         return self
 

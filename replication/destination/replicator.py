@@ -31,16 +31,16 @@ import pyarrow as pa
 
 from replication import failpoints, routing
 from replication.config.model import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
-from replication.txlog import stream as txlog_stream
-from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.connectors.delta.tables import (
     IdempotentAppender,
     log_writer_properties,
 )
-from replication.txlog.files import TxlogFiles
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
+from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.storage.layout import link_name
+from replication.txlog import stream as txlog_stream
+from replication.txlog.files import TxlogFiles
 from replication.txlog.runs import runs_of
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class ReplicatorWriter:
     """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: Path, inbox: Path, incarnation: str,
-                 link: "Link", target: str, checkpoint: Path | None = None) -> None:
+                 link: Link, target: str, checkpoint: Path | None = None) -> None:
         self.cfg = cfg
         self.dest = dest
         self.link = link
@@ -76,7 +76,8 @@ class ReplicatorWriter:
         self.condition = routing.spark_condition(cfg, dest, target=target)
         self.txlog = TxlogFiles(str(txlog))
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
-        """Where small batches' seq ranges are found, to read them here (see replication.connectors.spark.planned_batch)."""
+        """Where small batches' seq ranges are found, to read them in the driver (see
+        replication.connectors.spark.planned_batch)."""
         self.rows_sent = 0
         self.batches_read_in_driver = 0
 
@@ -146,7 +147,7 @@ class ReplicatorWriter:
 
 
 def start_query(
-    spark: "SparkSession",
+    spark: SparkSession,
     cfg: InstanceConfig,
     dest: Destination,
     *,
@@ -155,10 +156,10 @@ def start_query(
     checkpoint: Path,
     start_seq: int,
     incarnation: str,
-    link: "Link",
+    link: Link,
     target: str,
     trigger_interval: str = "0 seconds",
-) -> "tuple[StreamingQuery, ReplicatorWriter]":
+) -> tuple[StreamingQuery, ReplicatorWriter]:
     """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``, where the instance
     ``target`` runs); it and its writer."""
     txlog_stream.register(spark)

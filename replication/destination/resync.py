@@ -78,7 +78,8 @@ def resync_start(txlog_path: Path, have: dict[str, int], *, after: int) -> int:
     for publisher, top in zip(grouped["publisher"].to_pylist(), grouped["publisher_seq_max"].to_pylist(), strict=True):
         if top <= have.get(publisher, 0):
             continue  # the downstream has all of this publisher
-        mask = pc.and_(pc.equal(rows["publisher"], publisher), pc.greater(rows["publisher_seq"], have.get(publisher, 0)))
+        mask = pc.and_(pc.equal(rows["publisher"], publisher),
+                       pc.greater(rows["publisher_seq"], have.get(publisher, 0)))
         first = pc.min(pc.filter(rows["seq"], mask)).as_py()
         lacking = first if lacking is None else min(lacking, first)
     if lacking is None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -33,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from replication.connectors.arrow_json import value_offsets, value_bytes
+from replication.connectors.arrow_json import value_bytes, value_offsets
 from replication.expressions import Filter
 from replication.expressions.syntax import (
     Between,

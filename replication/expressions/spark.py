@@ -33,7 +33,7 @@ def json_path(path: tuple[str, ...]) -> str:
     return "$" + "".join("['" + p.replace("'", "\\'") + "']" for p in path)
 
 
-def parse_json_column(data_col: "str | Column" = "data") -> "Column":
+def parse_json_column(data_col: str | Column = "data") -> Column:
     """The message body parsed once into a VARIANT (NULL when the body is not JSON)."""
     from pyspark.sql import functions as F
 
@@ -43,14 +43,14 @@ def parse_json_column(data_col: "str | Column" = "data") -> "Column":
 
 @dataclass(frozen=True)
 class _SparkValue:
-    kind: "Column"
-    text: "Column"
-    number: "Column"
-    literal: "_Value | None" = None
+    kind: Column
+    text: Column
+    number: Column
+    literal: _Value | None = None
 
 
-def to_spark_column(expr: Expr, data_col: "str | Column" = "data", *, variant: "Column | None" = None,
-                    message_type: "str | Column" = "json") -> "Column":
+def to_spark_column(expr: Expr, data_col: str | Column = "data", *, variant: Column | None = None,
+                    message_type: str | Column = "json") -> Column:
     """Compile the filter to a native Spark boolean column (no Python UDF); NULL results become false.
 
     A JSON body is parsed with ``try_parse_json`` into a VARIANT (which keeps
@@ -94,7 +94,7 @@ def to_spark_column(expr: Expr, data_col: "str | Column" = "data", *, variant: "
     return F.coalesce(_SparkCompiler(bound).visit(expr), F.lit(False))
 
 
-def _tag_field_struct(body: "Column", path: tuple[str, ...]) -> dict[str, "Column"]:
+def _tag_field_struct(body: Column, path: tuple[str, ...]) -> dict[str, Column]:
     """Kind, text and numeric value of a FIX/NVFIX field: the first ``tag=value`` (``body`` starts with SOH)."""
     from pyspark.sql import functions as F
 
@@ -109,7 +109,7 @@ def _tag_field_struct(body: "Column", path: tuple[str, ...]) -> dict[str, "Colum
     }
 
 
-def _field_struct(v: "Column", path: tuple[str, ...]) -> dict[str, "Column"]:
+def _field_struct(v: Column, path: tuple[str, ...]) -> dict[str, Column]:
     """Kind, text and numeric value of one field (see the value model in :mod:`replication.expressions.values`)."""
     from pyspark.sql import functions as F
 
@@ -156,11 +156,11 @@ class _SparkOperand(OperandVisitor[_SparkValue]):
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "=", "!=": "!="}
 
 
-def _apply(op: str, x: "Column", y: "Column") -> "Column":
+def _apply(op: str, x: Column, y: Column) -> Column:
     return {"=": x == y, "!=": x != y, "<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y}[op]
 
 
-def _spark_compare(a: _SparkValue, b: _SparkValue, op: str) -> "Column":
+def _spark_compare(a: _SparkValue, b: _SparkValue, op: str) -> Column:
     """The AMPS comparison of the value model; literal sides are resolved at compile time."""
     from pyspark.sql import functions as F
 
@@ -196,43 +196,43 @@ class _SparkCompiler(Visitor["Column"]):
     def __init__(self, bound: dict):
         self.operand = _SparkOperand(bound).visit
 
-    def visit_Compare(self, node: Compare) -> "Column":
+    def visit_Compare(self, node: Compare) -> Column:
         return _spark_compare(self.operand(node.left), self.operand(node.right), node.op)
 
-    def visit_InList(self, node: InList) -> "Column":
+    def visit_InList(self, node: InList) -> Column:
         val = self.operand(node.operand)
         r = _reduce("OR", [_spark_compare(val, self.operand(i), "=") for i in node.items])
         return ~r if node.negated else r
 
-    def visit_Between(self, node: Between) -> "Column":
+    def visit_Between(self, node: Between) -> Column:
         val = self.operand(node.operand)
         r = _spark_compare(val, self.operand(node.low), ">=") & _spark_compare(val, self.operand(node.high), "<=")
         return ~r if node.negated else r
 
-    def visit_Like(self, node: Like) -> "Column":
+    def visit_Like(self, node: Like) -> Column:
         from pyspark.sql import functions as F
 
         val = self.operand(node.operand)
         r = F.when(val.kind.isin("z", "o"), F.lit(None).cast("boolean")).otherwise(val.text.rlike(node.pattern))
         return ~r if node.negated else r
 
-    def visit_IsNull(self, node: IsNull) -> "Column":
+    def visit_IsNull(self, node: IsNull) -> Column:
         is_null = self.operand(node.operand).kind == "z"
         return ~is_null if node.negated else is_null
 
-    def visit_Not(self, node: Not) -> "Column":
+    def visit_Not(self, node: Not) -> Column:
         return ~self.visit(node.item)
 
-    def visit_BoolOp(self, node: BoolOp) -> "Column":
+    def visit_BoolOp(self, node: BoolOp) -> Column:
         return _reduce(node.op, [self.visit(i) for i in node.items])
 
-    def visit_Literal(self, node: Literal) -> "Column":
+    def visit_Literal(self, node: Literal) -> Column:
         from pyspark.sql import functions as F
 
         return F.lit(str(node.value).lower() == "true")
 
 
-def _reduce(op: str, cols: list["Column"]) -> "Column":
+def _reduce(op: str, cols: list[Column]) -> Column:
     out = cols[0]
     for c in cols[1:]:
         out = (out & c) if op == "AND" else (out | c)

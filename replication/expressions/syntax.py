@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Generic, TypeVar, Union
+from typing import Any, ClassVar, Generic, TypeVar
 
 __all__ = [
     "Between",
@@ -46,7 +47,7 @@ class Literal:
         return text[:-2] if text.endswith(".0") else text
 
 
-Operand = Union[Field, Literal]
+Operand = Field | Literal
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class IsNull:
 
 @dataclass(frozen=True)
 class Not:
-    item: "Expr"
+    item: Expr
 
     def __str__(self) -> str:
         return f"NOT {self.item}"
@@ -114,13 +115,13 @@ class Not:
 class BoolOp:
     op: str
     """``AND`` or ``OR``."""
-    items: tuple["Expr", ...]
+    items: tuple[Expr, ...]
 
     def __str__(self) -> str:
         return "(" + f" {self.op} ".join(str(i) for i in self.items) + ")"
 
 
-Expr = Union[Compare, InList, Between, Like, IsNull, Not, BoolOp, Literal]
+Expr = Compare | InList | Between | Like | IsNull | Not | BoolOp | Literal
 """A parsed filter. A bare ``TRUE``/``FALSE`` is a :class:`Literal` of ``'true'``/``'false'``."""
 
 _NODES: tuple[type, ...] = (Field, Literal, Compare, InList, Between, Like, IsNull, Not, BoolOp)

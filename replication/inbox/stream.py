@@ -45,12 +45,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from replication.connectors.spark.options import bool_option, int_option
 from replication.connectors.spark.driver_read import (
     DRIVER_READ_MAX_ROWS,
     driver_read_rows_option,
     with_driver_reads,
 )
+from replication.connectors.spark.options import bool_option, int_option
 from replication.errors import ConfigError
 from replication.inbox.schema import STREAM_SCHEMA, VERSIONS_SCHEMA
 from replication.inbox.versions import InboxLog, int64_range, read_versions

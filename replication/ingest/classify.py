@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -31,9 +31,9 @@ from replication.messages import (
 )
 from replication.sow.keys import SowTopics
 from replication.sow.state import Prepared, SowChanges, SowState, fold, prepare
-from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 from replication.txlog.publishers import PublisherState
 from replication.txlog.runs import Runs, run_bounds, runs_by_code
+from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Classified:
     """What the batch does to the SOW, applied once the txlog commit is done (None: no SOW row)."""
 
     @classmethod
-    def empty(cls, logons: list[Logon]) -> "Classified":
+    def empty(cls, logons: list[Logon]) -> Classified:
         return cls(TXLOG_SCHEMA.empty_table(), REJECTED_SCHEMA.empty_table(), logons)
 
 

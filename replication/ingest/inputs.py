@@ -11,9 +11,6 @@ import pyarrow.compute as pc
 
 from replication import routing
 from replication.config.model import DEFAULT_BATCH_ROWS, InstanceConfig
-from replication.inbox import stream as inbox_stream
-from replication.inbox.read_ahead import InboxReadAhead
-from replication.inbox.versions import read_versions, staged_parts
 from replication.connectors.kafka import source as kafka_source
 from replication.connectors.kafka.ranges import RangeReader
 from replication.connectors.kafka.source import (
@@ -23,6 +20,9 @@ from replication.connectors.kafka.source import (
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.inbox import staged_parts as staged
+from replication.inbox import stream as inbox_stream
+from replication.inbox.read_ahead import InboxReadAhead
+from replication.inbox.versions import read_versions, staged_parts
 from replication.ingest.classify import CANDIDATE_SCHEMA
 from replication.messages import BACKFILL_LINK
 from replication.storage.layout import INGEST_QUERY, StorageLayout
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
+def publish_stream(spark: SparkSession, cfg: InstanceConfig) -> DataFrame:
     """Kafka publishes of every ``kafka`` transport, as candidate rows (DESIGN §7 wire format)."""
     kafka_source.register(spark)
     frames = []
@@ -47,7 +47,7 @@ def publish_stream(spark: "SparkSession", cfg: InstanceConfig) -> "DataFrame":
     return _union(frames)
 
 
-def kafka_options(transport: "KafkaTransport") -> dict[str, str]:
+def kafka_options(transport: KafkaTransport) -> dict[str, str]:
     """The ingest query's options of the ``replication-kafka`` source of one transport."""
     return {
         "bootstrap.servers": ",".join(transport.bootstrap_servers),
@@ -58,7 +58,7 @@ def kafka_options(transport: "KafkaTransport") -> dict[str, str]:
     }
 
 
-def kafka_candidate_columns(transport: "KafkaTransport") -> dict[str, tuple]:
+def kafka_candidate_columns(transport: KafkaTransport) -> dict[str, tuple]:
     """How each candidate column comes from a Kafka source row: the one mapping for Spark and for Arrow.
 
     ``("col", name)``: that column; ``("first", name, default)``: that column,
@@ -97,7 +97,7 @@ def _spark_columns(spec: dict[str, tuple]) -> list:
     return [column(spec[name]).cast(_spark_type(name)).alias(name) for name in CANDIDATE_SCHEMA.names]
 
 
-def kafka_candidates(rows: pa.Table, transport: "KafkaTransport") -> pa.Table:
+def kafka_candidates(rows: pa.Table, transport: KafkaTransport) -> pa.Table:
     """Kafka source rows (``kafka_source.SCHEMA``) as candidate rows, without Spark."""
     spec = kafka_candidate_columns(transport)
     n = rows.num_rows
@@ -114,7 +114,7 @@ def kafka_candidates(rows: pa.Table, transport: "KafkaTransport") -> pa.Table:
     return pa.table({f.name: column(spec[f.name], f) for f in CANDIDATE_SCHEMA}, schema=CANDIDATE_SCHEMA)
 
 
-def inbox_versions_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame":
+def inbox_versions_stream(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout) -> DataFrame:
     """The versions upstream instances committed to this instance's inbox, one candidate row each.
 
     Spark tracks the inbox position exactly once (Delta versions in the ingest
@@ -274,7 +274,8 @@ class DriverRead:
                                                     staged_parts(self.inbox.inbox, *versions)))
         except Exception:
             # Spark's tasks read the same ranges with their own consumers and retries.
-            log.warning("ingest batch %d: reading it in the driver failed; Spark reads it instead", batch_id, exc_info=True)
+            log.warning("ingest batch %d: reading it in the driver failed; Spark reads it instead", batch_id,
+                        exc_info=True)
             self.close()
             return None
         self.batches += 1
@@ -293,7 +294,7 @@ def _spark_type(name: str) -> str:
     return from_arrow_type(CANDIDATE_SCHEMA.field(name).type).simpleString()
 
 
-def ingest_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLayout) -> "DataFrame | None":
+def ingest_stream(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout) -> DataFrame | None:
     """Everything the ingest query reads: Kafka publishes and, with an incoming replication transport, the inbox."""
     frames = []
     if cfg.kafka_transports:
@@ -303,7 +304,7 @@ def ingest_stream(spark: "SparkSession", cfg: InstanceConfig, layout: StorageLay
     return _union(frames)
 
 
-def _union(frames: list["DataFrame"]) -> "DataFrame | None":
+def _union(frames: list[DataFrame]) -> DataFrame | None:
     if not frames:
         return None
     out = frames[0]

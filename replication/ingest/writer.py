@@ -9,19 +9,20 @@ import dataclasses
 import gc
 import logging
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
-from replication.txlog.files import TxlogFiles
 from replication.ingest.classify import Classified, TopicRecorder, classify, logons_in
 from replication.sow.state import SowState
 from replication.sow.table import fold_tail
+from replication.txlog.files import TxlogFiles
 from replication.txlog.publishers import PublisherState
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ class IngestWriter:
         self,
         cfg: InstanceConfig,
         *,
-        txlog: "IdempotentAppender",
-        rejected: "IdempotentAppender",
+        txlog: IdempotentAppender,
+        rejected: IdempotentAppender,
         state: PublisherState,
         save_state: Callable[[PublisherState], None],
         on_commit: Callable[[int, Classified], None],
@@ -75,7 +76,7 @@ class IngestWriter:
         sow: SowState | None = None,
         txlog_files: TxlogFiles | None = None,
         sow_committed: Callable[[pa.Table, int, int], None] | None = None,
-        staged: "StagedParts | None" = None,
+        staged: StagedParts | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -84,9 +85,11 @@ class IngestWriter:
         self.save_state = save_state
         self.on_commit = on_commit
         self.expand = expand
-        """Turns the batch's inbox version rows into the rows those versions hold (see :class:`replication.ingest.inputs.InboxRows`)."""
+        """Turns the batch's inbox version rows into the rows those versions hold (see
+        :class:`replication.ingest.inputs.InboxRows`)."""
         self.driver_read = driver_read
-        """Reads a small batch without a Spark job (see :class:`replication.ingest.inputs.DriverRead`); None: collect the DataFrame."""
+        """Reads a small batch in the driver, without a Spark job (see
+        :class:`replication.ingest.inputs.DriverRead`); None: collect the DataFrame."""
         self.sow = sow
         """The SOW state (None: no SOW topics); folded from ``txlog_files`` by :meth:`catch_up`."""
         self.txlog_files = txlog_files

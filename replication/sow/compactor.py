@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from replication.txlog.files import TxlogFiles
 from replication.sow.keys import SowTopics
 from replication.sow.recent import RecentRows
 from replication.sow.table import TAIL_SCHEMA, SowTable
+from replication.txlog.files import TxlogFiles
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Compactor:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"{name}-sow-compactor", daemon=True)
 
-    def start(self) -> "Compactor":
+    def start(self) -> Compactor:
         if self.tables:
             self._thread.start()
         return self

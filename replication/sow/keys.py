@@ -39,7 +39,7 @@ class SowTopics:
         self._cache: dict[tuple[str, str], int] = {}
 
     @classmethod
-    def of(cls, cfg: InstanceConfig) -> "SowTopics":
+    def of(cls, cfg: InstanceConfig) -> SowTopics:
         return cls(cfg.sow_topics)
 
     def __bool__(self) -> bool:

@@ -26,11 +26,12 @@ The record of one key: its body, ~0.3 KB of driver memory for a
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from operator import itemgetter
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -49,7 +50,7 @@ from replication.sow.keys import (
     split_keys,
     value_text,
 )
-from replication.sow.merge import merged_body, mergeable
+from replication.sow.merge import mergeable, merged_body
 
 #: Records put into the state per call when a batch is applied.
 APPLY_STEP = 16_384
@@ -75,12 +76,12 @@ class SowState:
         self.settle()
         return iter(self.records[index].get(topic, {}).items())
 
-    def apply(self, changes: "SowChanges") -> None:
+    def apply(self, changes: SowChanges) -> None:
         """Fold a committed batch's changes in (after its txlog commit)."""
         self.settle()
         self._apply(changes, changes.through_seq)
 
-    def apply_in_background(self, changes: "SowChanges | None", through_seq: int) -> None:
+    def apply_in_background(self, changes: SowChanges | None, through_seq: int) -> None:
         """:meth:`apply` on a thread of its own, while Spark reads the next batch (~80 ms a 200k-row batch off
         the ingest's path); the next :meth:`settle` waits for it. ``changes`` None: a batch with no SOW row."""
         def run() -> None:
@@ -107,7 +108,7 @@ class SowState:
             raise RuntimeError("the SOW state could not take a committed batch; restart the instance "
                                "(it rebuilds the state from the SOW tables and the txlog)") from self._apply_error
 
-    def _apply(self, changes: "SowChanges | None", through_seq: int) -> None:
+    def _apply(self, changes: SowChanges | None, through_seq: int) -> None:
         for (index, topic), changed in changes.topics.items() if changes is not None else ():
             by_key = self.records[index].setdefault(topic, {})
             pairs = iter(changed.items())
@@ -145,7 +146,8 @@ class Prepared(NamedTuple):
     """sow_delete by filter."""
 
 
-def prepare(topics: SowTopics, rows: dict[str, list], indexes: list[int]) -> tuple[list[Prepared | None], dict[int, str]]:
+def prepare(topics: SowTopics, rows: dict[str, list],
+            indexes: list[int]) -> tuple[list[Prepared | None], dict[int, str]]:
     """Check rows (``rows``: a dict of column lists); ``indexes[i]`` is row i's SOW topic position (-1: none).
     Each row on a SOW topic gets a :class:`Prepared`, each that cannot be accepted a reason (by position).
 
@@ -340,7 +342,7 @@ class _Merge:
 
     __slots__ = ("position", "key", "record", "delta")
 
-    def __init__(self, position: int, key: str, record: "bytes | _Merge", delta: bytes) -> None:
+    def __init__(self, position: int, key: str, record: bytes | _Merge, delta: bytes) -> None:
         self.position, self.key, self.record, self.delta = position, key, record, delta
 
 

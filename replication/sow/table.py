@@ -39,13 +39,13 @@ from deltalake.exceptions import TableNotFoundError
 from replication import failpoints
 from replication.config.model import InstanceConfig, SowTopic
 from replication.errors import InputError
-from replication.txlog.files import TxlogFiles
 from replication.expressions import Filter
 from replication.expressions.columnar import matching
 from replication.sow.keys import SowTopics, bucket_of, split_keys
 from replication.sow.recent import RecentRows
 from replication.sow.state import SowState
 from replication.storage.layout import StorageLayout
+from replication.txlog.files import TxlogFiles
 from replication.txlog.schema import TXLOG_SCHEMA
 
 log = logging.getLogger(__name__)

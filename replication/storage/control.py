@@ -181,7 +181,7 @@ class Ack(ControlFile):
         return {**super().to_json(), "runs": [list(run) for run in self.runs]}
 
     @classmethod
-    def from_json(cls, payload: dict) -> "Ack":
+    def from_json(cls, payload: dict) -> Ack:
         ack = super().from_json(payload)
         return dataclasses.replace(ack, runs=tuple((int(a), int(b)) for a, b in ack.runs))
 
@@ -224,7 +224,7 @@ class LinkState(ControlFile):
         return {**super().to_json(), "unacked": [list(run) for run in self.unacked], "acked_seq": self.acked_seq}
 
     @classmethod
-    def from_json(cls, payload: dict) -> "LinkState":
+    def from_json(cls, payload: dict) -> LinkState:
         state = super().from_json(payload)
         return dataclasses.replace(state, unacked=tuple((int(a), int(b)) for a, b in state.unacked))
 

@@ -53,7 +53,7 @@ class StorageLayout:
     root: Path
 
     @classmethod
-    def of(cls, uri: str) -> "StorageLayout":
+    def of(cls, uri: str) -> StorageLayout:
         return cls(local_path(uri))
 
     @property

@@ -50,7 +50,7 @@ class PublisherState:
         return PublishersSnapshot(self.txlog_version, self.max_seq, dict(self.publishers), dict(self.links))
 
     @classmethod
-    def from_snapshot(cls, saved: PublishersSnapshot) -> "PublisherState":
+    def from_snapshot(cls, saved: PublishersSnapshot) -> PublisherState:
         return cls(
             txlog_version=int(saved.txlog_version),
             max_seq=int(saved.max_seq),

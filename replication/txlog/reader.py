@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +28,7 @@ from replication.txlog.schema import TXLOG_SCHEMA
 from replication.txlog.seek import TxlogSeek
 
 #: What a replay reads: a config file, a parsed config, or an instance's storage root.
-Source = Union[str, os.PathLike, InstanceConfig]
+Source = str | os.PathLike | InstanceConfig
 #: Rows per window when the txlog is read without Spark (whole files; ``replication replay``).
 WINDOW_ROWS = 50_000
 #: Rows per batch of the first file, streamed.

@@ -52,16 +52,16 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from replication.txlog.files import ROWS_PER_PARTITION, TxlogFiles, TxlogRange, read_files, read_range
-from replication.connectors.spark.pacing import Pacer, parse_rate
 from replication.connectors.spark.driver_read import (
     DRIVER_READ_MAX_ROWS,
     driver_read_rows_option,
     with_driver_reads,
 )
 from replication.connectors.spark.options import int_option
+from replication.connectors.spark.pacing import Pacer, parse_rate
 from replication.errors import ConfigError
 from replication.storage.control import DurableState
+from replication.txlog.files import ROWS_PER_PARTITION, TxlogFiles, TxlogRange, read_files, read_range
 from replication.txlog.schema import TXLOG_SCHEMA
 
 if TYPE_CHECKING:
@@ -220,7 +220,8 @@ class TxlogSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = TxlogSourceOptions.parse(self.options)
-        return with_driver_reads(TxlogStreamReader(options), _spark_arrow_schema(options.columns), options.driver_read_rows)
+        return with_driver_reads(TxlogStreamReader(options), _spark_arrow_schema(options.columns),
+                                 options.driver_read_rows)
 
 
 class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -32,7 +32,8 @@ The txlogs are read with deltalake and joined in Arrow in this process
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, Literal, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from replication import routing
 from replication.config.fabric import Fabric
@@ -64,7 +65,7 @@ class Txlogs(Protocol):
 
 
 def verify(fabric: Fabric, *, topic: str | None = None, engine: Engine = "auto",
-           spark: "SparkSession | None" = None) -> Report:
+           spark: SparkSession | None = None) -> Report:
     """Compare every link of ``fabric``, every group pair and their SOWs, up to each acknowledged position.
 
     Args:
@@ -100,7 +101,7 @@ def verify(fabric: Fabric, *, topic: str | None = None, engine: Engine = "auto",
 
 
 def _txlogs(fabric: Fabric, pattern: re.Pattern[str] | None, engine: Engine,
-            spark: "SparkSession | None") -> Txlogs:
+            spark: SparkSession | None) -> Txlogs:
     if engine == "auto":
         engine = "spark" if _txlog_bytes(fabric) > ARROW_MAX_BYTES else "arrow"
     if engine == "arrow":

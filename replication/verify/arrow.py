@@ -7,7 +7,7 @@ For fabrics whose txlogs fit in memory (see :data:`replication.verify.ARROW_MAX_
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa

@@ -15,7 +15,7 @@ topic with one in flight is reported as not checked this time.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,10 +23,10 @@ import pyarrow.dataset as ds
 
 from replication.config.fabric import Fabric
 from replication.config.model import InstanceConfig, SowTopic
-from replication.txlog.files import TxlogFiles
 from replication.sow.keys import SowTopics, split_keys
 from replication.sow.table import SowTable, exact_records
 from replication.storage.layout import StorageLayout
+from replication.txlog.files import TxlogFiles
 from replication.verify.report import LISTED, Compared, Finding, listed
 
 #: The txlog columns that tell which SOW keys a row changes.

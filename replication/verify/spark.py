@@ -12,14 +12,15 @@ Arrow engine's one read.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
-from replication.txlog.reader import TxlogReader
 from replication.replay import snapshot
 from replication.storage.layout import StorageLayout
+from replication.txlog.reader import TxlogReader
 from replication.verify.report import LISTED, Outcome
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class SparkTxlogs:
 
     name = "spark"
 
-    def __init__(self, fabric: Fabric, pattern: re.Pattern[str] | None, spark: "SparkSession") -> None:
+    def __init__(self, fabric: Fabric, pattern: re.Pattern[str] | None, spark: SparkSession) -> None:
         self.fabric = fabric
         self.pattern = pattern
         self.spark = spark
@@ -77,7 +78,7 @@ class SparkTxlogs:
             missing = missing.join(on_the_way, "bookmark", "left_anti")
         return Outcome(on_shared.count(), _ranges_by_publisher(missing))
 
-    def rows(self, name: str) -> "DataFrame":
+    def rows(self, name: str) -> DataFrame:
         """The instance's txlog rows as of its snapshot when first asked for (topics asked for only)."""
         if name not in self._frames:
             from pyspark.sql import functions as F
@@ -91,7 +92,7 @@ class SparkTxlogs:
         return self._frames[name]
 
 
-def _ranges_by_publisher(rows: "DataFrame") -> dict[str, tuple[tuple[int, int], ...]]:
+def _ranges_by_publisher(rows: DataFrame) -> dict[str, tuple[tuple[int, int], ...]]:
     """publisher -> runs of consecutive ``publisher_seq`` (gaps and islands: seq minus its rank is constant
     along a run), computed in Spark."""
     from pyspark.sql import Window

@@ -64,12 +64,12 @@ from replication.connectors.kafka.offsets import (
     split_ranges,
 )
 from replication.connectors.kafka.ranges import SCHEMA, _spark_arrow_schema, read_partition
-from replication.connectors.spark.options import int_option
 from replication.connectors.spark.driver_read import (
     DRIVER_READ_MAX_ROWS,
     driver_read_rows_option,
     with_driver_reads,
 )
+from replication.connectors.spark.options import int_option
 from replication.errors import ConfigError
 
 if TYPE_CHECKING:

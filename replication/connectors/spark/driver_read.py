@@ -139,7 +139,8 @@ class DriverReadingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
         return self.simple_reader.read(partition)
 
 
-def with_driver_reads(inner: DataSourceStreamReader, schema: pa.Schema, max_rows: int = DRIVER_READ_MAX_ROWS) -> DataSourceStreamReader:
+def with_driver_reads(inner: DataSourceStreamReader, schema: pa.Schema,
+                      max_rows: int = DRIVER_READ_MAX_ROWS) -> DataSourceStreamReader:
     """``inner`` with small micro-batches read on the planner when this PySpark allows it."""
     quiet_when_spark_hangs_up()
     if not AVAILABLE or max_rows <= 0:

@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from replication.connectors import jvm
 from replication.connectors.spark import local_fs
@@ -91,7 +92,7 @@ def _with_java_options(options: str, launch: Callable[[], T]) -> T:
 
 
 def session(app_name: str = "replication", *, master: str | None = None,
-            short_lived: bool = False) -> "SparkSession":
+            short_lived: bool = False) -> SparkSession:
     """Return the active SparkSession, or build one with :data:`DEFAULT_CONF`.
 
     A session this builds (its JVM started here) also has delta-spark and Spark's Kafka source on its
