@@ -646,7 +646,7 @@ def report(args, runs: dict[str, Run], lat: Latency | None, mirrored: MirrorRun 
     if args.conf:
         out.append(f"Spark settings tried: {', '.join(args.conf)}")
     checks = []
-    if runs:
+    if runs or mirrored is not None:
         rows = [[r.label + restarted(r.restarts), f"{r.rows:,}", f"{r.seconds:.2f}", f"{r.rate:,.0f}",
                  f"{r.cpu_seconds:.1f}", f"{r.rows / r.cpu_seconds:,.0f}"] for r in runs.values()]
         if mirrored is not None:
