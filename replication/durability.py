@@ -178,7 +178,7 @@ def _span(first: int, last: int) -> Runs:
 
 #: A key none of whose rows wait: released as soon as it is first in line.
 _NO_ROWS = _span(1, 0)
-_NONE = np.zeros(0, np.int64)
+_NONE: np.ndarray = np.zeros(0, np.int64)
 
 
 class Durability:
@@ -446,7 +446,7 @@ class Durability:
         j = max(i, int(np.searchsorted(local, hi, side="right")))
         if i < j and not any(link.holds_all(int(local[i]), int(local[j - 1])) for link in links):
             middle = local[i:j]
-            held = np.zeros(middle.size, dtype=bool)
+            held: np.ndarray = np.zeros(middle.size, dtype=bool)
             for link in links:
                 held |= link.held_mask(middle)
             keep = np.concatenate((held, np.ones(local.size - j, dtype=bool)))

@@ -180,13 +180,13 @@ class Instance:
         if not self.cfg.sow_topics:
             return
         topics = SowTopics.of(self.cfg)
-        self.sow = SowState(topics)
+        self.sow = state = SowState(topics)
         tables = [SowTable(self.layout, sow, start_seq=max_seq) for sow in self.cfg.sow_topics]
         txlog_files = TxlogFiles(str(self.layout.txlog))
         txlog_files.refresh()
         rebuild_state(self.sow, tables, txlog_files, max_seq)
         log.info("%s: SOW recovered at seq %d: %d records", self.name, max_seq, self.sow.count())
-        self.compactor = Compactor(self.name, tables, topics, str(self.layout.txlog), lambda: self.sow.applied_seq)
+        self.compactor = Compactor(self.name, tables, topics, str(self.layout.txlog), lambda: state.applied_seq)
 
     def _start_ingest(self) -> None:
         stream = ingest_stream(self.spark, self.cfg, self.layout)
@@ -215,6 +215,7 @@ class Instance:
         self.restarts += 1
         self._next_restart = now + min(60.0, 2.0 ** min(self.restarts, 6))
         log.error("%s: ingest query stopped (%s); restarting it (restart %d)", self.name, error, self.restarts)
+        assert self.writer is not None  # set before the ingest query it runs in
         self.writer.catch_up()
         self._start_ingest()
 
@@ -358,7 +359,7 @@ class Instance:
                 self.query.stop()
             except Exception:
                 log.exception("%s: stopping the ingest query failed", self.name)
-        if self.writer is not None and self.writer.driver_read is not None:
+        if self.writer is not None and isinstance(self.writer.driver_read, DriverRead):  # (the one start() gave)
             self.writer.driver_read.close()
         if self.compactor is not None:
             self.compactor.stop()  # the SOW tables current as of the last batch

@@ -125,11 +125,11 @@ def received_paths(paths: pa.Array | pa.ChunkedArray, instance: str) -> pa.ListA
     lists = paths.combine_chunks() if isinstance(paths, pa.ChunkedArray) else paths
     lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     values = pc.list_flatten(lists).cast(pa.string())
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    offsets: np.ndarray = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths + 1, out=offsets[1:])
-    last = offsets[1:] - 1  # where each row's new item goes
-    take = np.empty(int(offsets[-1]), dtype=np.int64)
-    is_new = np.zeros(len(take), dtype=bool)
+    last: np.ndarray = offsets[1:] - 1  # where each row's new item goes
+    take: np.ndarray = np.empty(int(offsets[-1]), dtype=np.int64)
+    is_new: np.ndarray = np.zeros(len(take), dtype=bool)
     is_new[last] = True
     take[~is_new] = np.arange(len(values))
     take[is_new] = len(values)  # the instance, after the upstream's values
@@ -203,7 +203,7 @@ class Rule:
     description: str
 
 
-def _topic_cond(name: str, message_type: str) -> Cond:
+def _topic_cond(name: str, message_type: str) -> AllOf:
     return AllOf((Matches(("topic",), name), Equals("message_type", message_type)))
 
 
@@ -325,7 +325,7 @@ def route_mask(cfg: InstanceConfig, dest: Destination, rows: pa.Table, *,
         if bodies is None and key in seen:
             out[i] = seen[key]
             continue
-        fields = dict(zip(names, key, strict=True))
+        fields: dict[str, Any] = dict(zip(names, key, strict=True))
         fields["path"] = fields.get("path") or ()
         msg = Message(**fields, data=bodies[i] if bodies is not None else None)
         out[i] = all(_py(c, msg) for c in conds)

@@ -46,7 +46,7 @@ the stages in turn.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from deltalake import DeltaTable
@@ -135,7 +135,7 @@ class Result:
     last_stored_seq: int = 0
     """The highest sequence handed to the instance, by this run or an earlier one: the instance has stored
     everything once it holds this."""
-    bad: list[str] | None = None
+    bad: list[str] = field(default_factory=list)
 
 
 # The stages build on the types above (a task returns Parts, each stage raises these errors): imported once

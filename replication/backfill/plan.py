@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 
@@ -63,8 +63,9 @@ def _counted_and_checked(spark: SparkSession, paths: list[str], options: Options
     errors = [d for d in described if isinstance(d, str)]
     if errors:
         raise BackfillInputError(errors[0] + (f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""))
+    checked = cast("list[files.InputFile]", described)  # no error: each is a file's description
     wanted = [c for c in (options.topic_column, options.data_column) if c]
-    for item in described:
+    for item in checked:
         missing = [c for c in wanted if c not in item.columns]
         if missing and item.rows:
             raise BackfillInputError(
@@ -74,7 +75,7 @@ def _counted_and_checked(spark: SparkSession, paths: list[str], options: Options
         problem = _body_column_problem(item, options)
         if problem and item.rows:
             raise BackfillInputError(problem)
-    return described
+    return checked
 
 
 def _body_column_problem(item: files.InputFile, options: Options) -> str | None:

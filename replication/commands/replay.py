@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=_positive_int, metavar="N", help="stop after N messages")
     parser.add_argument("--poll", type=float, default=0.2, metavar="SECONDS",
                         help="--follow: how often to look for new commits (default 0.2)")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message}\n")  # one line, no usage block
+    # one line, no usage block (replaced on this parser alone: argparse has no option for it)
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message}\n")  # type: ignore[method-assign]
 
 
 def _positive_int(text: str) -> int:

@@ -162,6 +162,7 @@ def trace(
                 hop = Hop(name, dest.name, "/".join(targets), "down",
                           f"every address of destination {dest.name} is down: {', '.join(targets)}")
             else:
+                assert link.downstream is not None  # connected() returns only a link to a given config
                 d = routing.decide(here, dest, msg, target=link.downstream)
                 if d.sent:
                     stack.append((link.downstream, routing.forwarded(msg, here, link.downstream)))

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(fabric: Fabric) -> list[tuple[Link, list[Finding]]]:
     """Every link of the fabric with its findings (``[]`` when clean; links to unknown instances too)."""
-    out = []
+    out: list[tuple[Link, list[Finding]]] = []
     for link in fabric.all_links():
         if link.downstream is None:
             out.append((link, []))

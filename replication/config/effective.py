@@ -74,7 +74,7 @@ def _hints(cls: type) -> dict[str, Any]:
 def _decode(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a hint is a class, never an instance
         if not isinstance(value, dict):
             raise ValueError(f"effective config: {where} should be an object, got {value!r}")
         hints = _hints(tp)

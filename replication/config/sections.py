@@ -12,7 +12,6 @@ from replication.config import values
 from replication.config.model import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_COMPACTION_INTERVAL_S,
-    SYNC_TYPES,
     Bootstrap,
     Destination,
     DestinationTopic,
@@ -348,7 +347,7 @@ def destinations(
             Destination(
                 name=name,
                 group=kids.text("Group") or name,
-                sync_type=kids.one("SyncType").read(values.enum, SYNC_TYPES),
+                sync_type=kids.one("SyncType").read(values.sync_type),
                 topics=_destination_topics(kids.all("Topic")),
                 inet_addrs=tuple(addrs),
                 pass_through=pass_through.read(values.regex) if pass_through is not None else None,

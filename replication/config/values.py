@@ -20,9 +20,18 @@ from __future__ import annotations
 
 import os
 import re
+from typing import cast
 from urllib.parse import unquote, urlsplit
 
-from replication.config.model import FILTERABLE_TYPES, MANDATORY_CHECKS, MESSAGE_TYPES, VALIDATION_CHECKS
+from replication.config.model import (
+    FILTERABLE_TYPES,
+    MANDATORY_CHECKS,
+    MESSAGE_TYPES,
+    SYNC_TYPES,
+    VALIDATION_CHECKS,
+    MessageType,
+    SyncType,
+)
 from replication.config.xml_reader import Node, did_you_mean
 from replication.errors import ConfigError
 from replication.expressions import Filter, FilterSyntaxError
@@ -45,6 +54,7 @@ __all__ = [
     "positive_int",
     "regex",
     "sow_key",
+    "sync_type",
 ]
 
 # Instance names end up in file names (_control/acks/<name>.json) and in the Kafka
@@ -126,8 +136,12 @@ def enum(value: str, at: Node, choices: tuple[str, ...], *, item: bool = False) 
     at.fail(what, f"write one of {valid}, e.g. <{at.tag}>{choices[0]}</{at.tag}>")
 
 
-def message_type(value: str, at: Node) -> str:
-    return enum(value, at, MESSAGE_TYPES)
+def message_type(value: str, at: Node) -> MessageType:
+    return cast(MessageType, enum(value, at, MESSAGE_TYPES))  # enum accepts only MESSAGE_TYPES
+
+
+def sync_type(value: str, at: Node) -> SyncType:
+    return cast(SyncType, enum(value, at, SYNC_TYPES))  # enum accepts only SYNC_TYPES
 
 
 def regex(value: str, at: Node) -> str:

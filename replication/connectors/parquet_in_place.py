@@ -180,7 +180,8 @@ class _Reader:
         return (n >> 1) ^ -(n & 1)
 
     def _struct(self) -> dict:
-        fields, last = {}, 0
+        fields: dict[int, object] = {}
+        last = 0
         while True:
             head = self._byte()
             kind = head & 0x0F

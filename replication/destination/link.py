@@ -113,8 +113,9 @@ class Link:
                                         np.array([r[1] for r in unacked], dtype=np.int64))
             _, run_firsts, run_lasts = self._unacked_arrays if unacked else (0, None, None)
         held = seqs > sent
-        if run_firsts is not None and run_firsts.size:
-            i = np.searchsorted(run_lasts, seqs, side="left")  # the first run ending at or after each seq
+        if run_firsts is not None and run_lasts is not None and run_firsts.size:  # both set, or neither
+            # the first run ending at or after each seq
+            i = np.searchsorted(run_lasts, seqs, side="left")
             inside = i < run_lasts.size
             held[inside] |= run_firsts[i[inside]] <= seqs[inside]
         return held

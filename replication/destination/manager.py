@@ -72,7 +72,7 @@ class DestinationManager:
         *,
         layout: StorageLayout,
         link: Link,
-        on_ack: Callable[[], None],
+        on_ack: Callable[[], object],  # (its result is not used)
         trigger_interval: str = "0 seconds",
     ) -> None:
         self.spark = spark

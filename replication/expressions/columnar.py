@@ -247,7 +247,7 @@ def _column(body: pa.StructArray, path: tuple[str, ...]) -> pa.Array:
 def _values_of(column: pa.Array) -> _Values:
     n = len(column)
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    nothing = np.zeros(n, dtype=bool)
+    nothing: np.ndarray = np.zeros(n, dtype=bool)
     if pa.types.is_floating(column.type):
         number = column.to_numpy(zero_copy_only=False).astype(np.float64)
         if not np.isfinite(number[valid]).all():  # NaN / Infinity: not JSON to orjson
@@ -382,7 +382,7 @@ def _like(node: Like, v: _Values, n: int) -> tuple[np.ndarray, np.ndarray]:
     if v.is_number.any():  # a number's text is how Spark prints it: the per-record path knows that
         raise _Fallback("LIKE on a number")
     known = v.string.copy()
-    value = np.zeros(n, dtype=bool)
+    value: np.ndarray = np.zeros(n, dtype=bool)
     at = np.flatnonzero(known)
     if at.size:
         search = re.compile(node.pattern).search

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from replication.expressions.syntax import Literal
 from replication.messages import TAG_VALUE_TYPES, tag_value_fields
@@ -99,7 +99,7 @@ def _java_double(value: float) -> str:
         return text if "." in text else text + ".0"
     sign, digits, exp = Decimal(repr(value)).as_tuple()
     mantissa = "".join(map(str, digits)).rstrip("0") or "0"
-    exponent = exp + len(digits) - 1
+    exponent = cast(int, exp) + len(digits) - 1  # finite here: an int, never the "n"/"N"/"F" of NaN and infinity
     return ("-" if sign else "") + f"{mantissa[0]}.{mantissa[1:] or '0'}E{exponent}"
 
 
@@ -125,6 +125,8 @@ def _compare(a: _Value, b: _Value, op: str) -> bool | None:
     """``a op b`` in three-valued logic: None (NULL) when a side is NULL or an object."""
     if a.kind in ("z", "o") or b.kind in ("z", "o"):
         return None
+    x: Any  # both texts (a kind "s" value always has one) or both numbers
+    y: Any
     if a.kind == "s" and b.kind == "s":
         x, y = a.text, b.text
     elif a.number is not None and b.number is not None:

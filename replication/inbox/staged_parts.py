@@ -305,11 +305,13 @@ class StagedParts:
                 if kind[i] != "as_is" or part.client in excluded:
                     continue
                 moved = self.txlog / Path(part.file).name
+                staged, part_spans = where[i], spans[i]
+                assert staged is not None and part_spans is not None  # "as_is": its file found, its spans read
                 try:
-                    if where[i] != moved:
-                        os.rename(where[i], moved)
+                    if staged != moved:
+                        os.rename(staged, moved)
                         where[i] = moved
-                    parquet_in_place.overwrite(str(moved), spans[i], {
+                    parquet_in_place.overwrite(str(moved), part_spans, {
                         "seq": np.arange(seq, seq + part.rows, dtype=np.int64),
                         "persist_time": np.full(part.rows, _micros(now), dtype=np.int64)})
                 except (OSError, parquet_in_place.NotInPlace) as exc:
@@ -332,6 +334,7 @@ class StagedParts:
             part, path = parts[i], where[i]
             classified = kind[i] == "classify" or (kind[i] == "as_is" and part.client in excluded)
             if classified:
+                assert path is not None  # "classify" and "as_is" are given only to a part whose file was found
                 try:
                     pieces.append(self._candidates(part, path))
                     self.stats["classified"] += 1

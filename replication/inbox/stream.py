@@ -242,7 +242,7 @@ class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def stop(self) -> None:
         self._view = None
 
-    def read(self, partition: InboxInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: InboxInputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)
 
 

@@ -264,5 +264,5 @@ def int64_range(first: int, last: int) -> pa.Array:
     process (~0.2 CPU-s). In the source's planner process that import would
     hold up the first inbox batch after every start; nothing else there needs pandas.
     """
-    values = np.arange(first, last + 1, dtype=np.int64)
+    values: np.ndarray = np.arange(first, last + 1, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -208,7 +209,7 @@ def classify(
     if kept_idx.size and _one_code(codes[kept_idx]) is not None:  # (a publisher's kept seqs ascend)
         publishers = {names[codes[kept_idx[0]]]: int(seqs[kept_idx[-1]])}
     elif kept_idx.size:
-        top = np.full(len(names), -1, dtype=np.int64)
+        top: np.ndarray = np.full(len(names), -1, dtype=np.int64)
         np.maximum.at(top, codes[kept_idx], seqs[kept_idx])
         publishers = {names[c]: int(top[c]) for c in np.nonzero(top >= 0)[0]}
     local = txlog_rows["seq"].to_numpy()
@@ -262,7 +263,8 @@ def _fold_sow(txlog_rows: pa.Table, positions: np.ndarray, checks: list[Prepared
         picked = rows.tolist()
         topics, commands, datas = [topics[r] for r in picked], [commands[r] for r in picked], [datas[r] for r in picked]
         checks = [checks[r] for r in picked]
-    folded = fold(sow, topics, commands, datas, checks,
+    # every kept row has its Prepared: a row prepare gave None was rejected
+    folded = fold(sow, topics, commands, datas, cast("list[Prepared]", checks),
                   through_seq=first_seq + txlog_rows.num_rows - 1)
     if at.size == txlog_rows.num_rows:
         sow_key = pa.array(folded.sow_keys, pa.string())
@@ -378,7 +380,7 @@ def _first_new_per_publisher(codes: np.ndarray, seqs: np.ndarray, valid: np.ndar
     another way). ``codes`` numbers the publishers, ``floors[code]`` is each
     one's stored high-water mark. Vectorised per publisher: cost O(rows), not O(log).
     """
-    keep = np.zeros(len(seqs), dtype=bool)
+    keep: np.ndarray = np.zeros(len(seqs), dtype=bool)
     idx = np.nonzero(valid)[0]
     if idx.size == 0:
         return keep

@@ -270,6 +270,7 @@ class DriverRead:
                 if batches:
                     tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
             if versions is not None and versions[1] >= versions[0]:
+                assert self.inbox is not None and self.inbox_reads is not None  # versions are read with an inbox only
                 tables.append(self.inbox.candidates(self.inbox_reads.read(*versions),
                                                     staged_parts(self.inbox.inbox, *versions)))
         except Exception:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast, final
 
 import numpy as np
 import orjson
@@ -110,7 +110,8 @@ class SowState:
 
     def _apply(self, changes: SowChanges | None, through_seq: int) -> None:
         for (index, topic), changed in changes.topics.items() if changes is not None else ():
-            by_key = self.records[index].setdefault(topic, {})
+            # deleted records (None) go in with the rest, to be removed just below
+            by_key = cast("dict[str, Record | None]", self.records[index].setdefault(topic, {}))
             pairs = iter(changed.items())
             for _ in range(0, len(changed), APPLY_STEP):  # one C call holds the GIL: the writer waits on none long
                 by_key.update(islice(pairs, APPLY_STEP))
@@ -136,7 +137,7 @@ class SowChanges:
 class Prepared(NamedTuple):
     """A candidate row on a SOW topic, checked: its key, its parsed body, or what its sow_delete names."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, which nothing calls on a Prepared
     """Position of its ``<SOW><Topic>``."""
     key: str | None = None
     """publish / delta_publish: the record's key."""
@@ -282,7 +283,7 @@ def fold(state: SowState, topics: list[str], commands: list[str], datas: list[by
         sow_keys, bodies = _fold_group(state, changes, index, topic, commands, datas, checks)
         return Folded(sow_keys, bodies, changes)
     sow_keys = [None] * len(checks)
-    bodies: dict[int, bytes | None] = {}
+    bodies = {}
     rows_of: dict[tuple[int, str], list[int]] = {}
     for position, group in enumerate(zip(indexes, topics)):
         rows_of.setdefault(group, []).append(position)
@@ -303,13 +304,14 @@ def _fold_group(state: SowState, changes: SowChanges, index: int, topic: str, co
                 datas: list[bytes | None], checks: list[Prepared]) -> tuple[list[str | None], dict[int, bytes | None]]:
     """:func:`fold` of one (SOW topic, topic)'s rows, into ``changes``: each row's ``sow_key`` and the bodies it
     changed (by position in these rows)."""
-    pending = changes.topics.setdefault((index, topic), {})
+    pending: dict[str, Any] = changes.topics.setdefault((index, topic), {})  # and _Merge markers, until _merge
     current = state.records[index].get(topic, {})
     message_type = state.topics.topics[index].message_type
-    bodies: dict[int, bytes | None] = {}
+    bodies: dict[int, Any] = {}  # likewise
     merges: list[_Merge] = []
     keys = list(map(_KEY, checks))
     sow_keys = keys.copy()  # a publish's or a delta_publish's own key; a sow_delete's set below
+    data: bytes | _Merge | None  # a merging delta_publish's: the marker of its merge
     for position, (command, key, data) in enumerate(zip(commands, keys, datas)):
         if command == "publish":  # most rows: a dict store
             pending[key] = data or b""  # (None marks a deleted record)
@@ -330,13 +332,15 @@ def _fold_group(state: SowState, changes: SowChanges, index: int, topic: str, co
             if command == "delta_publish":
                 record = pending[key] if key in pending else current.get(key)
                 if record is not None:
-                    data = bodies[position] = _Merge(position, key, record, data)  # (not None: checked)
+                    # (data not None: prepare refuses a delta_publish without a body)
+                    data = bodies[position] = _Merge(position, key, record, data)  # type: ignore[arg-type]
                     merges.append(data)
             pending[key] = data or b""
     _merge(merges, message_type, pending, bodies)
     return sow_keys, bodies
 
 
+@final  # (so that ``type(record) is not _Merge`` says it is a body)
 class _Merge:
     """A delta_publish to merge into ``record`` (a body, or an earlier merge of the batch)."""
 

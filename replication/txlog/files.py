@@ -127,7 +127,8 @@ class TxlogFiles:
         import numpy as np
         import pyarrow as pa
 
-        if self._table is None or self._version is None or self._lo is None or self._hi is None:
+        if self._table is None or self._version is None or self._paths is None or self._lo is None \
+                or self._hi is None:
             return False
         log_dir = local_log_dir(self._root)
         appended = appends_after(log_dir, self._version) if log_dir is not None else None
@@ -217,7 +218,8 @@ class TxlogFiles:
         cuts.append(end)
         out = []
         for a, b in zip(cuts, cuts[1:]):
-            inside = hits[(self._lo[hits] <= b) & (self._hi[hits] > a)] if hits.size else hits
+            inside = hits[(self._lo[hits] <= b) & (self._hi[hits] > a)] \
+                if hits.size and self._lo is not None and self._hi is not None else hits  # (hits: only with an index)
             out.append(TxlogRange(self.path, a, b, tuple(f.uri for f in self._files_at(inside)), columns))
         return out
 

@@ -33,7 +33,7 @@ def runs_by_code(codes: np.ndarray, seqs: np.ndarray) -> dict[int, Runs]:
         return {int(codes[0]): run_bounds(seqs)} if codes[0] >= 0 else {}
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
-    bounds = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
+    bounds: np.ndarray = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
     return {int(sorted_codes[segment[0]]): run_bounds(seqs[order[segment]])
             for segment in np.split(np.arange(codes.size), bounds) if sorted_codes[segment[0]] >= 0}
 

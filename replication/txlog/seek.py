@@ -20,7 +20,7 @@ counts the files opened, for tests and benchmarks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, SupportsIndex
 
 import numpy as np
 import pyarrow as pa
@@ -86,7 +86,7 @@ class TxlogSeek:
             found |= {lo, hi}  # between two types may lie others: only lo == hi is exact, which is what matters
         return found
 
-    def _read(self, index: int, columns: list[str], where: list[tuple]) -> pa.Table:
+    def _read(self, index: SupportsIndex, columns: list[str], where: list[tuple]) -> pa.Table:
         self.files_read += 1
         return pq.read_table(local_or_uri(self.uris[index]), columns=columns, filters=where, partitioning=None)
 

@@ -306,7 +306,7 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def stop(self) -> None:
         self._view = None
 
-    def read(self, partition: TxlogInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: TxlogInputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)
 
 

@@ -311,7 +311,8 @@ def _decode_into(consumer: KafkaConsumer, columns: RecordColumns | Callable[[Any
     """
     fetcher = getattr(consumer, "_fetcher", None)
     base = getattr(fetcher, "PartitionRecords", None)
-    if base is None or not callable(getattr(base, "_unpack_records", None)) or not hasattr(base, "drain"):
+    if fetcher is None or base is None or not callable(getattr(base, "_unpack_records", None)) \
+            or not hasattr(base, "drain"):
         return False
 
     class ColumnarPartitionRecords(base):  # type: ignore[misc, valid-type]

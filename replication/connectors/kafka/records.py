@@ -232,7 +232,7 @@ class RecordColumns:
             v = b & 0x7F; shift = 7  # noqa: E702
             while b & 0x80:
                 b = data[p]; p += 1; v |= (b & 0x7F) << shift; shift += 7  # noqa: E702
-            found = [None] * width
+            found: list[bytes | None] = [None] * width
             for _h in range((v >> 1) ^ -(v & 1)):
                 b = data[p]; p += 1  # noqa: E702  header key
                 v = b & 0x7F; shift = 7  # noqa: E702
@@ -268,7 +268,8 @@ class RecordColumns:
             self.add_records(r for r in legacy if r.offset >= lowest)
 
     def _truncate(self, rows: int, headers: int) -> None:
-        for column in (self.offsets, self.timestamps, self.keys, self.values, *self.publish):
+        columns: tuple[list[Any], ...] = (self.offsets, self.timestamps, self.keys, self.values, *self.publish)
+        for column in columns:
             del column[rows:]
         del self.header_ends[rows + 1:]
         del self.header_keys[headers:]

@@ -235,7 +235,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # executor side
 
-    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, partition)
 
 

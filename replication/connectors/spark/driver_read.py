@@ -47,7 +47,7 @@ try:  # PySpark's planner path is offered only to instances of this private clas
 
     AVAILABLE = all(hasattr(_PlannerReadable, name) for name in ("getCache", "partitions", "latestOffset"))
 except ImportError:  # pragma: no cover - depends on the PySpark release
-    _PlannerReadable = DataSourceStreamReader  # type: ignore[assignment, misc]
+    _PlannerReadable = DataSourceStreamReader
     AVAILABLE = False
 
 
@@ -66,7 +66,7 @@ class PartitionBundle(InputPartition):
     parts: tuple[InputPartition, ...]
 
 
-class DriverReadingReader(_PlannerReadable):  # type: ignore[misc, valid-type]
+class DriverReadingReader(_PlannerReadable):
     """Wraps a source's stream reader; see the module docstring.
 
     Spark's planner calls ``partitions(start, end)`` and then, for readers of

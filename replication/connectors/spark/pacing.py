@@ -51,8 +51,8 @@ class Pacer:
         self.rate = rate
         self._clock = clock
         self._anchor: tuple[float, int] | None = None
-        self._positions = np.zeros(0, dtype=np.int64)
-        self._times = np.zeros(0, dtype=np.int64)
+        self._positions: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._times: np.ndarray = np.zeros(0, dtype=np.int64)
 
     def due_through(self, after: int, latest: int, read: Reader) -> int:
         """The highest position in ``(after, latest]`` whose row is due now (``after``: none is)."""
