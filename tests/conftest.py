@@ -1,4 +1,6 @@
-"""Shared fixtures: one SparkSession per test session, one embedded broker per test session."""
+"""Shared fixtures (one SparkSession, one broker, a fabric of instances per test) and the ``e2e`` marker.
+
+``pytest_collection_modifyitems`` marks ``e2e`` every test whose fixtures include the services."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def broker():
 @pytest.fixture
 def fabric(spark, broker, tmp_path):
     """Instances in this test session's Spark application, stopped at the end of the test."""
-    from fabric_support import TestFabric
+    from support.fabric import TestFabric
 
     f = TestFabric(spark, broker, tmp_path)
     yield f
@@ -42,3 +44,16 @@ def read_path(request, monkeypatch):
 
         monkeypatch.setattr(planned_batch, "DRIVER_READ_MAX_ROWS", -1)
     return request.param
+
+
+#: The fixtures that start services: a test using any of them, directly or through another fixture, is ``e2e``.
+SERVICE_FIXTURES = frozenset({"spark", "broker", "fabric"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``e2e`` every test that needs services: one whose fixtures (with those they use) include
+    ``spark``, ``broker`` or ``fabric``. Tests that start instance or CLI processes of their own are marked
+    ``e2e`` in their modules; ``-m "not slow and not e2e"`` then runs the pure-logic tests alone."""
+    for item in items:
+        if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)

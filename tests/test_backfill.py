@@ -6,10 +6,7 @@ import datetime
 import decimal
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,21 +14,22 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 from kafka import KafkaProducer
+from support.cli import run_cli
+from support.fabric import AckListener
+from support.factories import rejected_rows, wait_until, write_config
 
-from fabric_support import ONE_WAY, AckListener
-from factories import destination_xml, rejected_rows, replication_xml, wait_until, write_config
 from replication import backfill, config
 from replication.backfill.commit import check_and_record_input, client_lock, committed_through
 from replication.backfill.plan import NumberedFile
 from replication.backfill.tasks import files_per_task, message_bodies, write_file_parts
 from replication.commands import backfill as backfill_command
 from replication.connectors import files, row_json
-from replication.inbox.versions import staged_parts
 from replication.connectors.delta.stats import file_stats
 from replication.destination.resync import stored_per_publisher
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
 from replication.inbox.staged_parts import StagedPart
+from replication.inbox.versions import staged_parts
 from replication.messages import publisher_id
 from replication.storage.layout import StorageLayout
 from replication.txlog.schema import TXLOG_SCHEMA
@@ -57,11 +55,7 @@ def publisher_rows(fabric, short: str, client: str) -> list[int]:
 @pytest.fixture
 def pair(fabric):
     """A (running) with a sync destination B (running)."""
-    fabric.configure("b")
-    fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [fabric.storage("b")],
-                                                                      topics=ONE_WAY)))
-    fabric.start("b")
-    fabric.start("a")
+    fabric.start_one_way_pair()
     return fabric
 
 
@@ -117,12 +111,6 @@ def test_100k_rows_from_parquet_and_from_json_lines_each_twice_are_stored_once_r
                                                       spark=spark).select("publisher_seq").collect()] == [100_000]
 
 
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    # its own session: a failpoint kills its whole process group, which must not be pytest's
-    return subprocess.run([sys.executable, "-m", "replication.cli", "backfill", *args], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **(env or {})}, start_new_session=True)
-
-
 def test_a_backfill_whose_task_fails_or_that_is_killed_completes_on_a_rerun_with_no_duplicate(pair, tmp_path):
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -134,22 +122,22 @@ def test_a_backfill_whose_task_fails_or_that_is_killed_completes_on_a_rerun_with
     # Two cores: tasks [f0, f1], [f2, f3], [f4]. Each of the first two fails after writing its second part;
     # the driver has committed f0's and f1's parts from the first task's announcements (it never returned them).
     two_cores = {"REPLICATION_SPARK_MASTER": "local[2]"}
-    failed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.part_written@2:raise", **two_cores})
-    assert failed.returncode == 1, failed.stderr[-3000:]
-    error = next(line for line in failed.stderr.splitlines() if line.startswith("replication backfill: "))
+    failed = run_cli("backfill", *args, env={"REPLICATION_FAILPOINTS": "backfill.part_written@2:raise", **two_cores})
+    assert failed.code == 1, failed.err[-3000:]
+    error = next(line for line in failed.err.splitlines() if line.startswith("replication backfill: "))
     assert error.startswith("replication backfill: ") and "f0.parquet (and the files after it in its task): a " \
         "Spark task failed: " in error and "failpoint backfill.part_written reached (pass 2)" in error, error
     assert "run the same backfill again to finish" in error
     wait_until(lambda: stored(pair, "a", "loader") == 12_000, timeout=120, what="the two parts written")
     # killed -9 right after its second commit (parts 3 and 4)
-    killed = cli(*args, env={"REPLICATION_FAILPOINTS": "backfill.after_part@2", **two_cores})
-    assert killed.returncode == -9 and "failpoint backfill.after_part reached" in killed.stderr
+    killed = run_cli("backfill", *args, env={"REPLICATION_FAILPOINTS": "backfill.after_part@2", **two_cores})
+    assert killed.code == -9 and "failpoint backfill.after_part reached" in killed.err
     wait_until(lambda: stored(pair, "a", "loader") == 24_000, timeout=120, what="the four committed parts")
-    rerun = cli(*args, "--wait", "300")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "6,000 written, 0 rejected, in 1 new commit(s)" in rerun.stdout
-    assert "stored every backfilled row (client loader through 30,000)" in rerun.stdout
-    assert "backfill" in rerun.stderr and "rows/s" in rerun.stderr, "the progress bar, with its rate"
+    rerun = run_cli("backfill", *args, "--wait", "300", process=True)
+    assert rerun.code == 0, rerun.err[-3000:]
+    assert "6,000 written, 0 rejected, in 1 new commit(s)" in rerun.out
+    assert "stored every backfilled row (client loader through 30,000)" in rerun.out
+    assert "backfill" in rerun.err and "rows/s" in rerun.err, "the progress bar, with its rate"
     assert publisher_rows(pair, "a", "loader") == list(range(1, 30_001))
     wait_until(lambda: publisher_rows(pair, "b", "loader") == list(range(1, 30_001)), timeout=120,
                what="B to hold every backfilled row once")
@@ -177,34 +165,35 @@ def test_bad_input_stops_before_writing_and_bad_rows_go_to_rejected_with_file_an
     all_bad = tmp_path / "all-bad.jsonl"
     all_bad.write_bytes(b'{"v": \n"unterminated\n')
     assert backfill.run(spark, cfg, [str(all_bad)], backfill.Options("all-bad", "jsonl", topic="/t")).rejected == 2
-    result = cli(str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
-                 "--topic", "/lines", "--wait", "120")
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert f"rejected: {lines} line 3: body is not valid JSON" in result.stderr
-    assert "3 written, 1 rejected" in result.stdout and "Traceback" not in result.stderr
+    result = run_cli("backfill", str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
+                     "--topic", "/lines", "--wait", "120", process=True)
+    assert result.code == 1, result.err[-2000:]
+    assert f"rejected: {lines} line 3: body is not valid JSON" in result.err
+    assert "3 written, 1 rejected" in result.out and "Traceback" not in result.err
     assert publisher_rows(pair, "a", "lines") == [1, 2, 4]
     # a re-run stores nothing new, but its rows' rejects stand: still said, still exit 1; --wait waits for
     # the rows an earlier run wrote (stored already here)
-    again = cli(str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
-                "--topic", "/lines", "--wait", "120")
-    assert again.returncode == 1, again.stderr[-2000:]
-    assert f"rejected: {lines} line 3: body is not valid JSON" in again.stderr
-    assert "1 of these rows were rejected by an earlier run of this backfill and stay so" in again.stderr
-    assert "0 written, 0 rejected (1 rejected by an earlier run), in 0 new commit(s)" in again.stdout
-    assert "stored every backfilled row (client lines through 4)" in again.stdout
+    again = run_cli("backfill", str(pair.paths["a"]), "--input", str(lines), "--format", "jsonl", "--client", "lines",
+                    "--topic", "/lines", "--wait", "120", process=True)
+    assert again.code == 1, again.err[-2000:]
+    assert f"rejected: {lines} line 3: body is not valid JSON" in again.err
+    assert "1 of these rows were rejected by an earlier run of this backfill and stay so" in again.err
+    assert "0 written, 0 rejected (1 rejected by an earlier run), in 0 new commit(s)" in again.out
+    assert "stored every backfilled row (client lines through 4)" in again.out
     (bad,) = [r for r in rejected_rows(pair.root, pair.name("a")) if r["publisher"] == "lines"]
     assert bad["publisher_seq"] == "3" and bad["reason"].startswith(f"{lines} line 3: body is not valid JSON")
-    missing = cli(str(pair.paths["a"]), "--input", str(tmp_path / "absent"), "--format", "csv", "--client", "c",
-                  "--topic", "/t")
-    assert missing.returncode == 2 and missing.stderr.strip().endswith("absent: no such file or directory")
-    assert len(missing.stderr.strip().splitlines()) == 1
+    missing = run_cli("backfill", str(pair.paths["a"]), "--input", str(tmp_path / "absent"), "--format", "csv",
+                      "--client", "c", "--topic", "/t", process=True)
+    assert missing.code == 2 and missing.err.strip().endswith("absent: no such file or directory")
+    assert len(missing.err.strip().splitlines()) == 1
     # an instance without an inbox: said in one line, before Spark starts (its banner would follow on stderr)
     no_inbox = tmp_path / "no-inbox.xml"
     no_inbox.write_text(re.sub(r"<Transport>\s*<Name>amps-replication</Name>.*?</Transport>", "",
                                pair.paths["a"].read_text(), flags=re.S))
-    refused = cli(str(no_inbox), "--input", str(lines), "--format", "jsonl", "--client", "c", "--topic", "/t")
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert refused.stderr.strip().splitlines() == [
+    refused = run_cli("backfill", str(no_inbox), "--input", str(lines), "--format", "jsonl", "--client", "c",
+                      "--topic", "/t", process=True)
+    assert refused.code == 2, refused.err[-2000:]
+    assert refused.err.strip().splitlines() == [
         f"replication backfill: {pair.name('a')} has no incoming amps-replication transport: backfilled rows "
         "enter through the inbox. Fix: add <Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
         "</Transport>"]
@@ -299,7 +288,8 @@ def test_a_part_stages_good_rows_as_txlog_rows_and_each_bad_one_to_rejected_with
         "its statistics, but for the columns the instance writes"
     rejected = pq.read_table(tmp_path / "rejected" / part.rejected["path"]).to_pylist()
     assert [(r["publisher_seq"], r["topic"], r["data"]) for r in rejected] == [
-        ("102", None, b'{"a":2}'), ("103", "", b'{"a":3}'), ("104", "/other", b'{"a":4}'), ("105", "/orders", b"not json")]
+        ("102", None, b'{"a":2}'), ("103", "", b'{"a":3}'), ("104", "/other", b'{"a":4}'),
+        ("105", "/orders", b"not json")]
     reasons = [r["reason"] for r in rejected]
     assert reasons[0] == f"{source} row 2: no topic (column 'kind' is empty)" and reasons[1].startswith(
         f"{source} row 3: no topic")
@@ -442,7 +432,8 @@ def test_a_part_of_rejected_rows_only_is_done_once_and_json_lines_may_differ_in_
     assert (result.stored, result.rejected) == (1, files.BATCH_ROWS)
     stored = handed_over(tmp_path / "solo", ["publisher", "publisher_seq", "topic", "data"])
     assert [r for r in stored.to_pylist() if r["publisher"] == "mixed"] == [
-        {"publisher": "mixed", "publisher_seq": files.BATCH_ROWS + 1, "topic": "/t", "data": b'{"b": "x", "topic": "/t"}'}]
+        {"publisher": "mixed", "publisher_seq": files.BATCH_ROWS + 1, "topic": "/t",
+         "data": b'{"b": "x", "topic": "/t"}'}]
 
 
 def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(spark, tmp_path):
@@ -506,8 +497,8 @@ def test_a_delta_table_is_read_as_its_rows_and_a_body_column_must_hold_bodies(sp
 
 
 def test_an_instance_killed_while_it_stores_staged_parts_stores_each_row_once_after_a_restart(broker, spark, tmp_path):
-    from factories import assert_exactly_once, txlog_rows
-    from processes import InstanceProcess
+    from support.factories import assert_exactly_once, txlog_rows
+    from support.processes import InstanceProcess
     name = "bfcrash"
     path = write_config(tmp_path, name, broker.bootstrap)
     cfg = config.load(str(path))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.factories import T0, stamp, write_batches
 
-from factories import T0, write_batches
 from replication import replay
 from replication.errors import InputError
 from replication.messages import (
@@ -20,11 +20,6 @@ from replication.messages import (
     bookmark,
     parse_bookmarks,
 )
-
-
-def stamp(moment: datetime) -> str:
-    return moment.strftime("%Y%m%dT%H%M%S.%fZ")
-
 
 # -- the forms -----------------------------------------------------------------------
 

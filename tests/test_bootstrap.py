@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import uuid
 
 import pytest
 from deltalake import DeltaTable
-
-from fabric_support import ONE_WAY, publish_orders
-from factories import (
+from support.cli import run_cli
+from support.fabric import ONE_WAY, publish_orders
+from support.factories import (
     bulk_publish,
     destination_xml,
     replication_xml,
@@ -21,7 +18,8 @@ from factories import (
     wait_until,
     write_config,
 )
-from processes import InstanceProcess
+from support.processes import InstanceProcess
+
 from replication import config
 from replication.sow.table import read_current
 
@@ -131,12 +129,6 @@ def test_the_sow_data_type_copies_records_whose_txlog_rows_the_source_no_longer_
     assert 1 <= by_key["99"] <= 51
 
 
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    # its own session: a failpoint kills its whole process group, which must not be pytest's
-    return subprocess.run([sys.executable, "-m", "replication.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})}, start_new_session=True)
-
-
 @pytest.mark.slow
 def test_kill_9_mid_bootstrap_then_restart_gives_the_uninterrupted_result(fabric, tmp_path):
     fabric.configure("s")
@@ -148,11 +140,12 @@ def test_kill_9_mid_bootstrap_then_restart_gives_the_uninterrupted_result(fabric
                                 replication=boot) for name in ("killed", "whole")}
     small = {"REPLICATION_BOOTSTRAP_CHUNK_ROWS": "4000"}  # five chunks
 
-    whole = cli("bootstrap", str(paths["whole"]), env=small)
-    assert whole.returncode == 0, whole.stderr
-    assert "bootstrapped from" in whole.stdout and "bootstrapped from" not in whole.stderr, "the summary, once"
-    killed = cli("bootstrap", str(paths["killed"]), env={**small, "REPLICATION_FAILPOINTS": "bootstrap.after_chunk@3"})
-    assert killed.returncode == -9 and "failpoint bootstrap.after_chunk reached" in killed.stderr
+    whole = run_cli("bootstrap", str(paths["whole"]), env=small)
+    assert whole.code == 0, whole.err
+    assert "bootstrapped from" in whole.out and "bootstrapped from" not in whole.err, "the summary, once"
+    killed = run_cli("bootstrap", str(paths["killed"]),
+                     env={**small, "REPLICATION_FAILPOINTS": "bootstrap.after_chunk@3"})
+    assert killed.code == -9 and "failpoint bootstrap.after_chunk reached" in killed.err
     name = config.load(str(paths["killed"])).name
     assert 0 < txlog_rows(tmp_path, name).num_rows < 20_000, "interrupted mid-copy"
     proc = InstanceProcess(paths["killed"], tmp_path / "restart.log")  # the restart resumes, then serves
@@ -173,26 +166,27 @@ def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(bro
         paths[name] = write_config(tmp_path, name, broker.bootstrap,
                                    replication=bootstrap_xml(TOPICS, [tmp_path / other]))
     # a --from that names no instance is a bad argument: exit 2, one line, the fix names --from, nothing written
-    config_file = cli("bootstrap", str(paths[a]), "--from", str(paths[b]))  # b's config, not its storage
-    assert config_file.returncode == 2 and len(config_file.stderr.strip().splitlines()) == 1, config_file.stderr
+    # b's config, not its storage
+    config_file = run_cli("bootstrap", str(paths[a]), "--from", str(paths[b]), process=True)
+    assert config_file.code == 2 and len(config_file.err.strip().splitlines()) == 1, config_file.err
     assert (f"{paths[b]}: no instance there (no txlog and instance.json: not an instance, or it never started) (a "
-            "file: an instance is addressed by its storage directory, not its config)") in config_file.stderr
-    absent = cli("bootstrap", str(paths[a]), "--from", str(tmp_path / "absent"))
-    assert absent.returncode == 2 and absent.stderr.strip().endswith(
-        "Fix: start the source instance once, or point --from at an instance's storage"), absent.stderr
-    empty = cli("bootstrap", str(paths[a]), "--from", "")
-    assert empty.returncode == 2 and empty.stderr.strip().splitlines() == [
+            "file: an instance is addressed by its storage directory, not its config)") in config_file.err
+    absent = run_cli("bootstrap", str(paths[a]), "--from", str(tmp_path / "absent"), process=True)
+    assert absent.code == 2 and absent.err.strip().endswith(
+        "Fix: start the source instance once, or point --from at an instance's storage"), absent.err
+    empty = run_cli("bootstrap", str(paths[a]), "--from", "", process=True)
+    assert empty.code == 2 and empty.err.strip().splitlines() == [
         "replication bootstrap: --from is empty. Fix: give the source instance's storage directory, or leave --from "
-        "out to use the config's <Bootstrap>"], empty.stderr
-    remote = cli("bootstrap", str(paths[a]), "--from", "s3://bucket/amps-b")
-    assert remote.returncode == 2 and remote.stderr.strip().splitlines() == [
+        "out to use the config's <Bootstrap>"], empty.err
+    remote = run_cli("bootstrap", str(paths[a]), "--from", "s3://bucket/amps-b", process=True)
+    assert remote.code == 2 and remote.err.strip().splitlines() == [
         "replication bootstrap: --from 's3://bucket/amps-b': s3:// locations are not supported yet (an instance's "
         "control files, its heartbeat, acknowledgements and link state, need a local or mounted filesystem). Fix: "
-        "give the source instance's storage directory: a path, or file:///absolute/path"], remote.stderr
+        "give the source instance's storage directory: a path, or file:///absolute/path"], remote.err
     assert not (tmp_path / a).exists(), "a bad --from writes nothing"
-    first = cli("bootstrap", str(paths[a]))
-    assert first.returncode == 1 and f"{tmp_path / b}: no instance there" in first.stderr
-    assert "Traceback" not in first.stderr and len(first.stderr.strip().splitlines()) == 1
+    first = run_cli("bootstrap", str(paths[a]), process=True)
+    assert first.code == 1 and f"{tmp_path / b}: no instance there" in first.err
+    assert "Traceback" not in first.err and len(first.err.strip().splitlines()) == 1
     proc = InstanceProcess(paths[b], tmp_path / "b.log")  # `replication run`: it must not wait for ever
     code = proc.wait_killed(timeout=300)
     assert code == 1, proc.log_text()[-2000:]

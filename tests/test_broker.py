@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import socket
-import uuid
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from support.kafka import unique_topic
 
 from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
 from replication.errors import BrokerError
-
-
-def _topic() -> str:
-    return f"broker-{uuid.uuid4().hex[:8]}"
 
 
 def test_bootstrap_is_a_loopback_address(broker):
@@ -23,7 +19,7 @@ def test_bootstrap_is_a_loopback_address(broker):
 
 
 def test_ensure_topics_creates_missing_and_keeps_existing(broker):
-    a, b = _topic(), _topic()
+    a, b = unique_topic("broker"), unique_topic("broker")
     ensure_topics(broker.bootstrap, [a], partitions=3)
     ensure_topics(broker.bootstrap, [a, b], partitions=2)  # a exists: left as it is
 
@@ -41,7 +37,7 @@ def test_ensure_topics_creates_missing_and_keeps_existing(broker):
 
 
 def test_records_with_headers_round_trip(broker):
-    topic = _topic()
+    topic = unique_topic("broker")
     ensure_topics(broker.bootstrap, [topic])
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, compression_type="zstd")
     producer.send(topic, key=b"pub1", value=b'{"id":1}', headers=[("amps-client", b"pub1"), ("amps-seq", b"1")])
@@ -62,6 +58,7 @@ def test_records_with_headers_round_trip(broker):
     ]
 
 
+@pytest.mark.e2e  # a broker (a JVM) of its own
 def test_a_broker_that_cannot_bind_says_why_with_its_log_and_close_removes_its_folder():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -79,7 +76,7 @@ def test_a_broker_that_cannot_bind_says_why_with_its_log_and_close_removes_its_f
     b.close()
     assert not home.exists()
     with pytest.raises(BrokerError, match="not started"):
-        EmbeddedBroker().bootstrap
+        _ = EmbeddedBroker().bootstrap
 
 
 def test_the_session_broker_is_apache_kafka_in_kraft_mode(broker):

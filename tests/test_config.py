@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from lxml import etree
+from support.repo import REPO
 
 from replication.config import effective as effective_config
 from replication.config import load
@@ -32,7 +33,6 @@ from replication.errors import ConfigError
 from replication.expressions import Filter
 from replication.storage.control import read_instance_config, write_instance_config
 
-REPO = Path(__file__).resolve().parent.parent
 XSD = REPO / "conf" / "replication.xsd"
 MARK = "<!--HERE-->"
 
@@ -373,7 +373,8 @@ def test_parse_interval_rejects(text):
 BAD: list[tuple[str, str, str]] = [
     (
         "unknown element",
-        mutate("\n  <Group>DataCenter-NYC-1</Group>\n", "\n  <Group>DataCenter-NYC-1</Group>\n  <Colour>red</Colour>" + MARK + "\n"),
+        mutate("\n  <Group>DataCenter-NYC-1</Group>\n",
+               "\n  <Group>DataCenter-NYC-1</Group>\n  <Colour>red</Colour>" + MARK + "\n"),
         "<Colour>",
     ),
     (
@@ -389,15 +390,18 @@ BAD: list[tuple[str, str, str]] = [
         ),
         "<Storage>",
     ),
-    ("duplicate Storage", mutate("/amps-1</Storage>\n", "/amps-1</Storage>\n  <Storage>/other</Storage>" + MARK + "\n"), "<Storage>"),
-    ("bad SyncType", mutate("<SyncType>async</SyncType>\n      <Compression>", "<SyncType>snyc</SyncType>" + MARK + "\n      <Compression>"), "'snyc'"),
+    ("duplicate Storage", mutate("/amps-1</Storage>\n", "/amps-1</Storage>\n  <Storage>/other</Storage>" + MARK + "\n"),
+     "<Storage>"),
+    ("bad SyncType", mutate("<SyncType>async</SyncType>\n      <Compression>",
+                            "<SyncType>snyc</SyncType>" + MARK + "\n      <Compression>"), "'snyc'"),
     (
         "bad MessageType",
         mutate("<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>\n  </TransactionLog>",
                "<Topic><Name>.*</Name><MessageType>jsno</MessageType></Topic>" + MARK + "\n  </TransactionLog>"),
         "'jsno'",
     ),
-    ("bad PassThrough regex", mutate("<PassThrough>.*</PassThrough>", "<PassThrough>(DC-[0-9</PassThrough>" + MARK), "'(DC-[0-9'"),
+    ("bad PassThrough regex", mutate("<PassThrough>.*</PassThrough>", "<PassThrough>(DC-[0-9</PassThrough>" + MARK),
+     "'(DC-[0-9'"),
     (
         "bad topic regex",
         mutate("<Name>^/orders/</Name>", "<Name>^/orders/(*</Name>" + MARK),
@@ -428,8 +432,10 @@ BAD: list[tuple[str, str, str]] = [
         mutate("<InetAddr>file:///var/lib/replication/amps-2b</InetAddr>", "<InetAddr>amps-2:10005</InetAddr>" + MARK),
         "'amps-2:10005'",
     ),
-    ("undefined variable", mutate("<Group>DataCenter-NYC-1</Group>\n  <Storage>", "<Group>${NO_SUCH_GROUP_VAR}</Group>" + MARK + "\n  <Storage>"), "NO_SUCH_GROUP_VAR"),
-    ("XML syntax error", mutate("\n  <Group>DataCenter-NYC-1</Group>\n", "\n  <Group>DataCenter-NYC-1</Grop>" + MARK + "\n"), "Grop"),
+    ("undefined variable", mutate("<Group>DataCenter-NYC-1</Group>\n  <Storage>",
+                                  "<Group>${NO_SUCH_GROUP_VAR}</Group>" + MARK + "\n  <Storage>"), "NO_SUCH_GROUP_VAR"),
+    ("XML syntax error",
+     mutate("\n  <Group>DataCenter-NYC-1</Group>\n", "\n  <Group>DataCenter-NYC-1</Grop>" + MARK + "\n"), "Grop"),
     ("bare ampersand", mutate("<Filter>/qty &gt; 100</Filter>", "<Filter>/a = 1 && /b = 2</Filter>" + MARK), "&amp;"),
     (
         "DOCTYPE with entity",
@@ -439,14 +445,17 @@ BAD: list[tuple[str, str, str]] = [
     ),
     (
         "non-numeric MaxOffsetsPerTrigger",
-        mutate("<MaxOffsetsPerTrigger>50000</MaxOffsetsPerTrigger>", "<MaxOffsetsPerTrigger>lots</MaxOffsetsPerTrigger>" + MARK),
+        mutate("<MaxOffsetsPerTrigger>50000</MaxOffsetsPerTrigger>",
+               "<MaxOffsetsPerTrigger>lots</MaxOffsetsPerTrigger>" + MARK),
         "'lots'",
     ),
     ("bad interval unit", mutate("<Age>300s</Age>", "<Age>300x</Age>" + MARK), "'300x'"),
     ("bad transport Type", mutate("<Type>kafka</Type>", "<Type>kafak</Type>" + MARK), "'kafak'"),
     ("bad Compression", mutate("<Compression>lz4</Compression>", "<Compression>zlib</Compression>" + MARK), "'zlib'"),
     ("Kafka topic with a slash", mutate("<Topic>amps-1.publish</Topic>", "<Topic>/orders</Topic>" + MARK), "'/orders'"),
-    ("unknown action module", mutate("amps-action-do-upgrade-replication</Module>", "amps-action-do-upgrade-replicaton</Module>" + MARK), "'amps-action-do-upgrade-replicaton'"),
+    ("unknown action module", mutate("amps-action-do-upgrade-replication</Module>",
+                                     "amps-action-do-upgrade-replicaton</Module>" + MARK),
+     "'amps-action-do-upgrade-replicaton'"),
     ("bad DataType", mutate("<DataType>sow,txlog</DataType>", "<DataType>sow,log</DataType>" + MARK), "'log'"),
     (
         "bootstrap without a transaction log",
@@ -461,7 +470,9 @@ BAD: list[tuple[str, str, str]] = [
 </AMPSConfig>""",
         "<TransactionLog>",
     ),
-    ("attribute", mutate("    <Destination>\n      <Name>amps-3", '    <Destination id="3">' + MARK + "\n      <Name>amps-3"), "id='3'"),
+    ("attribute",
+     mutate("    <Destination>\n      <Name>amps-3", '    <Destination id="3">' + MARK + "\n      <Name>amps-3"),
+     "id='3'"),
     (
         "destination with neither Name nor Group",
         mutate("    <Destination>\n      <Name>amps-3</Name>\n", "    <Destination>" + MARK + "\n"),
@@ -491,12 +502,14 @@ BAD: list[tuple[str, str, str]] = [
     ),
     (
         "remote storage",
-        mutate("<Storage>file:///var/lib/replication/amps-1</Storage>", "<Storage>s3://bucket/amps-1/</Storage>" + MARK),
+        mutate("<Storage>file:///var/lib/replication/amps-1</Storage>",
+               "<Storage>s3://bucket/amps-1/</Storage>" + MARK),
         "s3:// locations are not supported yet",
     ),
     (
         "remote destination address",
-        mutate("<InetAddr>file:///var/lib/replication/amps-3/</InetAddr>", "<InetAddr>abfss://c@acct.dfs.core.windows.net/amps-3</InetAddr>" + MARK),
+        mutate("<InetAddr>file:///var/lib/replication/amps-3/</InetAddr>",
+               "<InetAddr>abfss://c@acct.dfs.core.windows.net/amps-3</InetAddr>" + MARK),
         "file:///absolute/path",
     ),
 ]
@@ -530,7 +543,8 @@ def test_unknown_element_lists_the_allowed_names(tmp_path):
 
 def test_error_names_the_element_path(tmp_path):
     text = mutate("<SyncType>async</SyncType>\n      <Compression>", "<SyncType>snyc</SyncType>\n      <Compression>")
-    with pytest.raises(ConfigError, match=r"AMPSConfig/Replication/Destination\[2\]/SyncType: 'snyc'.*valid values are: sync, async"):
+    with pytest.raises(ConfigError, match=r"AMPSConfig/Replication/Destination\[2\]/SyncType: 'snyc'.*"
+                                          r"valid values are: sync, async"):
         load(str(write(tmp_path, text)))
 
 
@@ -600,7 +614,8 @@ def test_config_check_refuses_a_filter_on_a_topic_whose_messages_have_no_fields(
     path = write(tmp_path, text)
     result = run_check(path)
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
-    assert result.stderr.startswith(f"{path}:{marked_line(text)}: AMPSConfig/Replication/Destination[1]/Topic[1]/Filter: ")
+    assert result.stderr.startswith(
+        f"{path}:{marked_line(text)}: AMPSConfig/Replication/Destination[1]/Topic[1]/Filter: ")
     assert f"a <Filter> on {message_type} messages cannot be applied" in result.stderr
     assert "Fix: remove the <Filter>, or filter a topic whose <MessageType> is json" in result.stderr
 
@@ -633,7 +648,8 @@ def test_fixture_matches_the_xsd(schema):
 
 
 def test_xsd_refuses_a_bad_enum_and_an_unknown_element(schema):
-    assert not schema.validate(etree.fromstring(mutate("<SyncType>sync</SyncType>", "<SyncType>snyc</SyncType>").encode()))
+    assert not schema.validate(
+        etree.fromstring(mutate("<SyncType>sync</SyncType>", "<SyncType>snyc</SyncType>").encode()))
     assert not schema.validate(etree.fromstring(BAD[0][1].encode()))
 
 

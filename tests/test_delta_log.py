@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from deltalake import DeltaTable
+from support.tables import TxlogWriter
 
 from replication.connectors.delta.log import appends_after, local_log_dir
 from replication.txlog.files import TxlogFiles, read_files
-from test_txlog_source import TxlogWriter
 
 
 def test_plain_appends_are_read_from_the_commit_files(tmp_path):
@@ -64,9 +64,10 @@ def test_a_view_that_follows_commits_plans_and_reads_as_a_fresh_snapshot(tmp_pat
 
 
 def test_inbox_versions_read_from_their_commit_files_are_the_change_feeds_inserts(tmp_path, monkeypatch):
+    from support.tables import Upstream, push_concurrently
+
     from replication.inbox import versions
     from replication.inbox.schema import create_inbox
-    from test_inbox_source import Upstream, push_concurrently
 
     inbox = tmp_path / "inbox"
     create_inbox(inbox)

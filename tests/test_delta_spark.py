@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,9 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from support.cli import run_cli
+from support.fabric import PacedPublisher, TestFabric
+from support.factories import assert_exactly_once, raw_publish, wait_until
 
-from fabric_support import ONE_WAY, PacedPublisher, TestFabric, cli
-from factories import assert_exactly_once, destination_xml, raw_publish, replication_xml, wait_until
 from replication import backfill, config, replay
 from replication.sow.table import topic_id
 
@@ -34,11 +33,7 @@ KEYS = 50
 def pair(spark, broker, tmp_path_factory):
     """A -> B (sync), both running, /orders a SOW topic on each."""
     fabric = TestFabric(spark, broker, tmp_path_factory.mktemp("delta-spark"))
-    fabric.configure("b", sow=SOW)
-    fabric.configure("a", sow=SOW, replication=replication_xml(
-        destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
-    fabric.start("b")
-    fabric.start("a")
+    fabric.start_one_way_pair(sow=SOW)
     fabric.orders = {}  # id -> the last body published with it (what the SOW must hold)
     fabric.published = 0
     yield fabric
@@ -208,7 +203,7 @@ def test_describe_history_optimize_checkpoint_and_vacuum_by_a_user_leave_the_eng
     a_rows = pair.rows("a")
     assert spark_rows(spark, a_txlog, ["seq", "bookmark", "data"]) == deltalake_rows(a_txlog, ["seq", "bookmark",
                                                                                               "data"])
-    code, out = cli("verify", pair.paths["a"], pair.paths["b"])
+    code, out, _ = run_cli("verify", pair.paths["a"], pair.paths["b"])
     assert code == 0, out
     # replay from the start and from a bookmark half way, through files OPTIMIZE wrote
     assert [r.seq for r in replay.txlog(str(pair.paths["a"]), spark=spark).select("seq").collect()] == \
@@ -218,10 +213,9 @@ def test_describe_history_optimize_checkpoint_and_vacuum_by_a_user_leave_the_eng
     after = replay.txlog(str(pair.paths["a"]), bookmark=mark, spark=spark).select("seq").collect()
     assert [r.seq for r in after] == a_rows["seq"].to_pylist()[middle + 1:]
     # the SOW, exact (base + txlog) and as compacted in its table
-    done = subprocess.run([sys.executable, "-m", "replication.cli", "sow", str(pair.paths["a"]), "--topic", "/orders"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    printed = {json.dumps(json.loads(line)["data"], sort_keys=True) for line in done.stdout.splitlines()}
+    done = run_cli("sow", str(pair.paths["a"]), "--topic", "/orders", process=True)
+    assert done.code == 0, done.err
+    printed = {json.dumps(record["data"], sort_keys=True) for record in done.jsonl()}
     assert printed == {json.dumps(json.loads(body), sort_keys=True) for body in pair.orders.values()}
     wait_until(lambda: {bytes(r.data) for r in spark.read.format("delta").load(str(a_sow)).select("data").collect()}
                == set(pair.orders.values()), timeout=60, what="A's SOW table to hold the current records")

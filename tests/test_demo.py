@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import pytest
+from support.repo import REPO
+
+pytestmark = pytest.mark.e2e  # a demo of two instances, in spark-submit.sh's processes
 
 
 def test_demo_runs_and_persists_every_message(tmp_path):

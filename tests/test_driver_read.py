@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from support.kafka import publish_numbered, source_options, unique_topic
+from support.tables import TxlogWriter
 
-from replication.connectors.spark import driver_read
 from replication.connectors.kafka.broker import ensure_topics
 from replication.connectors.kafka.source import KafkaSource
-from replication.connectors.spark.driver_read import PartitionBundle, DriverReadingReader
+from replication.connectors.spark import driver_read
+from replication.connectors.spark.driver_read import DriverReadingReader, PartitionBundle
 from replication.txlog.stream import SCHEMA as TXLOG_SPARK_SCHEMA
 from replication.txlog.stream import TxlogSource
-
-from test_kafka_source import _options, _publish, _topic
-from test_txlog_source import TxlogWriter
 
 
 def reader_for(source_class, options: dict[str, str], schema):
@@ -70,10 +69,10 @@ def test_driver_read_rows_zero_leaves_the_reader_as_it_is(tmp_path):
 
 
 def test_kafka_rows_read_by_the_planner_equal_those_read_by_tasks(broker):
-    topic = _topic("driver-read")
+    topic = unique_topic("driver-read")
     ensure_topics(broker.bootstrap, [topic], partitions=2)
-    _publish(broker.bootstrap, topic, 200, partitions=2)
-    source = KafkaSource(_options(broker, topic))
+    publish_numbered(broker.bootstrap, topic, 200, partitions=2)
+    source = KafkaSource(source_options(broker, topic))
     reader = source.streamReader(source.schema())
     assert isinstance(reader, DriverReadingReader)
     start = reader.initialOffset()
@@ -92,7 +91,8 @@ def test_kafka_rows_read_by_the_planner_equal_those_read_by_tasks(broker):
 def test_a_bad_driver_read_rows_option_names_the_fix(tmp_path, value):
     from replication.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"driverReadRows must be an integer >= 0 .*\.option\('driverReadRows', 50000\)"):
+    with pytest.raises(ConfigError,
+                       match=r"driverReadRows must be an integer >= 0 .*\.option\('driverReadRows', 50000\)"):
         reader_for(TxlogSource, {"path": str(tmp_path), "driverReadRows": value}, TXLOG_SPARK_SCHEMA)
 
 

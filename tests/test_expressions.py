@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import random
 import pickle
+import random
 
 import pytest
 

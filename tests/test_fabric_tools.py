@@ -3,37 +3,17 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from lxml import etree
+from support.cli import run_cli
+from support.repo import MESH, mesh_copy
 
-from replication.cli import main
 from replication.config.fabric import Fabric
 
-MESH = Path(__file__).resolve().parent.parent / "conf" / "mesh"
 MESH_FILES = sorted(str(p) for p in MESH.glob("*.xml"))
 INSTANCES = ["Incoming-A", "Incoming-B", "Live-A", "Live-B", "Dev-A", "Dev-B", "Archive-A", "Archive-B"]
-
-
-def cli(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def mesh_copy(tmp_path: Path, edits: dict[str, list[tuple[str, str]]]) -> list[str]:
-    out = tmp_path / "mesh"
-    shutil.copytree(MESH, out)
-    for name, pairs in edits.items():
-        p = out / f"{name}.xml"
-        text = p.read_text()
-        for old, new in pairs:
-            assert old in text
-            text = text.replace(old, new)
-        p.write_text(text)
-    return sorted(str(p) for p in out.glob("*.xml"))
 
 
 PAIR = """<?xml version="1.0"?>
@@ -90,17 +70,17 @@ def pair(tmp_path) -> list[str]:
 # --------------------------------------------------------------------------- validate
 
 
-def test_validate_the_mesh_is_clean(capsys):
-    code, out, _ = cli(capsys, "validate", *MESH_FILES)
+def test_validate_the_mesh_is_clean():
+    code, out, _ = run_cli("validate", *MESH_FILES)
     assert code == 0
     assert out.strip().endswith("8 instances, 20 links checked: all clean")
     assert "ok    Incoming-A -> Live-B (destination LiveProdSubscriptions) (failover 2)" in out
 
 
-def test_validate_reports_findings_with_fixes_and_fails(tmp_path, capsys):
+def test_validate_reports_findings_with_fixes_and_fails(tmp_path):
     paths = mesh_copy(tmp_path, {"Incoming-B": [("<ExcludeValidation>replicate,cascade</ExcludeValidation>",
                                                  "<ExcludeValidation>cascade</ExcludeValidation>")]})
-    code, out, _ = cli(capsys, "validate", *paths)
+    code, out, _ = run_cli("validate", *paths)
     assert code == 1
     assert "FAIL  Incoming-B -> Live-B (destination LiveProdSubscriptions)" in out
     assert "replicate check failed: Live-B does not replicate topic '.*' (json) back to Incoming-B" in out
@@ -108,9 +88,9 @@ def test_validate_reports_findings_with_fixes_and_fails(tmp_path, capsys):
     assert "20 links checked: 2 failed with 2 findings" in out
 
 
-def test_validate_json(tmp_path, capsys):
+def test_validate_json(tmp_path):
     paths = mesh_copy(tmp_path, {"Archive-A": [("<ExcludeValidation>cascade</ExcludeValidation>", "")]})
-    code, out, _ = cli(capsys, "validate", "--format", "json", *paths)
+    code, out, _ = run_cli("validate", "--format", "json", *paths)
     report = json.loads(out)
     assert code == 1 and report["ok"] is False
     assert {(f["upstream"], f["downstream"], f["check"]) for f in report["findings"]} == {
@@ -119,27 +99,27 @@ def test_validate_json(tmp_path, capsys):
     assert len(report["links"]) == 20 and {link["status"] for link in report["links"]} == {"ok", "failed"}
 
 
-def test_validate_the_pair_needs_cascade_excluded_towards_a_view_server_host(tmp_path, capsys):
-    code, out, _ = cli(capsys, "validate", *write_pair(tmp_path, excludes_cascade=False))
+def test_validate_the_pair_needs_cascade_excluded_towards_a_view_server_host(tmp_path):
+    code, out, _ = run_cli("validate", *write_pair(tmp_path, excludes_cascade=False))
     assert code == 1
     assert ("amps-2 -> amps-1 (destination amps-1, topic '^/orders/' json): cascade check failed: amps-1 excludes "
             "replicate,cascade for topic '^/orders/' on its destination view-server, which this link enforces") in out
     assert "fix: if amps-1's relaxed checks are intended, in amps-2's config set " in out
 
 
-def test_validate_lists_links_to_instances_not_given(pair, capsys):
-    code, out, _ = cli(capsys, "validate", *pair)
+def test_validate_lists_links_to_instances_not_given(pair):
+    code, out, _ = run_cli("validate", *pair)
     assert code == 0
     assert "amps-1 -> " in out and "(destination view-server): no given config has this address; not checked" in out
     assert "2 links checked: all clean; 1 not checked" in out
-    code, _out, _ = cli(capsys, "validate", "--strict", *pair)
+    code, _out, _ = run_cli("validate", "--strict", *pair)
     assert code == 1
 
 
-def test_validate_a_config_that_does_not_parse(tmp_path, capsys):
+def test_validate_a_config_that_does_not_parse(tmp_path):
     bad = tmp_path / "bad.xml"
     bad.write_text("<AMPSConfig><Name>x</Name></AMPSConfig>")
-    code, _out, err = cli(capsys, "validate", str(bad))
+    code, _out, err = run_cli("validate", str(bad))
     assert code == 2 and "bad.xml" in err
 
 
@@ -151,8 +131,8 @@ def reached(out: str) -> list[str]:
     return [line.split()[0] for line in section if line.startswith("  ") and not line.startswith("   ")]
 
 
-def test_trace_the_mesh_reaches_all_eight(capsys):
-    code, out, _ = cli(capsys, "trace", *MESH_FILES, "--from", "Incoming-A", "--topic", "/orders/1")
+def test_trace_the_mesh_reaches_all_eight():
+    code, out, _ = run_cli("trace", *MESH_FILES, "--from", "Incoming-A", "--topic", "/orders/1")
     assert code == 0
     assert "Reaches 8 of 8 instances:" in out and "Does not reach: none" in out
     assert sorted(reached(out)) == sorted(INSTANCES)
@@ -161,30 +141,30 @@ def test_trace_the_mesh_reaches_all_eight(capsys):
     assert "Incoming-A -> Live-A -> Dev-A -> Archive-A" in out
 
 
-def test_trace_without_live_a_still_reaches_the_seven_others(capsys):
-    code, out, _ = cli(capsys, "trace", *MESH_FILES, "--from", "Incoming-A", "--topic", "/orders/1",
-                       "--without", "Live-A")
+def test_trace_without_live_a_still_reaches_the_seven_others():
+    code, out, _ = run_cli("trace", *MESH_FILES, "--from", "Incoming-A", "--topic", "/orders/1",
+                           "--without", "Live-A")
     assert code == 0
     assert "Reaches 7 of 8 instances:" in out
     assert sorted(reached(out)) == sorted(i for i in INSTANCES if i != "Live-A")
     assert "  Live-A      down (--without)" in out
     assert "  Live-B      Incoming-A -> Live-B" in out  # Incoming-A fails over to its second address
     # and with one instance down in every tier
-    code, out, _ = cli(capsys, "trace", *MESH_FILES, "--from", "Incoming-A", "--topic", "/x",
-                       "--without", "Live-A", "--without", "Dev-B", "--without", "Archive-A")
+    code, out, _ = run_cli("trace", *MESH_FILES, "--from", "Incoming-A", "--topic", "/x",
+                           "--without", "Live-A", "--without", "Dev-B", "--without", "Archive-A")
     assert sorted(reached(out)) == ["Archive-B", "Dev-A", "Incoming-A", "Incoming-B", "Live-B"]
 
 
-def test_trace_with_passthrough_removed_names_what_is_lost_and_why(tmp_path, capsys):
+def test_trace_with_passthrough_removed_names_what_is_lost_and_why(tmp_path):
     paths = mesh_copy(tmp_path, {"Live-A": [("<PassThrough>.*</PassThrough>", "")]})
     # the mesh still delivers everywhere (Live-B covers), but the report shows the copies Live-A holds back
-    code, out, _ = cli(capsys, "trace", *paths, "--from", "Incoming-A", "--topic", "/orders/1")
+    code, out, _ = run_cli("trace", *paths, "--from", "Incoming-A", "--topic", "/orders/1")
     assert "Reaches 8 of 8 instances:" in out
     assert ("Live-A -> Dev-A (destination DevUAT): [passthrough] Live-A received it from Incoming-A "
             "(group IncomingMessages) and destination DevUAT has no PassThrough") in out
     # ...and with Incoming-B down, Live-A is the only way on: everything after it is lost
-    code, out, _ = cli(capsys, "trace", *paths, "--from", "Incoming-A", "--topic", "/orders/1",
-                       "--without", "Incoming-B")
+    code, out, _ = run_cli("trace", *paths, "--from", "Incoming-A", "--topic", "/orders/1",
+                           "--without", "Incoming-B")
     assert code == 0
     assert "Reaches 2 of 8 instances:" in out and "Does not reach 6:" in out
     lost = out.split("Does not reach 6:")[1].split("\n\n")[0]
@@ -195,32 +175,35 @@ def test_trace_with_passthrough_removed_names_what_is_lost_and_why(tmp_path, cap
     assert "  Incoming-B  down (--without)" in lost
 
 
-def test_trace_passthrough_by_group_regex(tmp_path, capsys):
+def test_trace_passthrough_by_group_regex(tmp_path):
     """The spec's HKG example: pass through every group except those containing HKG."""
-    paths = mesh_copy(tmp_path, {"Live-A": [("<PassThrough>.*</PassThrough>", "<PassThrough>^((?!Incoming).)*$</PassThrough>")]})
-    code, out, _ = cli(capsys, "trace", *paths, "--from", "Incoming-A", "--topic", "/t", "--without", "Incoming-B",
-                       "--format", "json")
+    paths = mesh_copy(tmp_path, {"Live-A": [("<PassThrough>.*</PassThrough>",
+                                             "<PassThrough>^((?!Incoming).)*$</PassThrough>")]})
+    code, out, _ = run_cli("trace", *paths, "--from", "Incoming-A", "--topic", "/t", "--without", "Incoming-B",
+                           "--format", "json")
     report = json.loads(out)
     assert sorted(report["reached"]) == ["Incoming-A", "Live-A"]
     reasons = {(h["sender"], h["target"]): h["reason"] for h in report["not_sent"]}
     assert "does not match PassThrough '^((?!Incoming).)*$'" in reasons[("Live-A", "Live-B")]
 
 
-def test_trace_filters_and_destinations_outside_the_configs(pair, capsys):
-    code, out, _ = cli(capsys, "trace", *pair, "--from", "amps-1", "--topic", "/orders/1", "--message", '{"qty": 500}')
+def test_trace_filters_and_destinations_outside_the_configs(pair):
+    code, out, _ = run_cli("trace", *pair, "--from", "amps-1", "--topic", "/orders/1", "--message", '{"qty": 500}')
     assert "Reaches 2 of 2 instances:" in out
     assert "Leaves the given configs (sent, not followed further):" in out and "(destination view-server)" in out
-    code, out, _ = cli(capsys, "trace", *pair, "--from", "amps-1", "--topic", "/orders/1", "--message", '{"qty": 5}')
-    assert "amps-1 -> view-server (destination view-server): [filter] filter false: the message does not match '/qty > 100'" in out
-    code, out, _ = cli(capsys, "trace", *pair, "--from", "amps-2", "--topic", "/trades/1")
-    assert "amps-2 -> amps-1 (destination amps-1): [topic] no <Topic> of destination amps-1 matches topic '/trades/1'" in out
+    code, out, _ = run_cli("trace", *pair, "--from", "amps-1", "--topic", "/orders/1", "--message", '{"qty": 5}')
+    assert ("amps-1 -> view-server (destination view-server): [filter] filter false: the message does not match "
+            "'/qty > 100'") in out
+    code, out, _ = run_cli("trace", *pair, "--from", "amps-2", "--topic", "/trades/1")
+    assert ("amps-2 -> amps-1 (destination amps-1): [topic] no <Topic> of destination amps-1 matches topic "
+            "'/trades/1'") in out
     assert "  amps-1  amps-2 -> amps-1: no <Topic> of destination amps-1" in out
 
 
-def test_trace_errors(capsys):
-    code, _out, err = cli(capsys, "trace", *MESH_FILES, "--from", "Nope", "--topic", "/t")
+def test_trace_errors():
+    code, _out, err = run_cli("trace", *MESH_FILES, "--from", "Nope", "--topic", "/t")
     assert code == 2 and "no given config is named 'Nope'" in err
-    code, _out, err = cli(capsys, "trace", *MESH_FILES, "--from", "Live-A", "--topic", "/t", "--message", "{bad")
+    code, _out, err = run_cli("trace", *MESH_FILES, "--from", "Live-A", "--topic", "/t", "--message", "{bad")
     assert code == 2 and "--message is not valid JSON" in err
 
 
@@ -228,10 +211,10 @@ def test_trace_errors(capsys):
 
 
 @pytest.mark.parametrize("which", ["pair", "mesh"])
-def test_topology_svg_names_every_instance_and_link(which, pair, tmp_path, capsys):
+def test_topology_svg_names_every_instance_and_link(which, pair, tmp_path):
     files = pair if which == "pair" else MESH_FILES
     out_file = tmp_path / f"{which}.svg"
-    code, out, _ = cli(capsys, "topology", *files, "-o", str(out_file))
+    code, out, _ = run_cli("topology", *files, "-o", str(out_file))
     assert code == 0 and out.startswith(f"wrote {out_file}")
     svg = etree.fromstring(out_file.read_bytes())  # well-formed XML
     texts = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
@@ -254,17 +237,17 @@ def test_topology_svg_names_every_instance_and_link(which, pair, tmp_path, capsy
 
 
 @pytest.mark.parametrize("which", ["pair", "mesh"])
-def test_topology_png_and_mermaid(which, pair, tmp_path, capsys):
+def test_topology_png_and_mermaid(which, pair, tmp_path):
     from PIL import Image
 
     files = pair if which == "pair" else MESH_FILES
     png = tmp_path / f"{which}.png"
-    assert cli(capsys, "topology", *files, "-o", str(png))[0] == 0
+    assert run_cli("topology", *files, "-o", str(png))[0] == 0
     with Image.open(png) as img:
         assert img.format == "PNG" and img.width > 600 and img.height > 400
         assert len(img.convert("RGB").resize((64, 64)).getcolors(4096) or ()) > 10  # not blank
     mmd = tmp_path / f"{which}.mmd"
-    assert cli(capsys, "topology", *files, "-o", str(mmd))[0] == 0
+    assert run_cli("topology", *files, "-o", str(mmd))[0] == 0
     text = mmd.read_text()
     assert text.startswith("flowchart TB")
     for cfg in Fabric.load(files):
@@ -272,6 +255,6 @@ def test_topology_png_and_mermaid(which, pair, tmp_path, capsys):
     assert text.count("-->|") + text.count("-.->|") == len(Fabric.load(files).all_links())
 
 
-def test_topology_refuses_an_unknown_picture_type(capsys):
-    code, _out, err = cli(capsys, "topology", *MESH_FILES, "-o", "fabric.gif")
+def test_topology_refuses_an_unknown_picture_type():
+    code, _out, err = run_cli("topology", *MESH_FILES, "-o", "fabric.gif")
     assert code == 2 and "use .svg, .png or .mmd" in err

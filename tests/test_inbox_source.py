@@ -2,100 +2,33 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from support.streams import run_available_now
+from support.tables import Upstream, numbered_inbox_rows, push_concurrently
 
 from replication.errors import ConfigError
+from replication.inbox import stream as inbox_stream
 from replication.inbox.read_ahead import InboxReadAhead
-from replication.inbox.stream import FORMAT, VERSIONS_PER_PARTITION, InboxSourceOptions, register
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION, STREAM_SCHEMA, create_inbox
+from replication.inbox.stream import FORMAT, VERSIONS_PER_PARTITION, InboxSourceOptions, register
 from replication.inbox.versions import InboxLog, read_versions
 from replication.txlog.schema import TXLOG_SCHEMA
 
 # -- helpers -------------------------------------------------------------------
 
 
-def inbox_rows(link: str, first: int, count: int) -> pa.Table:
-    """What upstream ``link`` pushes: its txlog rows ``first...`` with ``seq`` as ``upstream_seq``."""
-    seqs = list(range(first, first + count))
-    now = datetime.now(timezone.utc)
-    return pa.table(
-        {
-            "bookmark": [f"{link}|{s}|" for s in seqs],
-            "publisher": [f"pub-{link}"] * count,
-            "publisher_seq": pa.array(seqs, pa.int64()),
-            "topic": ["/orders"] * count,
-            "message_type": ["json"] * count,
-            "command": ["publish"] * count,
-            "sow_key": [None] * count,
-            "sow_keys": [None] * count,
-            "filter": [None] * count,
-            "data": [b'{"n":%d}' % s for s in seqs],
-            "origin": [link] * count,
-            "received_from": [None] * count,
-            "received_from_group": [None] * count,
-            "path": [[link]] * count,
-            "publish_time": [now] * count,
-            "persist_time": [now] * count,
-            "upstream_seq": pa.array(seqs, pa.int64()),
-            "link": [link] * count,
-            "link_group": [f"group-{link}"] * count,
-        },
-        schema=INBOX_SCHEMA,
-    )
-
-
-class Upstream:
-    """One upstream instance appending batches to an inbox (one commit per batch)."""
-
-    def __init__(self, inbox: Path, link: str) -> None:
-        self.inbox = inbox
-        self.link = link
-        self.sent = 0
-
-    def push(self, count: int) -> None:
-        write_deltalake(str(self.inbox), inbox_rows(self.link, self.sent + 1, count), mode="append")
-        self.sent += count
-
-
-def push_concurrently(inbox: Path, upstreams: list[Upstream], batches: int, size: int) -> None:
-    """Each upstream commits ``batches`` batches of ``size`` rows, all at the same time."""
-    errors: list[BaseException] = []
-
-    def run(upstream: Upstream) -> None:
-        try:
-            for _ in range(batches):
-                upstream.push(size)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(u,)) for u in upstreams]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-
-
-def run_available_now(spark, inbox: Path, checkpoint: Path, **options: str) -> list[pa.Table]:
-    register(spark)
-    batches: list[pa.Table] = []
-    query = (
-        spark.readStream.format(FORMAT).option("path", str(inbox)).options(**options).load()
-        .writeStream.trigger(availableNow=True)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(lambda df, _id: batches.append(df.toArrow()))
-        .start()
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None
-    return batches
+def one_upstream(inbox: Path, *sizes: int) -> Upstream:
+    """An inbox created at ``inbox``, and upstream ``amps-a``'s batches of ``sizes`` rows in it (versions 1, 2, ...)."""
+    create_inbox(inbox)
+    upstream = Upstream(inbox, "amps-a")
+    for size in sizes:
+        upstream.push(size)
+    return upstream
 
 
 def by_link(rows: pa.Table) -> dict[str, list[int]]:
@@ -167,10 +100,10 @@ def test_rows_a_commit_holds_out_of_order_are_read_in_stream_order(tmp_path):
     # (reversed, two links interleaved) still comes out per version, per link, by upstream seq.
     inbox = tmp_path / "inbox"
     create_inbox(inbox)
-    write_deltalake(str(inbox), inbox_rows("amps-a", 1, 4), mode="append")  # version 1, in order
-    reversed_rows = inbox_rows("amps-a", 5, 4)
+    write_deltalake(str(inbox), numbered_inbox_rows("amps-a", 1, 4), mode="append")  # version 1, in order
+    reversed_rows = numbered_inbox_rows("amps-a", 5, 4)
     write_deltalake(str(inbox), reversed_rows.take(pa.array([3, 2, 1, 0])), mode="append")  # version 2
-    mixed = pa.concat_tables([inbox_rows("amps-b", 1, 3), inbox_rows("amps-a", 9, 3)])
+    mixed = pa.concat_tables([numbered_inbox_rows("amps-b", 1, 3), numbered_inbox_rows("amps-a", 9, 3)])
     write_deltalake(str(inbox), mixed.take(pa.array([3, 0, 4, 1, 5, 2])), mode="append")  # version 3
     rows = read_versions(str(inbox), 1, 3)
     assert list(zip(rows.column("inbox_version").to_pylist(), rows.column("link").to_pylist(),
@@ -182,10 +115,7 @@ def test_rows_a_commit_holds_out_of_order_are_read_in_stream_order(tmp_path):
 
 def test_row_limit_takes_whole_commits_and_at_least_one(tmp_path):
     inbox = tmp_path / "inbox"
-    create_inbox(inbox)
-    a = Upstream(inbox, "amps-a")
-    for size in (4, 4, 10, 1):  # versions 1..4
-        a.push(size)
+    one_upstream(inbox, 4, 4, 10, 1)  # versions 1..4
     log = InboxLog(str(inbox))
     assert log.latest_version() == 4
     assert [log.rows_in(v) for v in range(5)] == [0, 4, 4, 10, 1]
@@ -235,18 +165,18 @@ def test_available_now_from_absent_inbox_then_concurrent_upstreams_then_restart(
     inbox = tmp_path / "inbox"
     checkpoint = tmp_path / "cp"
     # No table yet: no rows, no error (Spark still runs one empty first batch).
-    assert sum(t.num_rows for t in run_available_now(spark, inbox, checkpoint)) == 0
+    assert sum(t.num_rows for t in run_available_now(spark, inbox_stream, inbox, checkpoint)) == 0
 
     a, b = Upstream(inbox, "amps-a"), Upstream(inbox, "amps-b")
     create_inbox(inbox)
     push_concurrently(inbox, [a, b], batches=5, size=6)
-    first = pa.concat_tables(run_available_now(spark, inbox, checkpoint))
+    first = pa.concat_tables(run_available_now(spark, inbox_stream, inbox, checkpoint))
     assert by_link(first) == {"amps-a": list(range(1, 31)), "amps-b": list(range(1, 31))}
     assert_commit_order(first)
     assert first.column("link_group").to_pylist()[0].startswith("group-amps-")
 
     push_concurrently(inbox, [a, b], batches=2, size=3)
-    second = pa.concat_tables(run_available_now(spark, inbox, checkpoint))
+    second = pa.concat_tables(run_available_now(spark, inbox_stream, inbox, checkpoint))
     assert by_link(second) == {"amps-a": list(range(31, 37)), "amps-b": list(range(31, 37))}
     assert min(second.column("inbox_version").to_pylist()) > max(first.column("inbox_version").to_pylist())
 
@@ -254,14 +184,10 @@ def test_available_now_from_absent_inbox_then_concurrent_upstreams_then_restart(
 @pytest.mark.parametrize("driver_read", ["0", "8"], ids=["tasks", "planner"])
 def test_max_rows_per_trigger_bounds_batches_in_whole_commits(spark, tmp_path, driver_read):
     inbox = tmp_path / "inbox"
-    create_inbox(inbox)
-    a = Upstream(inbox, "amps-a")
-    for _ in range(6):
-        a.push(4)
+    one_upstream(inbox, *[4] * 6)
     # One task per commit, or the planner reading the commits in turn: rows come back in version order.
-    batches = run_available_now(
-        spark, inbox, tmp_path / "cp", maxRowsPerTrigger="9", versionsPerPartition="1", driverReadRows=driver_read
-    )
+    batches = run_available_now(spark, inbox_stream, inbox, tmp_path / "cp", maxRowsPerTrigger="9",
+                                versionsPerPartition="1", driverReadRows=driver_read)
     assert [b.num_rows for b in batches] == [8, 8, 8]
     assert by_link(pa.concat_tables(batches)) == {"amps-a": list(range(1, 25))}
 
@@ -300,11 +226,8 @@ def test_processing_time_trigger_follows_concurrent_upstreams(spark, tmp_path):
 @pytest.mark.parametrize("driver_read", ["0", "1000"], ids=["tasks", "planner"])
 def test_versions_only_streams_one_row_per_version_within_the_row_limit(spark, tmp_path, driver_read):
     inbox = tmp_path / "inbox"
-    create_inbox(inbox)
-    a = Upstream(inbox, "amps-a")
-    for _ in range(5):
-        a.push(4)  # versions 1..5
-    batches = run_available_now(spark, inbox, tmp_path / "cp", versionsOnly="true", maxRowsPerTrigger="9",
+    one_upstream(inbox, *[4] * 5)  # versions 1..5
+    batches = run_available_now(spark, inbox_stream, inbox, tmp_path / "cp", versionsOnly="true", maxRowsPerTrigger="9",
                                 driverReadRows=driver_read)
     assert [b.column_names for b in batches] == [["inbox_version"]] * len(batches)
     # Version 0 (the table's creation, no rows) rides with the first batch.
@@ -370,10 +293,7 @@ def test_the_inbox_planner_hands_over_a_batch_without_importing_pandas(tmp_path)
     import sys
 
     inbox = tmp_path / "inbox"
-    create_inbox(inbox)
-    a = Upstream(inbox, "amps-a")
-    for _ in range(3):
-        a.push(4)  # versions 1..3
+    one_upstream(inbox, 4, 4, 4)  # versions 1..3
     out = subprocess.run([sys.executable, "-c", _PLANNER_PROCESS, str(inbox)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

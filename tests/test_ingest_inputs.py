@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from replication.config.model import KafkaTransport
-from replication.ingest.classify import CANDIDATE_SCHEMA
 from replication.connectors.kafka.ranges import _spark_arrow_schema
+from replication.ingest.classify import CANDIDATE_SCHEMA
 from replication.ingest.inputs import _spark_columns, kafka_candidate_columns, kafka_candidates
 
 

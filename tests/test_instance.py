@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 from kafka import KafkaProducer
+from support.factories import assert_exactly_once, raw_publish, rejected_rows, txlog_rows, wait_until, write_config
 
-from factories import assert_exactly_once, raw_publish, rejected_rows, txlog_rows, wait_until, write_config
 from replication import config
 from replication.client import Publisher
 from replication.durability import acks_topic
@@ -168,7 +168,8 @@ def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, br
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"survivor": 600})
 
 
-def test_a_batch_that_cannot_be_read_in_the_driver_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch, caplog):
+def test_a_batch_that_cannot_be_read_in_the_driver_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch,
+                                                                    caplog):
     from replication.connectors.kafka import ranges as kafka_ranges
 
     real_read = kafka_ranges.RangeReader.read
@@ -214,7 +215,8 @@ def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, 
         step = wait_until(lambda: slowed.is_set() and inst.status().batch, timeout=60, what="a batch in progress")
         pub.flush(timeout=60)
     assert step["step"] == "reading its rows in the driver", step
-    reports = [r.getMessage() for r in caplog.records if "has been reading its rows in the driver for" in r.getMessage()]
+    reports = [r.getMessage() for r in caplog.records
+               if "has been reading its rows in the driver for" in r.getMessage()]
     assert reports and reports[0].startswith(f"{inst.name}: ingest batch {step['id']} "), reports
     assert inst.status().batch is None, "no batch in progress once the message is persisted"
 

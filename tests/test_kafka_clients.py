@@ -1,17 +1,17 @@
-"""An instance on the real Apache Kafka broker, as users reach it: librdkafka and kafka-python publishers and
-ack consumers, and the broker itself stopped and restarted under a running pair."""
+"""An instance reached by real Kafka clients: librdkafka and kafka-python publishers and ack consumers.
+
+Also a send the broker refuses for good. (The broker restarted under a pair: faults/test_broker_restart.py.)"""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from confluent_kafka import Producer as RdProducer
 from kafka import KafkaProducer
+from support.fabric import AckListener
+from support.factories import assert_exactly_once, raw_publish, wait_until
 
-from fabric_support import ONE_WAY, AckListener, PacedPublisher
-from factories import assert_exactly_once, destination_xml, raw_publish, replication_xml, wait_until
 from replication.durability import acks_topic
 
 
@@ -49,36 +49,6 @@ def test_librdkafka_and_kafka_python_publishers_get_every_persisted_ack_on_long_
         for listener in listeners:
             listener.stop()
     assert_exactly_once(fabric.rows("a"), {"rdkafka-pub": count, "python-pub": count})
-
-
-@pytest.mark.slow
-@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # no thread may die of it
-def test_a_broker_stopped_and_restarted_under_a_replicating_pair_loses_and_duplicates_nothing(fabric):
-    """The session's broker goes down (a clean shutdown) and comes back on its log directories while A ingests
-    and replicates to B (sync): every message in both txlogs once, every publisher acknowledged."""
-    fabric.configure("b")
-    fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [fabric.storage("b")],
-                                                                      topics=ONE_WAY)))
-    fabric.start("b")
-    fabric.start("a")
-    pub = fabric.publisher("through-restart", "a", resend_after=3.0)
-    paced = PacedPublisher(pub, rate=150)
-    try:
-        wait_until(lambda: fabric.count("b") >= 300, what="replication under way before the restart")
-        fabric.broker.stop()
-        try:
-            time.sleep(3)  # publishes meanwhile wait in the producer; the publisher's logons fail
-        finally:
-            fabric.broker.start()
-        resumed = paced.published + 300
-        wait_until(lambda: fabric.count("b") >= resumed, timeout=180, what="replication going on after the restart")
-    finally:
-        published = paced.stop()
-    pub.flush(timeout=180)
-    assert pub.persisted_seq == published
-    for short in ("a", "b"):
-        wait_until(lambda s=short: fabric.count(s) >= published, timeout=120, what=f"{short} to hold every message")
-        assert_exactly_once(fabric.rows(short), {"through-restart": published})
 
 
 def test_a_send_the_broker_refuses_for_good_makes_flush_say_which_message_and_why(fabric, tmp_path):

@@ -10,8 +10,8 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from replication.connectors.kafka.records import RecordColumns
 from replication.connectors.kafka.ranges import PUBLISH_HEADERS, SCHEMA
+from replication.connectors.kafka.records import RecordColumns
 
 NONE, GZIP, ZSTD = 0, 1, 4
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from support.kafka import publish_numbered, source_options, unique_topic
+from support.streams import run_available_now
 
+from replication.connectors.kafka import source as kafka_source
 from replication.connectors.kafka.broker import ensure_topics
-from replication.errors import ConfigError
 from replication.connectors.kafka.offsets import KafkaInputPartition, _OffsetProbe, limit_positions
 from replication.connectors.kafka.ranges import read_partition
 from replication.connectors.kafka.source import (
@@ -18,54 +19,14 @@ from replication.connectors.kafka.source import (
     KafkaSourceOptions,
     register,
 )
+from replication.errors import ConfigError
 
 # -- helpers -------------------------------------------------------------------
 
 
-def _topic(prefix: str = "src") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _publish(bootstrap: str, topic: str, count: int, *, partitions: int = 1, first_seq: int = 1) -> None:
-    """``count`` publishes with AMPS headers, zstd, round-robin over partitions, batched."""
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap, compression_type="zstd", linger_ms=20, batch_size=256 * 1024
-    )
-    for seq in range(first_seq, first_seq + count):
-        producer.send(
-            topic,
-            key=b"pub1",
-            value=b'{"seq":%d}' % seq,
-            partition=seq % partitions,
-            headers=[
-                ("amps-client", b"pub1"),
-                ("amps-seq", str(seq).encode()),
-                ("amps-topic", b"/orders/" + str(seq).encode()),
-                ("x-extra", b"\xff\x00"),  # not UTF-8: stays raw in `headers`
-            ],
-        )
-    producer.flush()
-    producer.close()
-
-
-def _options(broker, *topics: str, **extra: str) -> dict[str, str]:
-    return {"bootstrap.servers": broker.bootstrap, "topics": ",".join(topics), **extra}
-
-
-def _run_available_now(spark, options: dict[str, str], checkpoint: str) -> list[list]:
-    """Run the source to its end once; return the rows of each micro-batch."""
-    register(spark)
-    batches: list[list] = []
-    query = (
-        spark.readStream.format(FORMAT).options(**options).load()
-        .writeStream.trigger(availableNow=True)
-        .option("checkpointLocation", checkpoint)
-        .foreachBatch(lambda df, _id: batches.append(df.collect()))
-        .start()
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None
-    return batches
+def collect(df) -> list:
+    """A micro-batch's rows (Spark's ``Row`` objects)."""
+    return df.collect()
 
 
 def _seqs(rows) -> list[int]:
@@ -109,15 +70,15 @@ def test_limit_shares_budget_by_backlog_and_never_exceeds_it():
 
 
 def test_latest_offset_counts_every_record_of_a_multi_record_zstd_batch(broker):
-    topic = _topic("hw")
+    topic = unique_topic("hw")
     ensure_topics(broker.bootstrap, [topic], partitions=2)
-    _publish(broker.bootstrap, topic, 10, partitions=2)  # one batch of 5 records per partition
+    publish_numbered(broker.bootstrap, topic, 10, partitions=2)  # one batch of 5 records per partition
 
-    probe = _OffsetProbe(KafkaSourceOptions.parse(_options(broker, topic)))
+    probe = _OffsetProbe(KafkaSourceOptions.parse(source_options(broker, topic)))
     try:
         assert probe.latest() == {(topic, 0): 5, (topic, 1): 5}
         assert probe.latest() == {(topic, 0): 5, (topic, 1): 5}  # nothing new: the last probe stands
-        _publish(broker.bootstrap, topic, 6, partitions=2, first_seq=11)  # one more batch of 3 per partition
+        publish_numbered(broker.bootstrap, topic, 6, partitions=2, first_seq=11)  # one more batch of 3 per partition
         assert probe.latest() == {(topic, 0): 8, (topic, 1): 8}
         assert probe.latest() == {(topic, 0): 8, (topic, 1): 8}
     finally:
@@ -127,7 +88,7 @@ def test_latest_offset_counts_every_record_of_a_multi_record_zstd_batch(broker):
 
 @pytest.mark.parametrize("fast", [True, False], ids=["columnar", "kafka-python-records"])
 def test_read_stops_at_end_when_the_last_offset_is_a_transaction_marker(broker, fast):
-    topic = _topic("txn")
+    topic = unique_topic("txn")
     ensure_topics(broker.bootstrap, [topic])
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=topic, compression_type="zstd")
     producer.init_transactions()
@@ -137,7 +98,7 @@ def test_read_stops_at_end_when_the_last_offset_is_a_transaction_marker(broker, 
     producer.commit_transaction()
     producer.close()
 
-    options = KafkaSourceOptions.parse(_options(broker, topic))
+    options = KafkaSourceOptions.parse(source_options(broker, topic))
     probe = _OffsetProbe(options)
     end = probe.latest()[(topic, 0)]
     probe.close()
@@ -150,11 +111,11 @@ def test_read_stops_at_end_when_the_last_offset_is_a_transaction_marker(broker, 
 
 @pytest.mark.parametrize("start, end", [(0, 40), (7, 33), (39, 40)])
 def test_both_read_paths_agree_on_any_offset_range(broker, start, end):
-    topic = _topic("paths")
+    topic = unique_topic("paths")
     ensure_topics(broker.bootstrap, [topic])
-    _publish(broker.bootstrap, topic, 20)
-    _publish(broker.bootstrap, topic, 20, first_seq=21)  # a second batch
-    options = KafkaSourceOptions.parse(_options(broker, topic))
+    publish_numbered(broker.bootstrap, topic, 20)
+    publish_numbered(broker.bootstrap, topic, 20, first_seq=21)  # a second batch
+    options = KafkaSourceOptions.parse(source_options(broker, topic))
     part = KafkaInputPartition(topic, 0, start, end)
     fast = [b for b in read_partition(options, part, fast=True)]
     portable = [b for b in read_partition(options, part, fast=False)]
@@ -166,8 +127,8 @@ def test_the_installed_kafka_python_takes_the_columnar_path(broker):
     # If this fails after a kafka-python upgrade, reads silently got ~3x slower:
     # adapt _decode_into to the new Fetcher.
 
-    from replication.connectors.kafka.records import RecordColumns
     from replication.connectors.kafka.ranges import _decode_into
+    from replication.connectors.kafka.records import RecordColumns
 
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
     try:
@@ -177,12 +138,12 @@ def test_the_installed_kafka_python_takes_the_columnar_path(broker):
 
 
 def test_missing_topic_has_no_partitions_until_it_is_created(broker):
-    topic = _topic("late")
-    probe = _OffsetProbe(KafkaSourceOptions.parse(_options(broker, topic)))
+    topic = unique_topic("late")
+    probe = _OffsetProbe(KafkaSourceOptions.parse(source_options(broker, topic)))
     try:
         assert probe.earliest() == {} and probe.latest() == {}
         ensure_topics(broker.bootstrap, [topic], partitions=2)
-        _publish(broker.bootstrap, topic, 3, partitions=2)
+        publish_numbered(broker.bootstrap, topic, 3, partitions=2)
         assert probe.latest(refresh=True) == {(topic, 0): 1, (topic, 1): 2}
     finally:
         probe.close()
@@ -191,17 +152,19 @@ def test_missing_topic_has_no_partitions_until_it_is_created(broker):
 # -- the stream ----------------------------------------------------------------
 
 
-# driverReadRows: every batch read in the driver by the planner (default), by tasks (0), or both (100: the last, 60-row batch)
+# driverReadRows: every batch read in the driver by the planner (default), by tasks (0), or both (100: the last,
+# 60-row batch)
 @pytest.mark.parametrize("driver_read", [{}, {"driverReadRows": "0"}, {"driverReadRows": "100"}],
                          ids=["planner", "tasks", "mixed"])
-def test_available_now_delivers_each_message_once_within_the_batch_limit_and_resumes(spark, broker, tmp_path, driver_read):
-    topic = _topic("stream")
+def test_available_now_delivers_each_message_once_within_the_batch_limit_and_resumes(spark, broker, tmp_path,
+                                                                                     driver_read):
+    topic = unique_topic("stream")
     ensure_topics(broker.bootstrap, [topic], partitions=3)
-    _publish(broker.bootstrap, topic, 300, partitions=3)
-    options = _options(broker, topic, maxOffsetsPerTrigger="120", **driver_read)
+    publish_numbered(broker.bootstrap, topic, 300, partitions=3)
+    options = source_options(broker, topic, maxOffsetsPerTrigger="120", **driver_read)
     checkpoint = str(tmp_path / "checkpoint")
 
-    batches = _run_available_now(spark, options, checkpoint)
+    batches = run_available_now(spark, kafka_source, None, checkpoint, take=collect, **options)
     rows = [row for batch in batches for row in batch]
     assert _seqs(rows) == list(range(1, 301))
     assert [len(batch) for batch in batches] == [120, 120, 60]
@@ -216,15 +179,16 @@ def test_available_now_delivers_each_message_once_within_the_batch_limit_and_res
     assert row.kafka_timestamp is not None
 
     # Restart from the checkpoint: only what was published since.
-    _publish(broker.bootstrap, topic, 50, partitions=3, first_seq=301)
-    again = [row for batch in _run_available_now(spark, options, checkpoint) for row in batch]
+    publish_numbered(broker.bootstrap, topic, 50, partitions=3, first_seq=301)
+    again = [row for batch in run_available_now(spark, kafka_source, None, checkpoint, take=collect, **options)
+             for row in batch]
     assert _seqs(again) == list(range(301, 351))
 
 
 def test_processing_time_trigger_follows_new_messages_and_late_topics(spark, broker, tmp_path):
-    existing, late = _topic("live"), _topic("live-late")
+    existing, late = unique_topic("live"), unique_topic("live-late")
     ensure_topics(broker.bootstrap, [existing], partitions=2)
-    _publish(broker.bootstrap, existing, 20, partitions=2)
+    publish_numbered(broker.bootstrap, existing, 20, partitions=2)
     register(spark)
 
     seen: list = []
@@ -236,7 +200,7 @@ def test_processing_time_trigger_follows_new_messages_and_late_topics(spark, bro
             seen.extend(rows)
 
     query = (
-        spark.readStream.format(FORMAT).options(**_options(broker, existing, late)).load()
+        spark.readStream.format(FORMAT).options(**source_options(broker, existing, late)).load()
         .writeStream.trigger(processingTime="200 milliseconds")
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .foreachBatch(collect)
@@ -244,9 +208,9 @@ def test_processing_time_trigger_follows_new_messages_and_late_topics(spark, bro
     )
     try:
         _wait_for(lambda: len(seen) >= 20, query)
-        _publish(broker.bootstrap, existing, 20, partitions=2, first_seq=21)
+        publish_numbered(broker.bootstrap, existing, 20, partitions=2, first_seq=21)
         ensure_topics(broker.bootstrap, [late])  # created after the query started
-        _publish(broker.bootstrap, late, 5, first_seq=1000)
+        publish_numbered(broker.bootstrap, late, 5, first_seq=1000)
         _wait_for(lambda: len(seen) >= 45, query)
         time.sleep(1)  # a few more triggers: nothing may arrive twice
     finally:
@@ -268,11 +232,11 @@ def test_a_kept_range_reader_reads_each_range_as_read_partition_does(broker):
     """One consumer across reads: forward, overlapping, backwards and split ranges, several partitions at once."""
     from replication.connectors.kafka.ranges import RangeReader
 
-    topic = _topic("ranges")
+    topic = unique_topic("ranges")
     ensure_topics(broker.bootstrap, [topic], partitions=2)
-    _publish(broker.bootstrap, topic, 60, partitions=2)
-    _publish(broker.bootstrap, topic, 40, partitions=2, first_seq=61)
-    options = KafkaSourceOptions.parse(_options(broker, topic))
+    publish_numbered(broker.bootstrap, topic, 60, partitions=2)
+    publish_numbered(broker.bootstrap, topic, 40, partitions=2, first_seq=61)
+    options = KafkaSourceOptions.parse(source_options(broker, topic))
     reader = RangeReader(options)
     plans = [
         [(0, 0, 10), (1, 0, 5)],
@@ -310,10 +274,10 @@ def test_a_read_that_gets_no_records_fails_with_what_the_consumer_saw(broker, mo
     from replication.connectors.kafka import ranges as kafka_ranges
     from replication.connectors.kafka.ranges import KafkaSourceError, RangeReader
 
-    topic = _topic("dead")
+    topic = unique_topic("dead")
     ensure_topics(broker.bootstrap, [topic])
     _publish_one_batch_each(broker.bootstrap, topic, 10)
-    options = KafkaSourceOptions.parse(_options(broker, topic))
+    options = KafkaSourceOptions.parse(source_options(broker, topic))
     real = kafka_ranges._range_consumer
 
     def silent(opts):
@@ -337,10 +301,10 @@ def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeati
 
     from replication.connectors.kafka.ranges import KafkaSourceError
 
-    topic = _topic("reset")
+    topic = unique_topic("reset")
     ensure_topics(broker.bootstrap, [topic])
     _publish_one_batch_each(broker.bootstrap, topic, 60)
-    options = KafkaSourceOptions.parse(_options(broker, topic))
+    options = KafkaSourceOptions.parse(source_options(broker, topic))
     from replication.connectors.kafka import ranges as kafka_ranges
 
     real = kafka_ranges._range_consumer
@@ -367,10 +331,10 @@ def test_a_consumer_reset_to_an_earlier_offset_fails_the_read_instead_of_repeati
 def test_a_range_beyond_the_brokers_data_fails_saying_how_far_the_data_goes(broker):
     from replication.connectors.kafka.ranges import KafkaSourceError, RangeReader
 
-    topic = _topic("short")
+    topic = unique_topic("short")
     ensure_topics(broker.bootstrap, [topic])
-    _publish(broker.bootstrap, topic, 10)
-    reader = RangeReader(KafkaSourceOptions.parse(_options(broker, topic)))
+    publish_numbered(broker.bootstrap, topic, 10)
+    reader = RangeReader(KafkaSourceOptions.parse(source_options(broker, topic)))
     try:
         with pytest.raises(KafkaSourceError, match=r"no records for 2s at offset 10, expected data up to offset 30; "
                                                    r"is the broker up\? \(high watermark 10,"):

@@ -1,12 +1,16 @@
-"""The package's layout as DESIGN §6 draws it: plumbing under connectors/ with no AMPS concept in it,
-modules of one idea (under 600 lines), and no import cycle."""
+"""The package's layout as DESIGN §6 draws it: plumbing free of AMPS concepts, small modules, no cycle.
+
+Plumbing under connectors/ with no AMPS concept in it, modules of one idea (under 600 lines), and no import
+cycle."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "replication"
+from support.repo import REPO
+
+PACKAGE = REPO / "replication"
 #: Modules plumbing may import besides its own: the exception hierarchy (no concept in it).
 SHARED = {"replication.errors"}
 

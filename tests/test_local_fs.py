@@ -64,7 +64,8 @@ def test_spark_submit_options(built):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "replication.connectors.spark.local_fs"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "replication.connectors.spark.local_fs"], capture_output=True,
+                         text=True, check=True)
     assert out.stdout.split("\n")[:4] == [
         "--driver-class-path", str(built), "--conf", f"spark.hadoop.fs.file.impl={local_fs.CLASS_NAME}"
     ]

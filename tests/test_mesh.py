@@ -1,5 +1,7 @@
-"""The cascading mesh of conf/mesh, end to end: real broker, Spark, Delta (issue 3, last "Must be shown";
-issue 14: written as in the blog, the inter-tier destinations with a <Group> and no <Name>).
+"""The cascading mesh of conf/mesh end to end: real broker, Spark, Delta (issues 3 and 14).
+
+Issue 3, last "Must be shown"; issue 14: written as in the blog, the inter-tier destinations with a <Group> and
+no <Name>.
 
 Eight instances of the shipped configs (4 tiers x 2, sync within a tier, async
 between tiers, each tier failing over to either instance of the next) run in
@@ -11,15 +13,15 @@ Dev and Archive tiers still receive everything once.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from fabric_support import cli
-from factories import assert_exactly_once, txlog_rows, wait_until
+from support.cli import run_cli
+from support.factories import assert_exactly_once, txlog_rows, wait_until
+from support.repo import MESH
+
 from replication import config
 from replication.client import Publisher
 from replication.instance import Instance
 
-MESH = Path(__file__).resolve().parents[1] / "conf" / "mesh"
 TIERS = [("Incoming-A", "Incoming-B"), ("Live-A", "Live-B"), ("Dev-A", "Dev-B"), ("Archive-A", "Archive-B")]
 ALL = [name for tier in TIERS for name in tier]
 TRIGGER = "250 milliseconds"  # 8 ingest + 14 replicator queries share 2 cores
@@ -130,7 +132,7 @@ def test_cascading_mesh_delivers_everywhere_once_and_survives_losing_live_a(spar
         assert to_live()["address"].endswith("/mesh/Live-B")
 
         # `replication verify` on the running mesh: each link holds what it acknowledged, groups agree
-        code, out = cli("verify", *[MESH / f"{n}.xml" for n in ALL])
+        code, out, _ = run_cli("verify", *[MESH / f"{n}.xml" for n in ALL])
         assert code == 0 and "consistent" in out, out
     finally:
         for pub in pubs:

@@ -1,12 +1,12 @@
-"""``replication status --check`` and ``replication verify``: their verdicts and their bad-argument answers
-(no services; the end-to-end cases are in test_faults.py)."""
+"""``replication status --check`` and ``replication verify``: their verdicts and bad-argument answers.
+
+No services (two tests run the command in processes of their own); the end-to-end cases are in
+faults/test_destinations_down.py and faults/test_misconfiguration.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from support.cli import run_cli
 
 from replication.commands.status import check
 
@@ -45,31 +45,29 @@ def test_a_down_instance_is_one_problem_not_one_per_link():
         ("down", "a", None)]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replication.cli", *args], capture_output=True, text=True, timeout=60)
-
-
+@pytest.mark.e2e  # CLI processes
 def test_bad_arguments_exit_2_with_one_line_and_no_traceback(tmp_path):
     config = tmp_path / "a.xml"
     config.write_text("<AMPSConfig><Name>a</Name><Storage>/tmp/a</Storage></AMPSConfig>")
-    bad_regex = cli("verify", str(config), "--topic", "(")
-    assert bad_regex.returncode == 2 and "Traceback" not in bad_regex.stderr
-    assert "--topic '(' is not a valid regular expression" in bad_regex.stderr
-    assert len(bad_regex.stderr.strip().splitlines()) == 1 and bad_regex.stdout == ""
-    bad_seconds = cli("status", str(config), "--check", "--stall-after", "soon")
-    assert bad_seconds.returncode == 2 and "'soon' is not a number of seconds" in bad_seconds.stderr
-    assert len(bad_seconds.stderr.strip().splitlines()) == 1 and "Traceback" not in bad_seconds.stderr
-    missing = cli("verify", str(tmp_path / "nope.xml"))
-    assert missing.returncode == 2 and "config file not found" in missing.stderr
+    bad_regex = run_cli("verify", str(config), "--topic", "(", process=True)
+    assert bad_regex.code == 2 and "Traceback" not in bad_regex.err
+    assert "--topic '(' is not a valid regular expression" in bad_regex.err
+    assert len(bad_regex.err.strip().splitlines()) == 1 and bad_regex.out == ""
+    bad_seconds = run_cli("status", str(config), "--check", "--stall-after", "soon", process=True)
+    assert bad_seconds.code == 2 and "'soon' is not a number of seconds" in bad_seconds.err
+    assert len(bad_seconds.err.strip().splitlines()) == 1 and "Traceback" not in bad_seconds.err
+    missing = run_cli("verify", str(tmp_path / "nope.xml"), process=True)
+    assert missing.code == 2 and "config file not found" in missing.err
 
 
+@pytest.mark.e2e  # CLI processes
 def test_a_never_started_instance_is_down_for_check_and_not_checked_for_verify(tmp_path):
     config = tmp_path / "a.xml"
     config.write_text(f"<AMPSConfig><Name>a</Name><Storage>{tmp_path / 'a'}</Storage></AMPSConfig>")
-    status = cli("status", str(config), "--check")
-    assert status.returncode == 1 and status.stdout.startswith("DOWN: a is not running"), status.stdout
-    verify = cli("verify", str(config))
-    assert verify.returncode == 0 and "0 links and 0 group pairs compared" in verify.stdout, verify.stdout
+    status = run_cli("status", str(config), "--check", process=True)
+    assert status.code == 1 and status.out.startswith("DOWN: a is not running"), status.out
+    verify = run_cli("verify", str(config), process=True)
+    assert verify.code == 0 and "0 links and 0 group pairs compared" in verify.out, verify.out
 
 
 def test_an_instance_json_that_cannot_be_read_is_a_config_error_naming_the_file_and_the_fix(tmp_path):

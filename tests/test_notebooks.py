@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import runpy
-from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer
+from support.fabric import TestFabric
+from support.factories import raw_publish, rejected_rows, wait_until
+from support.repo import REPO
+from support.streams import spark_seqs
 
-from factories import destination_xml, raw_publish, rejected_rows, replication_xml, spark_seqs, wait_until
-from fabric_support import ONE_WAY, TestFabric
-
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = REPO / "notebooks"
 PER_PUBLISHER = 60
 SOW = "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic>"
 
@@ -21,11 +21,7 @@ SOW = "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key><
 def pair(spark, broker, tmp_path_factory):
     """A -> B (sync): 2 publishers x 60 orders on A, all replicated; one message A rejected."""
     fabric = TestFabric(spark, broker, tmp_path_factory.mktemp("notebooks"))
-    fabric.configure("b", sow=SOW)
-    fabric.configure("a", sow=SOW, replication=replication_xml(
-        destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
-    fabric.start("b")
-    fabric.start("a")
+    fabric.start_one_way_pair(sow=SOW)
     for client in ("north", "south"):
         pub = fabric.publisher(client, "a")
         for i in range(PER_PUBLISHER):

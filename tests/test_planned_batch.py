@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from support.tables import TxlogWriter
 
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.txlog.stream import FORMAT, register
-from test_txlog_source import TxlogWriter
 
 META = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
 
@@ -77,7 +77,7 @@ def test_ranges_are_exactly_the_rows_spark_gives_each_batch(spark, tmp_path):
 
 def test_each_entry_is_read_once_as_one_batch_follows_another(tmp_path, monkeypatch):
     for batch_id, seq in enumerate((0, 4, 9, 12)):
-        write_entry(tmp_path, batch_id, '{"seq": %d}' % seq)
+        write_entry(tmp_path, batch_id, f'{{"seq": {seq}}}')
     planned = PlannedBatch(tmp_path)
     reads: list[int] = []
     read = planned._read

@@ -1,22 +1,25 @@
-"""Replay end to end: a running instance's txlog (3 publishers, real broker) read back by bookmark through
-``replay.txlog`` (Spark), ``replay.subscribe`` (a stream) and ``replication replay`` (no Spark)."""
+"""Replay end to end: a running instance's txlog read back by bookmark, through Spark, a stream and the CLI.
+
+Three publishers, real broker; ``replay.txlog`` (Spark), ``replay.subscribe`` (a stream) and
+``replication replay`` (no Spark)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import queue
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.cli import run_cli, start_cli
+from support.fabric import TestFabric
+from support.factories import stamp, wait_until
+from support.streams import collecting, spark_seqs
 
-from factories import collecting, run_cli, spark_seqs, wait_until
-from fabric_support import TestFabric
-from replication import config as configs, expressions, replay, routing
+from replication import config as configs
+from replication import expressions, replay, routing
 from replication.errors import ConfigError, InputError
 from replication.expressions import FilterSyntaxError
 from replication.messages import BOOKMARK_FORMS
@@ -58,10 +61,6 @@ def stored(spark, broker, tmp_path_factory):
 
 
 
-def stamp(moment) -> str:
-    return moment.strftime("%Y%m%dT%H%M%S.%fZ")
-
-
 def cases(rows: pa.Table) -> dict[str, tuple[str, str | None, list[int]]]:
     """Bookmark forms on this txlog: (bookmark, until, the seqs a replay must return)."""
     seqs, marks, times = (rows[c].to_pylist() for c in ("seq", "bookmark", "persist_time"))
@@ -81,7 +80,7 @@ def cases(rows: pa.Table) -> dict[str, tuple[str, str | None, list[int]]]:
 
 @pytest.mark.parametrize("form", ["epoch", "now", "mid-log bookmark", "timestamp", "list", "until bookmark",
                                   "until timestamp"])
-def test_each_bookmark_form_replays_exactly_its_rows(stored, capsys, form):
+def test_each_bookmark_form_replays_exactly_its_rows(stored, form):
     fabric, config = stored
     rows = fabric.rows("a")
     assert rows.num_rows == WAVES * PER_WAVE * len(PUBLISHERS)
@@ -91,15 +90,16 @@ def test_each_bookmark_form_replays_exactly_its_rows(stored, capsys, form):
     assert spark_seqs(df) == expected
 
     args = ["--bookmark", bookmark] + (["--until", until] if until else [])
-    code, printed, _ = run_cli(capsys, str(config), "--topic", ".*", *args)
-    assert code == 0 and [m["seq"] for m in printed] == expected
+    replayed = run_cli("replay", str(config), "--topic", ".*", *args)
+    assert replayed.code == 0 and [m["seq"] for m in replayed.jsonl()] == expected
 
 
-def test_jsonl_has_every_field_and_the_parsed_body(stored, capsys):
+def test_jsonl_has_every_field_and_the_parsed_body(stored):
     fabric, config = stored
     first = fabric.rows("a").slice(0, 1).to_pylist()[0]
-    code, [message], _ = run_cli(capsys, str(config), "--topic", ".*", "--limit", "1")
-    assert code == 0
+    replayed = run_cli("replay", str(config), "--topic", ".*", "--limit", "1")
+    [message] = replayed.jsonl()
+    assert replayed.code == 0
     assert message == {
         "bookmark": first["bookmark"], "seq": 1, "topic": first["topic"], "message_type": "json",
         "publisher": first["publisher"], "publisher_seq": first["publisher_seq"], "command": "publish",
@@ -141,17 +141,17 @@ def test_json_lines_are_the_objects_a_per_row_dump_makes():
     assert json_lines(rows.slice(3, 2), fields).splitlines() == printed.splitlines()[3:]
 
 
-def test_resuming_from_the_last_printed_bookmark_yields_the_rest_exactly_once(stored, capsys):
+def test_resuming_from_the_last_printed_bookmark_yields_the_rest_exactly_once(stored):
     fabric, config = stored
     selection = ["--topic", "^/orders/", "--filter", "/qty > 120"]
-    _, everything, _ = run_cli(capsys, str(config), *selection)
-    _, first, _ = run_cli(capsys, str(config), *selection, "--limit", "25")
-    _, rest, _ = run_cli(capsys, str(config), *selection, "--bookmark", first[-1]["bookmark"])
+    everything = run_cli("replay", str(config), *selection).jsonl()
+    first = run_cli("replay", str(config), *selection, "--limit", "25").jsonl()
+    rest = run_cli("replay", str(config), *selection, "--bookmark", first[-1]["bookmark"]).jsonl()
     assert len(first) == 25 and rest
     assert [m["seq"] for m in first + rest] == [m["seq"] for m in everything]
 
 
-def test_topic_regex_and_filter_select_what_plain_python_selects_with_no_python_udf(stored, capsys):
+def test_topic_regex_and_filter_select_what_plain_python_selects_with_no_python_udf(stored):
     fabric, config = stored
     rows = fabric.rows("a").to_pylist()
     cases = [("^/orders/[12]$", "/qty > 100 AND /side = 'buy'"), ("/trades/x", "/qty BETWEEN 50 AND 150"),
@@ -164,8 +164,8 @@ def test_topic_regex_and_filter_select_what_plain_python_selects_with_no_python_
         plan = df._jdf.queryExecution().executedPlan().toString()
         assert not [node for node in PYTHON_PLAN_NODES if node in plan], plan
         assert spark_seqs(df) == expected, (topic, text)
-        code, printed, _ = run_cli(capsys, str(fabric.paths["a"]), "--topic", topic,
-                                   *(["--filter", text] if text else []))
+        printed = run_cli("replay", str(fabric.paths["a"]), "--topic", topic,
+                          *(["--filter", text] if text else [])).jsonl()
         assert [m["seq"] for m in printed] == expected, (topic, text)
 
 
@@ -187,12 +187,12 @@ def test_bad_input_is_one_line_without_traceback_and_exit_2(stored, tmp_path):
         (["--filter", "/qty > 1 AND"], "--filter '/qty > 1 AND': invalid filter at position 13: expected"),
         (["--topic", "("], "topic '(' is not a regular expression"),
     ]:
-        run = _cli_process(str(config), "--topic", ".*", *args)
-        assert (run.returncode, run.stdout) == (2, ""), args
-        assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
-        assert says in run.stderr, run.stderr
-    run = _cli_process(str(tmp_path / "absent.xml"), "--topic", ".*")
-    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "config file not found" in run.stderr
+        run = run_cli("replay", str(config), "--topic", ".*", *args, process=True)
+        assert (run.code, run.out) == (2, ""), args
+        assert run.err.count("\n") == 1 and "Traceback" not in run.err, run.err
+        assert says in run.err, run.err
+    run = run_cli("replay", str(tmp_path / "absent.xml"), "--topic", ".*", process=True)
+    assert run.code == 2 and run.err.count("\n") == 1 and "config file not found" in run.err
 
     # The notebook API raises the same errors.
     with pytest.raises(InputError, match="is not a bookmark"):
@@ -203,11 +203,6 @@ def test_bad_input_is_one_line_without_traceback_and_exit_2(stored, tmp_path):
         replay.txlog(config, filter="/qty > 1 AND")
     with pytest.raises(ConfigError, match="config file not found"):
         replay.txlog(tmp_path / "absent.xml")
-
-
-def _cli_process(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replication.cli", "replay", *args], capture_output=True,
-                          text=True, timeout=120, cwd=Path(__file__).parent.parent)
 
 
 def test_sow_of_a_topic_that_is_not_a_sow_topic_says_so(stored):
@@ -224,9 +219,7 @@ def test_sow_of_a_topic_that_is_not_a_sow_topic_says_so(stored):
 def test_now_with_follow_prints_only_messages_committed_later(stored):
     fabric, config = stored
     before = fabric.count("a")
-    proc = subprocess.Popen([sys.executable, "-m", "replication.cli", "replay", str(config), "--topic", ".*",
-                             "--bookmark", "0|1|", "--follow", "--poll", "0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_cli("replay", str(config), "--topic", ".*", "--bookmark", "0|1|", "--follow", "--poll", "0.1")
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     try:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from factories import collecting, destination_xml, replication_xml, run_cli, spark_seqs, wait_until, write_batches
-from fabric_support import ONE_WAY
+from support.cli import run_cli
+from support.factories import wait_until, write_batches
+from support.streams import collecting, spark_seqs
+
 from replication import replay
 
 
@@ -29,13 +31,10 @@ def test_a_paced_subscription_releases_rows_by_their_original_spacing(spark, tmp
 # -- fully_durable: its own pair ------------------------------------------------------------
 
 
-def test_fully_durable_returns_only_what_the_sync_destination_acknowledged(fabric, capsys, tmp_path):
+def test_fully_durable_returns_only_what_the_sync_destination_acknowledged(fabric, tmp_path):
     """A -> B sync. B stops: what A stores after that is not fully durable; once B is back, it is."""
-    b = fabric.storage("b")
-    fabric.configure("b")
-    config = fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [b], topics=ONE_WAY)))
-    fabric.start("b")
-    fabric.start("a")
+    fabric.start_one_way_pair()
+    config = fabric.paths["a"]
     pub = fabric.publisher("careful", "a", resend_after=2.0)
     for i in range(40):
         pub.publish("/orders", json.dumps({"i": i}).encode())
@@ -47,7 +46,7 @@ def test_fully_durable_returns_only_what_the_sync_destination_acknowledged(fabri
 
     assert spark_seqs(replay.txlog(config, fully_durable=True)) == list(range(1, 41))
     assert spark_seqs(replay.txlog(config)) == list(range(1, 81))
-    _, printed, _ = run_cli(capsys, str(config), "--topic", ".*", "--fully-durable")
+    printed = run_cli("replay", str(config), "--topic", ".*", "--fully-durable").jsonl()
     assert [m["seq"] for m in printed] == list(range(1, 41))
     seen: list[int] = []
     query = collecting(replay.subscribe(config, fully_durable=True), tmp_path / "cp", seen)
@@ -62,7 +61,7 @@ def test_fully_durable_returns_only_what_the_sync_destination_acknowledged(fabri
         query.stop()
     assert seen == list(range(1, 81))
     assert spark_seqs(replay.txlog(config, fully_durable=True)) == list(range(1, 81))
-    _, printed, _ = run_cli(capsys, str(config), "--topic", ".*", "--fully-durable")
+    printed = run_cli("replay", str(config), "--topic", ".*", "--fully-durable").jsonl()
     assert [m["seq"] for m in printed] == list(range(1, 81))
 
 

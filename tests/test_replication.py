@@ -1,4 +1,7 @@
-"""Replication between instances end to end: real broker, Spark, Delta (issue 3)."""
+"""Replication between instances end to end: pairs, chains, rings, routing, acks (real broker, Spark, Delta).
+
+Issue 3: pairs, chains and rings deliver once; routing by topic, type and content; acks wait for sync
+destinations only."""
 
 from __future__ import annotations
 
@@ -7,19 +10,17 @@ import threading
 import time
 
 import pytest
+from deltalake import DeltaTable
+from support.fabric import ONE_WAY, PacedPublisher, publish_orders
+from support.factories import assert_exactly_once, destination_xml, inbox_codecs, replication_xml, wait_until
 
-from fabric_support import ONE_WAY, publish_orders
-from factories import assert_exactly_once, destination_xml, inbox_codecs, replication_xml, wait_until
 from replication import config, routing
-
+from replication.commands import trace as trace_command
+from replication.config.fabric import Fabric
 
 
 def test_two_way_pair_ends_with_the_same_messages_once_each(fabric, read_path):
-    a, b = fabric.storage("a"), fabric.storage("b")
-    fabric.configure("a", group="pair", replication=replication_xml(destination_xml(fabric.name("b"), [b])))
-    fabric.configure("b", group="pair", replication=replication_xml(destination_xml(fabric.name("a"), [a])))
-    fabric.start("a")
-    fabric.start("b")
+    fabric.start_sync_pair()
     pa_, pb_ = fabric.publisher("pub-a", "a"), fabric.publisher("pub-b", "b")
     # Both sides at once, at a steady pace: each side's batches then hold its own rows (waiting for the
     # partner's ack) next to the partner's rows (acknowledged to the partner). No downgrade action is
@@ -189,11 +190,7 @@ def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark
         return real_read(self, start, end, **kwargs)
 
     monkeypatch.setattr(txlog_source.TxlogFiles, "read", failing_once)
-    b = fabric.storage("b")
-    fabric.configure("b")
-    fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [b], topics=ONE_WAY)))
-    fabric.start("b")
-    fabric.start("a")
+    fabric.start_one_way_pair()
     pub = fabric.publisher("via-spark", "a")
     publish_orders(pub, 300)
     pub.flush(timeout=120)
@@ -206,11 +203,7 @@ def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark
 def test_a_sync_pair_stopped_mid_stream_and_restarted_acknowledges_everything_once(fabric):
     """Both halves stop while each holds rows not yet durable; after the restart each matches those rows to
     their publishers and upstreams again (from its txlog) and acks flow, with no downgrade configured."""
-    a, b = fabric.storage("a"), fabric.storage("b")
-    fabric.configure("a", group="pair", replication=replication_xml(destination_xml(fabric.name("b"), [b])))
-    fabric.configure("b", group="pair", replication=replication_xml(destination_xml(fabric.name("a"), [a])))
-    fabric.start("a")
-    fabric.start("b")
+    fabric.start_sync_pair()
     pubs = [fabric.publisher("early-a", "a", resend_after=2.0), fabric.publisher("early-b", "b", resend_after=2.0)]
     threads = [threading.Thread(target=publish_paced, args=(pub, 1200, 600.0)) for pub in pubs]
     for t in threads:
@@ -226,3 +219,42 @@ def test_a_sync_pair_stopped_mid_stream_and_restarted_acknowledges_everything_on
         pub.flush(timeout=240)
     for side in ("a", "b"):
         assert_exactly_once(fabric.rows(side), {"early-a": 1200, "early-b": 1200})
+
+
+def test_a_ring_of_three_sync_instances_named_by_group_delivers_once_and_never_loops(fabric):
+    """A -> B -> C -> A, all sync, PassThrough .*, each destination written with a <Group> and no <Name>,
+    publishers at all three at once. Acknowledging only a prefix per upstream, each instance's acks wait
+    on the next one's round the ring and stop for good; per row they flow. The loop rule asks whether the
+    instance reached (not the destination's group name) is on a message's path."""
+    ring = {"a": "b", "b": "c", "c": "a"}
+    for short, nxt in ring.items():
+        fabric.configure(short, group="ring", replication=replication_xml(
+            destination_xml(None, [fabric.storage(nxt)], group="ring", topics=ONE_WAY)))
+    for short in "abc":
+        fabric.start(short)
+    pubs = {s: fabric.publisher(f"ring-{s}", s, resend_after=60) for s in "abc"}
+    feeds = [PacedPublisher(pub, rate=60) for pub in pubs.values()]
+    time.sleep(8)
+    published = {f"ring-{s}": feed.stop() for s, feed in zip("abc", feeds)}
+    for pub in pubs.values():
+        pub.flush(timeout=240)  # with no downgrade configured, acks that waited on each other never come
+    for s in "abc":
+        assert fabric.running[s].status().links["ring"]["state"] == "connected"
+        wait_until(lambda s=s: fabric.count(s) == sum(published.values()), what=f"{s} to hold everything")
+        assert_exactly_once(fabric.rows(s), published)
+
+    # Nothing went to an instance already on its path: no inbox holds a copy that passed through its owner.
+    for s in "abc":
+        paths = DeltaTable(str(fabric.storage(s) / "inbox")).to_pyarrow_table(columns=["path"])["path"].to_pylist()
+        assert not any(fabric.name(s) in path for path in paths), f"{s} was sent copies that passed through it"
+    # The engine and `replication trace` agree on where a message published at A goes, and by which path:
+    # an inbox row carries its sender's path; the receiver stores that path plus itself (trace's form).
+    result = trace_command.trace(Fabric.load([str(fabric.paths[s]) for s in "abc"]), fabric.name("a"), "/orders")
+    traced = {name: {tuple(p) for p in paths} for name, paths in result.routes.items()}
+    assert set(traced) == {fabric.name(s) for s in "abc"}
+    for s in "bc":
+        inbox = DeltaTable(str(fabric.storage(s) / "inbox")).to_pyarrow_table(columns=["path", "publisher"])
+        engine = {tuple(p) + (fabric.name(s),)
+                  for p, pub in zip(inbox["path"].to_pylist(), inbox["publisher"].to_pylist(), strict=True)
+                  if pub == "ring-a"}
+        assert engine == traced[fabric.name(s)], (s, engine, traced)

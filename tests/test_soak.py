@@ -1,16 +1,20 @@
-"""Soak, short variant (issue 14): the cascading mesh under continuous publishing while lower-tier instances
-are killed with kill -9 and restarted every ~30 s; at the end every publisher has its acks, every message is
-in all eight txlogs once and ``verify`` is clean. ``bench/soak.py --minutes N`` runs it longer."""
+"""Soak, short variant (issue 14): the cascading mesh publishing while lower tiers are killed with kill -9.
+
+Lower-tier instances are killed with kill -9 and restarted every ~30 s; at the end every publisher has its
+acks, every message is in all eight txlogs once and ``verify`` is clean. ``bench/soak.py --minutes N`` runs it
+longer."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
+from support.repo import REPO
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
+pytestmark = pytest.mark.e2e  # a broker of its own, instance processes
+
+BENCH = REPO / "bench" / "soak.py"
 
 
 def load_soak():

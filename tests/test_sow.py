@@ -1,5 +1,7 @@
-"""SOW topics end to end (real broker, Spark, Delta): the SOW equals a plain-Python reference, through
-replication, crashes and compactions; bad input is rejected with its reason; ``replication sow`` answers."""
+"""SOW topics end to end (real broker, Spark, Delta): the SOW equals a plain-Python reference.
+
+Through replication, crashes and compactions; bad input is rejected with its reason; ``replication sow``
+answers."""
 
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from kafka import KafkaProducer
+from support.cli import run_cli
+from support.factories import raw_publish, rejected_rows, txlog_rows, wait_until, write_config
+from support.processes import InstanceProcess
+from support.repo import REPO
+from support.sow_reference import Reference, fold, key_of, matches, order_ops, parsed, quote_ops, send, txlog_fold
 
-from factories import rejected_rows, raw_publish, txlog_rows, wait_until, write_config
-from processes import InstanceProcess
 from replication import config
 from replication.client import Publisher
 from replication.config.fabric import Fabric
@@ -25,9 +30,6 @@ from replication.sow.keys import split_keys
 from replication.sow.table import read_current, table_path
 from replication.storage.layout import StorageLayout
 from replication.verify import verify
-from sow_reference import Reference, fold, key_of, matches, order_ops, parsed, quote_ops, send, txlog_fold
-
-REPO = Path(__file__).resolve().parent.parent
 
 SOW = (
     "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key>"
@@ -47,11 +49,14 @@ def current(cfg, topic: str) -> dict[tuple[str, str], object]:
 
 def plain_table(cfg, topic_index: int) -> list[dict]:
     """What any Delta reader sees in the SOW table."""
-    return DeltaTable(str(table_path(StorageLayout.of(cfg.storage), cfg.sow_topics[topic_index]))).to_pyarrow_table().to_pylist()
+    table = table_path(StorageLayout.of(cfg.storage), cfg.sow_topics[topic_index])
+    return DeltaTable(str(table)).to_pyarrow_table().to_pylist()
 
 
 def parsed_body(message_type: str, data: bytes):
-    return [tuple(f.split("=", 1)) for f in data.decode().split("\x01") if f] if message_type == "fix" else json.loads(data)
+    if message_type == "fix":
+        return [tuple(f.split("=", 1)) for f in data.decode().split("\x01") if f]
+    return json.loads(data)
 
 
 def expected(refs: list[Reference]) -> dict[tuple[str, str], object]:
@@ -61,7 +66,8 @@ def expected(refs: list[Reference]) -> dict[tuple[str, str], object]:
     return out
 
 
-def assert_txlog_holds_what_was_stored(rows: list[dict], ops_by_pub: dict[str, list], refs: dict[str, Reference]) -> None:
+def assert_txlog_holds_what_was_stored(rows: list[dict], ops_by_pub: dict[str, list],
+                                       refs: dict[str, Reference]) -> None:
     """Every published message is in the txlog once, a delta_publish merged into its record, a sow_delete with
     the keys it removed."""
     by_id = {(r["publisher"], r["publisher_seq"]): r for r in rows}
@@ -136,7 +142,8 @@ def shipped_pair(tmp_path: Path, bootstrap: str) -> tuple[list[Path], dict[str, 
         text = (REPO / "conf" / f"{name}.xml").read_text()
         for old, new in names.items():
             text = text.replace(old, new)
-        text = text.replace("${REPLICATION_HOME:-../var}", str(tmp_path)).replace("${KAFKA_BOOTSTRAP:-localhost:9092}", bootstrap)
+        text = (text.replace("${REPLICATION_HOME:-../var}", str(tmp_path))
+                .replace("${KAFKA_BOOTSTRAP:-localhost:9092}", bootstrap))
         text = text.replace("</TransactionLog>", "</TransactionLog>\n  <SOW>"
                             "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic></SOW>")
         path = tmp_path / f"{names[name]}.xml"
@@ -218,7 +225,8 @@ def test_kill_9_between_the_txlog_commit_and_the_sow_and_during_compaction_then_
 
 
 def test_bad_sow_input_lands_in_rejected_with_its_reason_and_the_instance_keeps_going(fabric):
-    fabric.configure("a", txlog_topics=TXLOG, sow=SOW + "<Topic><Name>/blobs</Name><MessageType>json</MessageType></Topic>")
+    fabric.configure("a", txlog_topics=TXLOG,
+                     sow=SOW + "<Topic><Name>/blobs</Name><MessageType>json</MessageType></Topic>")
     fabric.start("a")
     producer = KafkaProducer(bootstrap_servers=fabric.broker.bootstrap)
     topic = f"{fabric.name('a')}.publish"
@@ -228,7 +236,8 @@ def test_bad_sow_input_lands_in_rejected_with_its_reason_and_the_instance_keeps_
         (b"[1, 2]", {"amps_command": "delta_publish"}, "delta_publish body is an array, not a JSON object"),
         (b'{"id": ', {"amps_command": "delta_publish"}, "body is not valid JSON"),
         (b"", {"amps_command": "sow_delete"}, "names nothing to delete"),
-        (b"", {"amps_command": "sow_delete", "amps_filter": "/qty >> 1"}, "amps-filter does not parse: invalid filter at position 7"),
+        (b"", {"amps_command": "sow_delete", "amps_filter": "/qty >> 1"},
+         "amps-filter does not parse: invalid filter at position 7"),
         (b"35=S\x01", {"amps_topic": "/quotes", "amps_type": "fix"}, "has no value for key /55"),
     ]
     for seq, (body, headers, _) in enumerate(bad, start=1):
@@ -237,8 +246,8 @@ def test_bad_sow_input_lands_in_rejected_with_its_reason_and_the_instance_keeps_
     pub = fabric.publisher("good", "a")
     pub.publish("/orders", b'{"id": 1, "qty": 2}')
     pub.flush(timeout=120)  # the instance went on after the bad ones
-    got = wait_until(lambda: (lambda r: r if len(r) >= len(bad) else None)(rejected_rows(fabric.root, fabric.name("a"))),
-                     timeout=60, what="the bad messages in rejected/")
+    got = wait_until(lambda: (lambda r: r if len(r) >= len(bad) else None)(
+        rejected_rows(fabric.root, fabric.name("a"))), timeout=60, what="the bad messages in rejected/")
     reasons = {int(r["publisher_seq"]): r["reason"] for r in got}
     for seq, (_, _, why) in enumerate(bad, start=1):
         assert why in reasons[seq], (seq, reasons[seq])
@@ -246,11 +255,7 @@ def test_bad_sow_input_lands_in_rejected_with_its_reason_and_the_instance_keeps_
     assert current(config.load(str(fabric.paths["a"])), "/orders") == {("/orders", "1"): {"id": 1, "qty": 2}}
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replication.cli", "sow", *args], capture_output=True, text=True,
-                          timeout=120)
-
-
+@pytest.mark.e2e  # CLI processes
 @pytest.mark.parametrize("command", ["sow", "replay", "status"])
 def test_query_commands_do_not_import_pandas(tmp_path, command):
     # pyarrow imports pandas (~0.3 s of a query's ~1.5 s) on its first Python-to-Arrow conversion, only to ask
@@ -275,28 +280,29 @@ def test_replication_sow_prints_the_records_a_filter_or_keys_select(fabric):
     pub.flush(timeout=120)
     path = str(fabric.paths["a"])
 
-    by_filter = cli(path, "--topic", "/orders", "--filter", "/qty >= 60 AND /side = 'buy'")
-    assert by_filter.returncode == 0, by_filter.stderr
-    lines = [json.loads(line) for line in by_filter.stdout.splitlines()]
+    by_filter = run_cli("sow", path, "--topic", "/orders", "--filter", "/qty >= 60 AND /side = 'buy'", process=True)
+    assert by_filter.code == 0, by_filter.err
+    lines = [json.loads(line) for line in by_filter.out.splitlines()]
     assert [(r["sow_key"], r["data"]["qty"]) for r in lines] == [("7", 70), ("9", 90), ("3", 999)], "seq order"
-    assert set(lines[0]) == {"sow_key", "topic", "seq", "bookmark", "publisher", "publisher_seq", "persist_time", "data"}
+    assert set(lines[0]) == {"sow_key", "topic", "seq", "bookmark", "publisher", "publisher_seq", "persist_time",
+                             "data"}
     assert lines[0]["publisher"] == "cli" and lines[0]["topic"] == "/orders"
 
-    by_key = cli(path, "--topic", "/orders", "--key", "3", "--key", "10", "--key", "4")
-    assert [json.loads(line)["data"] for line in by_key.stdout.splitlines()] == [
+    by_key = run_cli("sow", path, "--topic", "/orders", "--key", "3", "--key", "10", "--key", "4", process=True)
+    assert [json.loads(line)["data"] for line in by_key.out.splitlines()] == [
         {"id": 4, "qty": 40, "side": "sell"}, {"id": 3, "qty": 999, "side": "buy"}], "10 was deleted; 3 merged"
-    table = cli(path, "--topic", "/orders", "--format", "table", "--limit", "2")
-    assert table.returncode == 0 and len(table.stdout.splitlines()) == 4 and "sow_key" in table.stdout
+    table = run_cli("sow", path, "--topic", "/orders", "--format", "table", "--limit", "2", process=True)
+    assert table.code == 0 and len(table.out.splitlines()) == 4 and "sow_key" in table.out
 
     for args, error in [(["--topic", "/nope"], "'/nope' is not a SOW topic"),
                         (["--topic", "/orders", "--filter", "/qty >"], "--filter: invalid filter at position"),
                         (["--topic", "/orders", "--limit", "-1"], "--limit -1")]:
-        bad = cli(path, *args)
-        assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
-        assert len(bad.stderr.strip().splitlines()) == 1 and error in bad.stderr, bad.stderr
-    missing = cli(str(Path(path).with_name("absent.xml")), "--topic", "/orders")
-    assert missing.returncode == 2 and "config file not found" in missing.stderr and "Traceback" not in missing.stderr
-    assert re.search(r"^replication sow: .*absent\.xml", missing.stderr)
+        bad = run_cli("sow", path, *args, process=True)
+        assert bad.code == 2 and bad.out == "" and "Traceback" not in bad.err
+        assert len(bad.err.strip().splitlines()) == 1 and error in bad.err, bad.err
+    missing = run_cli("sow", str(Path(path).with_name("absent.xml")), "--topic", "/orders", process=True)
+    assert missing.code == 2 and "config file not found" in missing.err and "Traceback" not in missing.err
+    assert re.search(r"^replication sow: .*absent\.xml", missing.err)
 
 
 def test_replay_sow_gives_the_dataframe_of_what_replication_sow_prints(fabric, spark):
@@ -319,6 +325,7 @@ def test_replay_sow_gives_the_dataframe_of_what_replication_sow_prints(fabric, s
     assert {r["sow_key"]: bytes(r["data"]) for r in frame.collect()} == exact
     assert exact["S2"] == b"35=S\x0155=S2\x01132=380\x01133=7\x01" and "S1" not in exact
     high = replay.sow(fabric.paths["a"], topic="/quotes", filter="/132 >= 350", spark=spark)
-    tag_132 = {k: int(dict(f.split("=", 1) for f in body.decode().split("\x01") if f)["132"]) for k, body in exact.items()}
+    tag_132 = {k: int(dict(f.split("=", 1) for f in body.decode().split("\x01") if f)["132"])
+               for k, body in exact.items()}
     assert sorted(r["sow_key"] for r in high.collect()) == sorted(k for k, v in tag_132.items() if v >= 350)
     assert 0 < len(high.collect()) < len(exact)

@@ -48,7 +48,8 @@ def rows(*specs: dict) -> pa.Table:
 
 
 def run(batch: pa.Table, sow: SowState, state: PublisherState | None = None):
-    result = classify(batch, state or PublisherState(), instance="amps-1", recorded=TopicRecorder(CFG), sow=sow, now=NOW)
+    result = classify(batch, state or PublisherState(), instance="amps-1", recorded=TopicRecorder(CFG), sow=sow,
+                      now=NOW)
     # as the ingest writer does: the next fold (or any read of the state) waits for it
     sow.apply_in_background(result.sow, result.sow.through_seq if result.sow is not None else sow.applied_seq)
     return result
@@ -98,12 +99,14 @@ def test_json_merge_nests_objects_replaces_arrays_and_scalars_keeps_absent_field
     for record, change in [(current, delta), ({"a": {"b": 1}}, {"a": 5}), ([1, 2], {"a": 1}), ({}, {"n": {"m": {}}}),
                            ({"n": {"m": {"x": 1}, "y": 2}}, {"n": {"m": {"z": 3}}})]:
         before = json.dumps(change)
-        assert merged_body("json", json.dumps(record).encode(), change) == serialize("json", merge("json", record, change))
+        assert merged_body("json", json.dumps(record).encode(), change) == serialize("json",
+                                                                                     merge("json", record, change))
         assert json.dumps(change) == before, "the delta is only read"
 
 
 def test_fix_merge_is_tag_by_tag():
-    merged = merge("fix", parse_body("fix", b"35=S\x0155=IBM\x01132=10\x01"), parse_body("fix", b"132=11\x01133=12\x01"))
+    merged = merge("fix", parse_body("fix", b"35=S\x0155=IBM\x01132=10\x01"),
+                   parse_body("fix", b"132=11\x01133=12\x01"))
     assert serialize("fix", merged) == b"35=S\x0155=IBM\x01132=11\x01133=12\x01"
     assert merged_body("fix", b"35=S\x0155=IBM\x01132=10\x01", parse_body("fix", b"132=11\x01133=12\x01")) == \
         b"35=S\x0155=IBM\x01132=11\x01133=12\x01"
@@ -232,8 +235,10 @@ def test_net_changes_of_stored_rows_equal_what_the_batch_did():
     """What the compaction and the exact read fold from the txlog is what the ingest state holds."""
     sow = fresh()
     result = run(rows(
-        {"body": {"id": 1, "v": 1}}, {"body": {"id": 2, "v": 2}}, {"body": {"id": 1, "w": 3}, "command": "delta_publish"},
-        {"command": "sow_delete", "filter": "/v = 2"}, {"body": {"id": 3, "v": 3}}, {"command": "sow_delete", "sow_keys": "3"},
+        {"body": {"id": 1, "v": 1}}, {"body": {"id": 2, "v": 2}},
+        {"body": {"id": 1, "w": 3}, "command": "delta_publish"},
+        {"command": "sow_delete", "filter": "/v = 2"}, {"body": {"id": 3, "v": 3}},
+        {"command": "sow_delete", "sow_keys": "3"},
         {"body": {"id": 3, "v": 4}},
     ), sow)
     stored = result.txlog_rows
@@ -250,10 +255,10 @@ def test_the_exact_read_with_a_filter_tests_the_base_and_the_changes_after_it(tm
     a record that stops matching after the base is gone, one that starts matching appears."""
     from deltalake import write_deltalake
 
-    from replication.txlog.files import TxlogFiles
     from replication.expressions import Filter
     from replication.sow.table import SowTable, exact_records
     from replication.storage.layout import StorageLayout
+    from replication.txlog.files import TxlogFiles
     from replication.txlog.schema import TXLOG_SCHEMA
 
     sow = fresh()
@@ -289,10 +294,10 @@ def test_a_compactions_vacuum_removes_the_files_it_replaced_and_never_another_wr
     import pyarrow.parquet as pq
     from deltalake import write_deltalake
 
-    from replication.txlog.files import TxlogFiles
     from replication.sow import table as sow_table
     from replication.sow.table import SowTable
     from replication.storage.layout import StorageLayout
+    from replication.txlog.files import TxlogFiles
     from replication.txlog.schema import TXLOG_SCHEMA
 
     monkeypatch.setattr(sow_table, "KEEP_SNAPSHOTS_S", -1.0)  # no snapshot kept: every replaced file may go
@@ -369,7 +374,8 @@ def test_batches_interleaving_topics_of_one_sow_topic_fold_as_a_plain_reference(
     each delete's removed keys and the final records are those a plain fold of the ops in order gives."""
     import random
 
-    from sow_reference import Op, fold as reference_fold
+    from support.sow_reference import Op
+    from support.sow_reference import fold as reference_fold
 
     rng = random.Random(5)
     topics = ["/regions/eu", "/regions/us", "/orders"]
@@ -519,9 +525,9 @@ def test_repeated_compactions_keep_the_table_equal_to_the_fold_and_reread_a_tabl
 
     from deltalake import DeltaTable, write_deltalake
 
-    from replication.txlog.files import TxlogFiles
     from replication.sow.table import SowTable
     from replication.storage.layout import StorageLayout
+    from replication.txlog.files import TxlogFiles
     from replication.txlog.schema import TXLOG_SCHEMA
 
     rng = random.Random(3)

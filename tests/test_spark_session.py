@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from replication.connectors.spark.session import SHORT_LIVED_JAVA_OPTIONS, session
 
 
@@ -21,6 +23,7 @@ def test_an_instances_session_keeps_the_jvms_c2_compiler(spark):
     assert tiered_stop_at(spark) == "4"
 
 
+@pytest.mark.e2e  # a Spark session of its own, in a process of its own
 def test_a_short_lived_commands_jvm_compiles_with_c1_alone_and_keeps_the_users_options():
     assert SHORT_LIVED_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
     env = {**os.environ, "SPARK_SUBMIT_OPTS": "-Dprobe.kept=yes", "REPLICATION_SPARK_LOG_LEVEL": "ERROR"}

@@ -17,17 +17,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from support.factories import write_config
 
-from factories import write_config
 from replication import config
 from replication.connectors import parquet_in_place
 from replication.connectors.delta.stats import file_stats
 from replication.connectors.delta.tables import IdempotentAppender, write_file
-from replication.txlog.files import TxlogFiles, read_range
 from replication.inbox import staged_parts
-from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder
 from replication.inbox.staged_parts import StagedParts
+from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder
 from replication.storage.layout import StorageLayout
+from replication.txlog.files import TxlogFiles, read_range
 from replication.txlog.schema import TXLOG_SCHEMA
 
 WRITTEN = datetime(2026, 11, 25, 9, 0, 0, 123_456, tzinfo=timezone.utc)
@@ -107,7 +107,8 @@ def test_statistics_are_those_delta_rs_writes_and_files_join_a_commit(tmp_path):
     index = TxlogFiles(str(tmp_path / "txlog"))
     index.refresh()
     # a file written ahead (a staged part's: the commit's first seqs), and the batch's rows after it
-    extra = write_file(tmp_path / "txlog", rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(1001, 2001))))
+    extra = write_file(tmp_path / "txlog",
+                       rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(1001, 2001))))
     txlog.append(rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(2001, 3001))), 1, {"batch": 1},
                  files=[extra])
     assert txlog.table.version() == 2 and DeltaTable(str(tmp_path / "txlog")).transaction_version("ingest") == 1
@@ -219,8 +220,8 @@ def test_parts_stored_already_a_client_publishing_elsewhere_a_sow_topic_or_a_gon
 
 def test_an_inbox_commit_hands_over_a_part_by_its_descriptor_and_counts_its_rows(tmp_path):
     from replication.backfill.commit import commit_staged_part
-    from replication.inbox.versions import InboxLog
     from replication.inbox.schema import create_inbox
+    from replication.inbox.versions import InboxLog
     from replication.inbox.versions import staged_parts as descriptors
 
     cfg = config.load(str(write_config(tmp_path, "solo", "localhost:9")))
@@ -272,7 +273,7 @@ def test_parts_of_several_clients_take_seqs_in_inbox_order_and_a_failed_write_cl
     batch = staged_parts.markers([(1, a1), (2, b1), (3, a2), (4, c1)])
     taken = parts.take(batch, {}, 0, NOW)
     assert [(s.part.client, s.first_seq) for s in taken.stored] == [("a", 1), ("b", 3), ("a", 4), ("c", 5)]
-    assert {c: (f.tolist(), l.tolist()) for c, (f, l) in taken.publisher_rows().items()} == {
+    assert {c: (first.tolist(), last.tolist()) for c, (first, last) in taken.publisher_rows().items()} == {
         "a": ([1, 4], [2, 4]), "b": ([3], [3]), "c": ([5], [7])}, "each client's runs of local seqs"
 
     # b's file cannot be written in place: b's part is classified, the others' seqs stay contiguous

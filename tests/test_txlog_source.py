@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,61 +12,18 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction
+from support.streams import run_available_now
+from support.tables import TxlogWriter, numbered_txlog_rows
 
-from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentAppender
+from replication.connectors.delta.tables import COMMIT_METADATA_KEY
 from replication.errors import ConfigError
 from replication.storage.control import DurableState
-from replication.txlog.schema import TXLOG_SCHEMA
+from replication.txlog import stream as txlog_stream
 from replication.txlog.files import ROWS_PER_PARTITION, TxlogFiles, TxlogSourceError, read_files, read_range
+from replication.txlog.schema import TXLOG_SCHEMA
 from replication.txlog.stream import FORMAT, TxlogSourceOptions, read_partition, register
 
 # -- helpers -------------------------------------------------------------------
-
-
-def txlog_rows(first: int, count: int) -> pa.Table:
-    """``count`` txlog rows with seq ``first, first+1, ...``."""
-    seqs = list(range(first, first + count))
-    now = datetime.now(timezone.utc)
-    return pa.table(
-        {
-            "seq": pa.array(seqs, pa.int64()),
-            "bookmark": [f"42|{s}|" for s in seqs],
-            "publisher": ["pub1"] * count,
-            "publisher_seq": pa.array(seqs, pa.int64()),
-            "topic": [f"/orders/{s}" for s in seqs],
-            "message_type": ["json"] * count,
-            "command": ["publish"] * count,
-            "sow_key": [None] * count,
-            "sow_keys": [None] * count,
-            "filter": [None] * count,
-            "data": [b'{"seq":%d}' % s for s in seqs],
-            "origin": ["amps-1"] * count,
-            "received_from": [None] * count,
-            "received_from_group": [None] * count,
-            "path": [["amps-1"]] * count,
-            "publish_time": [now] * count,
-            "persist_time": [now] * count,
-        },
-        schema=TXLOG_SCHEMA,
-    )
-
-
-class TxlogWriter:
-    """Appends to a txlog as the ingest writer does: app transaction ``ingest``, commit metadata."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.appender = IdempotentAppender(path, TXLOG_SCHEMA, app_id="ingest", name="txlog")
-        self.batch = 0
-        self.max_seq = 0
-
-    def append(self, count: int) -> None:
-        rows = txlog_rows(self.max_seq + 1, count)
-        metadata = {"batch": self.batch, "first_seq": self.max_seq + 1, "last_seq": self.max_seq + count,
-                    "publishers": {"pub1": self.max_seq + count} if count else {}, "links": {}}
-        self.appender.append(rows, self.batch, metadata)
-        self.batch += 1
-        self.max_seq += count
 
 
 def bulk_txlog(path: Path, files: int, rows_per_file: int = 10) -> None:
@@ -84,7 +40,7 @@ def bulk_txlog(path: Path, files: int, rows_per_file: int = 10) -> None:
     for i in range(files):
         first = i * rows_per_file + 1
         name = f"part-{i:05d}-{uuid.uuid4().hex}.parquet"
-        pq.write_table(txlog_rows(first, rows_per_file), path / name)
+        pq.write_table(numbered_txlog_rows(first, rows_per_file), path / name)
         stats = {"numRecords": rows_per_file, "minValues": {"seq": first},
                  "maxValues": {"seq": first + rows_per_file - 1}, "nullCount": {"seq": 0}}
         actions.append(AddAction(name, (path / name).stat().st_size, {}, int(time.time() * 1000), True,
@@ -94,20 +50,14 @@ def bulk_txlog(path: Path, files: int, rows_per_file: int = 10) -> None:
             actions = []
 
 
-def run_available_now(spark, path: Path, checkpoint: Path, **options: str) -> list[pa.Table]:
-    """Run the source to its end once; each micro-batch as Arrow, in delivery order."""
-    register(spark)
-    batches: list[pa.Table] = []
-    query = (
-        spark.readStream.format(FORMAT).option("path", str(path)).options(**options).load()
-        .writeStream.trigger(availableNow=True)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(lambda df, _id: batches.append(df.toArrow()))
-        .start()
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None
-    return batches
+def viewed_txlog(path: Path, commits: int) -> tuple[TxlogWriter, TxlogFiles]:
+    """A txlog of ``commits`` commits of 10 rows (one file each: 1-10, 11-20, ...), and a view of it, refreshed."""
+    writer = TxlogWriter(path)
+    for _ in range(commits):
+        writer.append(10)
+    view = TxlogFiles(str(path))
+    view.refresh()
+    return writer, view
 
 
 def seqs(batches: list[pa.Table]) -> list[list[int]]:
@@ -169,11 +119,7 @@ def test_committed_seq_follows_the_log_and_ignores_empty_commits(tmp_path):
 
 
 def test_plan_picks_only_overlapping_files_and_splits_large_ranges(tmp_path):
-    writer = TxlogWriter(tmp_path / "txlog")
-    for _ in range(10):
-        writer.append(10)  # files hold 1-10, 11-20, ... 91-100
-    view = TxlogFiles(str(tmp_path / "txlog"))
-    view.refresh()
+    _, view = viewed_txlog(tmp_path / "txlog", 10)  # files hold 1-10, 11-20, ... 91-100
 
     [one] = view.plan(34, 52)
     assert (one.start, one.end, len(one.files)) == (34, 52, 3)  # 31-40, 41-50, 51-60
@@ -188,11 +134,7 @@ def test_plan_picks_only_overlapping_files_and_splits_large_ranges(tmp_path):
 
 
 def test_compaction_rewrites_files_but_rows_are_read_once(tmp_path):
-    writer = TxlogWriter(tmp_path / "txlog")
-    for _ in range(6):
-        writer.append(10)
-    view = TxlogFiles(str(tmp_path / "txlog"))
-    view.refresh()
+    writer, view = viewed_txlog(tmp_path / "txlog", 6)
     before = view.plan(0, 60)
 
     DeltaTable(str(tmp_path / "txlog")).optimize.compact()  # dataChange=false rewrite into one file
@@ -207,11 +149,7 @@ def test_compaction_rewrites_files_but_rows_are_read_once(tmp_path):
 
 
 def test_a_plan_whose_files_were_vacuumed_is_made_again_by_the_task(tmp_path):
-    writer = TxlogWriter(tmp_path / "txlog")
-    for _ in range(3):
-        writer.append(10)
-    view = TxlogFiles(str(tmp_path / "txlog"))
-    view.refresh()
+    _, view = viewed_txlog(tmp_path / "txlog", 3)
     [stale] = view.plan(5, 25)
     table = DeltaTable(str(tmp_path / "txlog"))
     table.optimize.compact()
@@ -252,7 +190,7 @@ def test_files_without_statistics_are_read_and_the_commit_record_gives_the_end(t
     actions = []
     for first in (1, 11):
         name = f"part-{first}.parquet"
-        pq.write_table(txlog_rows(first, 10), path / name)
+        pq.write_table(numbered_txlog_rows(first, 10), path / name)
         actions.append(AddAction(name, (path / name).stat().st_size, {}, 0, True, json.dumps({"numRecords": 10})))
     record = json.dumps({"batch": 0, "first_seq": 1, "last_seq": 20, "publishers": {}, "links": {}})
     DeltaTable(str(path)).create_write_transaction(
@@ -316,30 +254,32 @@ def test_available_now_delivers_every_row_once_in_order_and_restarts_where_it_st
         writer.append(count)
     checkpoint = tmp_path / "checkpoint"
 
-    first = run_available_now(spark, tmp_path / "txlog", checkpoint)
+    first = run_available_now(spark, txlog_stream, tmp_path / "txlog", checkpoint)
     assert flat(first) == list(range(1, 43))
     everything = pa.concat_tables(first)
     assert everything.column_names == TXLOG_SCHEMA.names
-    expected = pa.concat_tables([txlog_rows(1, 10), txlog_rows(11, 25), txlog_rows(36, 7)])
+    expected = pa.concat_tables([numbered_txlog_rows(1, 10), numbered_txlog_rows(11, 25), numbered_txlog_rows(36, 7)])
     for name in ("bookmark", "publisher_seq", "topic", "data", "path", "sow_key", "received_from"):
         assert everything.column(name).to_pylist() == expected.column(name).to_pylist(), name
 
     writer.append(8)
     writer.append(4)
-    second = run_available_now(spark, tmp_path / "txlog", checkpoint)
+    second = run_available_now(spark, txlog_stream, tmp_path / "txlog", checkpoint)
     assert flat(second) == list(range(43, 55))
-    assert run_available_now(spark, tmp_path / "txlog", checkpoint) == []
+    assert run_available_now(spark, txlog_stream, tmp_path / "txlog", checkpoint) == []
 
 
-# driverReadRows: every batch read in the driver by the planner (default), by tasks (0), or both (5: the last, 2-row batch)
-@pytest.mark.parametrize("driver_read", [{}, {"driverReadRows": "0"}, {"driverReadRows": "5"}], ids=["planner", "tasks", "mixed"])
+# driverReadRows: every batch read in the driver by the planner (default), by tasks (0), or both (5: the last,
+# 2-row batch)
+@pytest.mark.parametrize("driver_read", [{}, {"driverReadRows": "0"}, {"driverReadRows": "5"}],
+                         ids=["planner", "tasks", "mixed"])
 def test_max_rows_per_trigger_bounds_each_batch_and_start_seq_skips(spark, tmp_path, driver_read):
     writer = TxlogWriter(tmp_path / "txlog")
     for _ in range(4):
         writer.append(10)
 
     batches = run_available_now(
-        spark, tmp_path / "txlog", tmp_path / "cp", maxRowsPerTrigger="7", startSeq="3", **driver_read
+        spark, txlog_stream, tmp_path / "txlog", tmp_path / "cp", maxRowsPerTrigger="7", startSeq="3", **driver_read
     )
     assert [len(b) for b in seqs(batches)] == [7, 7, 7, 7, 7, 2]
     assert flat(batches) == list(range(4, 41))
@@ -349,7 +289,8 @@ def test_max_rows_per_trigger_bounds_each_batch_and_start_seq_skips(spark, tmp_p
 def test_columns_reads_only_those_columns_with_seq_first(spark, tmp_path, driver_read):
     writer = TxlogWriter(tmp_path / "txlog")
     writer.append(12)
-    batches = run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", columns="topic, path", driverReadRows=driver_read)
+    batches = run_available_now(spark, txlog_stream, tmp_path / "txlog", tmp_path / "cp", columns="topic, path",
+                                driverReadRows=driver_read)
     rows = pa.concat_tables(batches)
     assert rows.column_names == ["seq", "topic", "path"]
     assert rows.column("seq").to_pylist() == list(range(1, 13))
@@ -363,11 +304,12 @@ def test_end_seq_and_the_durable_watermark_hold_the_stream_back(spark, tmp_path)
         writer.append(10)
     durable = tmp_path / "_control" / "durable.json"
     caps = {"endSeq": "24", "durableFile": str(durable)}
-    assert flat(run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", **caps)) == [], "no durable.json yet"
+    txlog, checkpoint = tmp_path / "txlog", tmp_path / "cp"
+    assert flat(run_available_now(spark, txlog_stream, txlog, checkpoint, **caps)) == [], "no durable.json yet"
     DurableState(12).write(durable)
-    assert flat(run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", **caps)) == list(range(1, 13))
+    assert flat(run_available_now(spark, txlog_stream, txlog, checkpoint, **caps)) == list(range(1, 13))
     DurableState(30).write(durable)
-    assert flat(run_available_now(spark, tmp_path / "txlog", tmp_path / "cp", **caps)) == list(range(13, 25))
+    assert flat(run_available_now(spark, txlog_stream, txlog, checkpoint, **caps)) == list(range(13, 25))
 
 
 def test_absent_then_growing_log_with_a_processing_time_trigger(spark, tmp_path):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from support.repo import MESH, mesh_copy
 
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, DestinationTopic, InstanceConfig, QueueTopic, SowTopic, TopicSpec
@@ -14,8 +13,6 @@ from replication.errors import ConfigError
 from replication.expressions import Filter
 from replication.storage.control import read_instance_config, write_instance_config
 from replication.validation import topic_covers, validate_link
-
-MESH = Path(__file__).resolve().parent.parent / "conf" / "mesh"
 
 
 def instance(name, *, group=None, txlog=(".*",), sow=(), queues=(), destinations=()):
@@ -131,7 +128,8 @@ def test_sow():
     orders = SowTopic("/orders", "json", ("/id",))
     findings = pair([topic(".*")], up_kw={"sow": [orders]})
     assert checks(findings) == [("sow", ".*")]
-    assert "<SOW><Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic></SOW>" in findings[0].fix
+    assert ("<SOW><Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic></SOW>"
+            in findings[0].fix)
     assert pair([topic(".*")], up_kw={"sow": [orders]}, down_kw={"sow": [orders]}) == []
     assert pair([topic(".*", exclude=("sow",))], up_kw={"sow": [orders]}) == []
     # a SOW topic that this destination does not replicate is not checked
@@ -158,7 +156,8 @@ def test_cascade():
     # cascade compares only what this link enforces
     assert pair([topic(".*", exclude=("txlog",))], down_kw={"destinations": relaxed}) == []
     # a downstream enforcing every check
-    assert pair([topic(".*")], down_kw={"destinations": [dest("amps-1", topic(".*")), dest("amps-3", topic(".*"))]}) == []
+    assert pair([topic(".*")],
+                down_kw={"destinations": [dest("amps-1", topic(".*")), dest("amps-3", topic(".*"))]}) == []
 
 
 QUEUE = QueueTopic("/work-queue", "json", "/work")
@@ -195,9 +194,11 @@ def test_replicate_filter():
     assert "<Filter>/region = 'EU'</Filter>" in findings[0].fix
     # the same filter, written differently, passes
     assert pair(eu, back_topics=[topic("/orders", filter='( /region="EU" )')]) == []
-    assert checks(pair(eu, back_topics=[topic("/orders", filter="/region = 'US'")])) == [("replicate_filter", "/orders")]
+    assert checks(pair(eu, back_topics=[topic("/orders", filter="/region = 'US'")])) == [
+        ("replicate_filter", "/orders")]
     # partitioning on purpose
-    assert pair([topic("/orders", filter="/region = 'EU'", exclude=("replicate_filter",))], back_topics=[topic("/orders")]) == []
+    assert pair([topic("/orders", filter="/region = 'EU'", exclude=("replicate_filter",))],
+                back_topics=[topic("/orders")]) == []
 
 
 def test_queue_passthrough():
@@ -246,18 +247,6 @@ def test_topic_covers(outer, inner, expected):
 # --------------------------------------------------------------------------- the cascading mesh
 
 
-def mesh_copy(tmp_path: Path, edit=None) -> list[str]:
-    out = tmp_path / "mesh"
-    shutil.copytree(MESH, out)
-    if edit:
-        for name, (old, new) in edit.items():
-            p = out / f"{name}.xml"
-            text = p.read_text()
-            assert old in text
-            p.write_text(text.replace(old, new, 1))
-    return sorted(str(p) for p in out.glob("*.xml"))
-
-
 def mesh_findings(paths):
     fabric = Fabric.load(paths)
     return fabric, [
@@ -276,7 +265,7 @@ def test_the_mesh_validates_clean():
 
 def test_mesh_without_the_cascade_exclusion_inside_a_tier(tmp_path):
     """Blog: within a tier the configurations need to exclude cascade (the peer relaxes checks)."""
-    paths = mesh_copy(tmp_path, {"Live-A": ("<ExcludeValidation>cascade</ExcludeValidation>", "")})
+    paths = mesh_copy(tmp_path, {"Live-A": [("<ExcludeValidation>cascade</ExcludeValidation>", "")]})
     _fabric, findings = mesh_findings(paths)
     assert [(f.upstream, f.downstream, f.destination, f.check) for f in findings] == [
         ("Live-A", "Live-B", "Live-B", "cascade"),
@@ -291,7 +280,7 @@ def test_mesh_without_the_cascade_exclusion_inside_a_tier(tmp_path):
 def test_mesh_without_the_replicate_exclusion_between_tiers(tmp_path):
     """Blog: between tiers messages flow one way, so replicate must be excluded."""
     old = "<ExcludeValidation>replicate,cascade</ExcludeValidation>"
-    paths = mesh_copy(tmp_path, {"Live-A": (old, "<ExcludeValidation>cascade</ExcludeValidation>")})
+    paths = mesh_copy(tmp_path, {"Live-A": [(old, "<ExcludeValidation>cascade</ExcludeValidation>")]})
     _fabric, findings = mesh_findings(paths)
     assert [(f.upstream, f.downstream, f.destination, f.check) for f in findings] == [
         ("Live-A", "Dev-A", "DevUAT", "replicate"),
@@ -304,7 +293,7 @@ def test_mesh_without_the_replicate_exclusion_between_tiers(tmp_path):
 def test_mesh_without_the_cascade_exclusion_between_tiers(tmp_path):
     """Blog: because each tier excludes cascade inside, the tier above must exclude it too."""
     old = "<ExcludeValidation>replicate,cascade</ExcludeValidation>"
-    paths = mesh_copy(tmp_path, {"Dev-B": (old, "<ExcludeValidation>replicate</ExcludeValidation>")})
+    paths = mesh_copy(tmp_path, {"Dev-B": [(old, "<ExcludeValidation>replicate</ExcludeValidation>")]})
     _fabric, findings = mesh_findings(paths)
     assert sorted({(f.downstream, f.check) for f in findings}) == [("Archive-A", "cascade"), ("Archive-B", "cascade")]
     assert all(f.upstream == "Dev-B" and "excludes cascade" in f.problem for f in findings)

@@ -1,5 +1,7 @@
-"""``replication verify`` on tables written by hand: what it leaves out as still on its way, what it reports,
-and the same findings from the Spark engine (the running fabrics are in test_faults.py, test_mesh.py, test_sow.py).
+"""``replication verify`` on tables written by hand: what it leaves out, what it reports, Spark agreeing.
+
+What it leaves out as still on its way, what it reports, and the same findings from the Spark engine (the
+running fabrics are in faults/test_destinations_down.py, test_mesh.py, test_sow.py).
 
 The fabric: A and B, one group, replicate to each other without PassThrough; C sends to both. C's message 2
 is at A but not yet at B: while C -> B has not acknowledged it, nothing is reported (a running fabric verifies
@@ -15,8 +17,8 @@ import orjson
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from support.factories import destination_xml, replication_xml, write_config
 
-from factories import destination_xml, replication_xml, write_config
 from replication.config.fabric import Fabric
 from replication.messages import bookmark
 from replication.sow.table import SowTable, as_records

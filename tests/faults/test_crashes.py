@@ -1,23 +1,41 @@
-"""kill -9 of an instance at each step of a batch, then restart: nothing lost, nothing duplicated, acks resume."""
+"""kill -9 of instances at crash points or mid-replication, then restart: nothing lost, nothing duplicated.
+
+An instance killed at each step of a batch; kill -9 inside the durability tracker and of both halves of a sync
+pair at once; an upstream killed mid-replication. Acks resume after each restart."""
 
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 
 import pytest
+from support.fabric import ONE_WAY, PacedPublisher, publish_orders
+from support.factories import (
+    assert_exactly_once,
+    destination_xml,
+    replication_xml,
+    txlog_rows,
+    wait_until,
+    write_config,
+)
+from support.processes import InstanceProcess, running
 
-from factories import assert_exactly_once, txlog_rows, write_config
-from processes import InstanceProcess
 from replication.client import Publisher
 
 PER_STAGE = 1500
 
-CRASH_POINTS = [
+#: Where an instance dies in a batch, one per life.
+BATCH_CRASH_POINTS = [
     "ingest.before_txlog_commit@3",  # mid-batch: read, classified, rejects written, txlog not
     "ingest.after_txlog_commit@3",  # Delta commit done, Spark's checkpoint not
     "ingest.before_ack@3",  # txlog and state committed, acks not sent
 ]
+
+#: B receives from A over a sync link (and A from B); its crash points in that role, one per life: before
+#: recording what it acknowledges, before telling its upstream, while writing its own link file.
+SYNC_PAIR_CRASH_POINTS = ["durability.before_persisted_state@4", "durability.before_upstream_ack@4",
+                          "link.before_write@30"]
 
 
 @pytest.mark.slow
@@ -25,12 +43,12 @@ def test_kill_9_at_each_step_then_restart_loses_and_duplicates_nothing(broker, t
     """One instance crashes three times (once per crash point) while a publisher keeps publishing."""
     name = f"crash{uuid.uuid4().hex[:6]}"
     cfg = write_config(tmp_path, name, broker.bootstrap, max_offsets=250)
-    proc = InstanceProcess(cfg, tmp_path / "run0.log", failpoints=CRASH_POINTS[0])
+    proc = InstanceProcess(cfg, tmp_path / "run0.log", failpoints=BATCH_CRASH_POINTS[0])
     pub = Publisher("crash-pub", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
                     store_path=tmp_path / "pub.store", resend_after=3, logon_timeout=180)
     published = 0
     try:
-        for stage, failpoint in enumerate(CRASH_POINTS):
+        for stage, failpoint in enumerate(BATCH_CRASH_POINTS):
             for _ in range(PER_STAGE):
                 published += 1
                 pub.publish("/orders", b'{"i": %d}' % published)
@@ -38,10 +56,72 @@ def test_kill_9_at_each_step_then_restart_loses_and_duplicates_nothing(broker, t
             assert code == -signal.SIGKILL, proc.log_text()[-3000:]
             assert f"failpoint {failpoint.split('@')[0]} reached" in proc.log_text()
             assert pub.persisted_seq < published, "the crash came after everything was acknowledged"
-            following = CRASH_POINTS[stage + 1] if stage + 1 < len(CRASH_POINTS) else None
+            following = BATCH_CRASH_POINTS[stage + 1] if stage + 1 < len(BATCH_CRASH_POINTS) else None
             proc = InstanceProcess(cfg, tmp_path / f"run{stage + 1}.log", failpoints=following)
         pub.flush(timeout=300)  # acks resume after the last restart
     finally:
         pub.close()
         proc.stop()
     assert_exactly_once(txlog_rows(tmp_path, name), {"crash-pub": published})
+
+
+@pytest.mark.slow
+def test_kill_9_inside_durability_and_of_both_halves_of_a_sync_pair_loses_and_duplicates_nothing(broker, tmp_path):
+    suffix = str(int(time.time() * 1000) % 100000)
+    a_name, b_name = f"cpa{suffix}", f"cpb{suffix}"
+    a_cfg, b_cfg = (write_config(tmp_path, name, broker.bootstrap, group="pair", max_offsets=100,
+                                 replication=replication_xml(destination_xml(other, [tmp_path / other])))
+                    for name, other in ((a_name, b_name), (b_name, a_name)))
+    a = InstanceProcess(a_cfg, tmp_path / "a0.log")
+    b = InstanceProcess(b_cfg, tmp_path / "b0.log", failpoints=SYNC_PAIR_CRASH_POINTS[0])
+    wait_until(lambda: running(tmp_path / a_name) and running(tmp_path / b_name), timeout=240,
+               what="both halves to run")
+    pubs = [Publisher(f"{n}-pub", bootstrap=broker.bootstrap, topic=f"{n}.publish", instance=n,
+                      store_path=tmp_path / f"{n}.store", resend_after=3, logon_timeout=240) for n in (a_name, b_name)]
+    feeds = [PacedPublisher(pub, rate=100) for pub in pubs]
+    try:
+        for stage, failpoint in enumerate(SYNC_PAIR_CRASH_POINTS):
+            assert b.wait_killed(timeout=300) == -signal.SIGKILL, b.log_text()[-3000:]
+            assert f"failpoint {failpoint.split('@')[0]} reached" in b.log_text()
+            if stage + 1 < len(SYNC_PAIR_CRASH_POINTS):
+                b = InstanceProcess(b_cfg, tmp_path / f"b{stage + 1}.log", failpoints=SYNC_PAIR_CRASH_POINTS[stage + 1])
+        # B's last crash, mid-stream, and A killed with kill -9 at once: both halves down together
+        a.kill9()
+        a = InstanceProcess(a_cfg, tmp_path / "a1.log")
+        b = InstanceProcess(b_cfg, tmp_path / "b9.log")
+        wait_until(lambda: running(tmp_path / a_name) and running(tmp_path / b_name), timeout=240,
+                   what="both halves to run again")
+        time.sleep(2)
+    finally:
+        published = [feed.stop() for feed in feeds]
+    try:
+        for pub in pubs:
+            pub.flush(timeout=300)  # acks resume
+    finally:
+        for pub in pubs:
+            pub.close()
+        a.stop()
+        b.stop()
+    expected = {f"{a_name}-pub": published[0], f"{b_name}-pub": published[1]}
+    for name in (a_name, b_name):
+        assert_exactly_once(txlog_rows(tmp_path, name), expected)
+
+
+@pytest.mark.slow
+def test_kill_9_mid_replication_then_restart_keeps_every_txlog_exactly_once(fabric, broker):
+    fabric.configure("b")
+    a_cfg = fabric.configure("a", max_offsets=200, replication=replication_xml(
+        destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
+    fabric.start("b")
+    proc = InstanceProcess(a_cfg, fabric.root / "a-run0.log", failpoints="replicator.after_inbox_commit@3")
+    pub = fabric.publisher("kill", "a", resend_after=3, logon_timeout=180)
+    try:
+        publish_orders(pub, 1500)
+        assert proc.wait_killed(timeout=300) == -signal.SIGKILL, proc.log_text()[-3000:]
+        assert "failpoint replicator.after_inbox_commit reached" in proc.log_text()
+        proc = InstanceProcess(a_cfg, fabric.root / "a-run1.log")
+        pub.flush(timeout=300)
+    finally:
+        proc.stop()
+    assert_exactly_once(fabric.rows("a"), {"kill": 1500})
+    assert_exactly_once(fabric.rows("b"), {"kill": 1500})

@@ -1,19 +1,151 @@
-"""Resync after a destination returns or a checkpoint is lost; failover of destinations and publishers."""
+"""Destinations stopped, killed or unreachable: downgrade/upgrade, transitive sync, failover, resync.
+
+A sync destination downgraded after its Age and upgraded once caught up; transitive sync withholding acks while
+its last hop is down; failover to a destination's next address (after a clean stop, and after kill -9 with
+growing back-off); resync after a destination returns or a checkpoint is lost; a publisher failing over within
+a sync pair. Real broker, Spark and Delta."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
-import signal
 import time
 
 import pytest
 from deltalake import DeltaTable
+from support.cli import run_cli
+from support.fabric import ONE_WAY, AckRecorder, PacedPublisher, link_of, publish_orders
+from support.factories import assert_exactly_once, destination_xml, downgrade_xml, replication_xml, wait_until
+from support.processes import InstanceProcess, running
 
-from fabric_support import ONE_WAY, publish_orders
-from factories import assert_exactly_once, destination_xml, replication_xml, wait_until
-from processes import InstanceProcess
+from replication import instance as instance_module
 
+AGE = 6.0  # downgrade Age (s); upgrade at half of it, as 60East recommends
+EVERY = 0.5
+
+
+def test_a_stopped_sync_destination_is_downgraded_after_its_age_then_upgraded_once_caught_up(fabric, monkeypatch,
+                                                                                            caplog):
+    monkeypatch.setattr(instance_module, "STALL_REPORT_S", 2.0)  # the heartbeat's own stall report (30 s)
+    b_name, c_name = fabric.name("b"), fabric.name("c")
+    fabric.configure("b")
+    fabric.configure("c")
+    fabric.configure("a", replication=replication_xml(
+        destination_xml(b_name, [fabric.storage("b")], topics=ONE_WAY),
+        destination_xml(c_name, [fabric.storage("c")], topics=ONE_WAY),
+        actions=downgrade_xml(every=f"{EVERY}s", downgrade_age=f"{AGE}s", upgrade_age=f"{AGE / 2}s", minimum_sync=1)))
+    fabric.start("b")
+    fabric.start("c")
+    fabric.start("a")
+    pub = fabric.publisher("steady", "a", resend_after=60)
+    acks = AckRecorder(pub)
+    feed = PacedPublisher(pub, rate=40)
+    try:
+        wait_until(lambda: pub.persisted_seq >= 40, what="acks to flow with both sync destinations up")
+
+        # B stops. Its rows keep their ages: acks are withheld until the Age, then B is downgraded...
+        fabric.stop("b")
+        stopped_at, last_before = time.monotonic(), feed.published
+        wait_until(lambda: link_of(fabric, "a", b_name)["downgraded"], timeout=60, what="B to be downgraded")
+        downgraded_at = time.monotonic()
+        first_after = acks.first_covering(last_before + 1)
+        assert first_after is None or first_after - stopped_at > AGE * 0.8, "acks were not withheld until Age"
+        # ...and from then on acks flow steadily: no burst every Age (a downgraded link that lost its rows'
+        # ages was upgraded at the next tick, then downgraded again an Age later, and so on)
+        downgrade_states = []
+        deadline = downgraded_at + 2 * AGE
+        while time.monotonic() < deadline:
+            downgrade_states.append(link_of(fabric, "a", b_name)["downgraded"])
+            time.sleep(0.2)
+        assert all(downgrade_states), "B was upgraded while still down"
+        gap = acks.largest_gap(downgraded_at + 2 * EVERY, deadline)
+        assert gap < AGE / 2, f"acks stalled {gap:.1f}s at a time after the downgrade (Age {AGE}s)"
+
+        # What a monitor sees: B down, A's link to B stalled and lagging.
+        code, out, _ = run_cli("status", fabric.paths["a"], fabric.paths["b"], "--check", "--stall-after", "2",
+                               "--max-lag", "2")
+        assert code == 1, out
+        assert f"DOWN: {b_name} is not running" in out, out
+        assert f"STALLED: {fabric.name('a')} -> {b_name}: stalled" in out, out
+        assert f"LAGGING: {fabric.name('a')} -> {b_name}: lagging" in out, out
+        beat = fabric.running["a"].status()
+        assert beat.links[b_name]["waiting_since"] is not None and beat.links[b_name]["lag_seconds"] > AGE
+        assert beat.stalled[b_name] == beat.links[b_name]["waiting_since"], "the heartbeat says stalled, since when"
+        assert any(f"destination {b_name} stalled" in r.getMessage() for r in caplog.records)
+
+        # C stops too: downgrading it would leave no sync destination (MinimumSyncDestinations 1).
+        fabric.stop("c")
+        last_before_c = feed.published
+        time.sleep(AGE + 4 * EVERY)
+        assert not link_of(fabric, "a", c_name)["downgraded"]
+        assert pub.persisted_seq < last_before_c + 1, "acks must wait for C, which stays sync"
+
+        # C returns: acks resume. B returns: resynced, and upgraded once within the upgrade Age.
+        fabric.start("c")
+        wait_until(lambda: pub.persisted_seq > last_before_c, timeout=120, what="acks to resume with C back")
+        fabric.start("b")
+        wait_until(lambda: not link_of(fabric, "a", b_name)["downgraded"], timeout=120, what="B to be upgraded")
+        upgraded = link_of(fabric, "a", b_name)
+        assert upgraded["state"] in ("connected", "failed over") and upgraded["lag_seconds"] < AGE
+    finally:
+        published = feed.stop()
+        acks.stop()
+    pub.flush(timeout=240)
+    assert pub.persisted_seq == published
+    for side in ("a", "b", "c"):
+        wait_until(lambda s=side: fabric.count(s) == published, what=f"{side} to hold every message")
+        assert_exactly_once(fabric.rows(side), {"steady": published})
+
+
+def test_transitive_sync_withholds_acks_while_the_last_hop_is_down_and_verify_checks_what_was_acknowledged(fabric):
+    fabric.configure("c")
+    fabric.configure("b", replication=replication_xml(
+        destination_xml(fabric.name("c"), [fabric.storage("c")], topics=ONE_WAY)))
+    fabric.configure("a", replication=replication_xml(
+        destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
+    for short in ("c", "b", "a"):
+        fabric.start(short)
+    pub = fabric.publisher("chain", "a", resend_after=60)
+    publish_orders(pub, 50)
+    pub.flush(timeout=240)
+
+    fabric.stop("c")
+    publish_orders(pub, 50)
+    wait_until(lambda: fabric.count("b") == 100, what="B to store the messages published after C stopped")
+    with pytest.raises(TimeoutError):
+        pub.flush(timeout=6)
+    assert pub.persisted_seq == 50, "B has them, but B's sync destination C does not: A must not ack"
+    fabric.start("c")
+    pub.flush(timeout=240)
+    for side in ("a", "b", "c"):
+        assert_exactly_once(fabric.rows(side), {"chain": 100})
+
+    configs = [fabric.paths[s] for s in ("a", "b", "c")]
+    code, out, _ = run_cli("verify", *configs)
+    assert code == 0 and "consistent" in out, out  # while the instances run
+
+    for short in ("a", "b", "c"):
+        fabric.stop(short)
+    DeltaTable(str(fabric.storage("c") / "txlog")).delete("publisher_seq = 42")
+    b_txlog = DeltaTable(str(fabric.storage("b") / "txlog"))
+    b_txlog.update(updates={"data": "CAST('{\"qty\": 999}' AS BYTEA)"}, predicate="publisher_seq = 7")
+    code, out, _ = run_cli("verify", *configs)
+    assert code == 1, out
+    assert f"{fabric.name('b')} -> {fabric.name('c')}" in out and "publisher chain missing" in out
+    assert "publisher_seq 42" in out, out
+    assert f"different body at {fabric.name('b')}" in out, out
+    code, out, _ = run_cli("verify", *configs, "--format", "json")
+    findings = json.loads(out)["findings"]
+    # the body changed at B differs from A's (A -> B) and from C's (B -> C)
+    assert {(f["kind"], f["upstream"], f["downstream"]) for f in findings} == {
+        ("missing", fabric.name("b"), fabric.name("c")), ("body", fabric.name("a"), fabric.name("b")),
+        ("body", fabric.name("b"), fabric.name("c"))}
+    assert [f["seq_ranges"] for f in findings if f["kind"] == "missing"] == [[[42, 42]]]
+    # Spark, which verify uses for txlogs too large for one process, finds the same
+    code, out, _ = run_cli("verify", *configs, "--engine", "spark", "--format", "json")
+    assert code == 1 and json.loads(out)["engine"] == "spark"
+    assert json.loads(out)["findings"] == findings
 
 
 def inbox_rows(fabric, short: str) -> int:
@@ -77,7 +209,9 @@ def test_destination_fails_over_to_the_next_address(fabric):
         return next((line for line in text.splitlines() if line.split()[:1] == ["B"]), "")
 
     def failed_over_text() -> str | None:
-        text = status_text(fabric.paths["a"], fabric.paths["b1"])
+        status = run_cli("status", fabric.paths["a"], fabric.paths["b1"])
+        assert status.code == 0
+        text = status.out
         return text if "failed over" in link_line(text) else None
 
     text = wait_until(failed_over_text, timeout=30, what="status to show the failover")  # heartbeats: every second
@@ -85,51 +219,45 @@ def test_destination_fails_over_to_the_next_address(fabric):
     assert any(fabric.name("b1") in line and "DOWN" in line for line in text.splitlines())
 
 
-def status_text(*config_paths) -> str:
-    """What ``replication status`` prints for these configs."""
-    import contextlib
-    import io
+def test_a_destination_killed_with_kill_9_fails_over_with_growing_back_off_that_resets_once_connected(fabric):
+    b1, b2 = fabric.storage("b1"), fabric.storage("b2")
+    b1_proc = InstanceProcess(fabric.configure("b1"), fabric.root / "b1.log")
+    fabric.configure("b2")
+    fabric.configure("a", replication=replication_xml(destination_xml("B", [b1, b2], topics=ONE_WAY)))
+    try:
+        wait_until(lambda: running(b1), timeout=180, what="B1 (its own process) to run")
+        a = fabric.start("a")
+        pub = fabric.publisher("fo9", "a", resend_after=60)
+        publish_orders(pub, 100)
+        pub.flush(timeout=240)
+        assert a.status().links["B"]["state"] == "connected"
 
-    from replication.cli import main
+        b1_proc.kill9()  # no clean stop: B1's heartbeat still says running, and goes stale
+        waits: list[float] = []
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["status", *map(str, config_paths)]) == 0
-    return out.getvalue()
+        def retry_delays() -> list[float]:
+            link = a.status().links["B"]
+            found = re.search(r"retrying in ([\d.]+)s", link["detail"] or "")
+            if link["state"] == "waiting" and found and (not waits or float(found.group(1)) != waits[-1]):
+                waits.append(float(found.group(1)))
+            return waits if len(waits) >= 3 else []
 
+        wait_until(retry_delays, timeout=120, interval=0.05, what="A to retry the list with growing back-off")
+        assert waits == sorted(waits) and waits[0] < waits[1] < waits[2], waits
+        publish_orders(pub, 100)  # acks wait: no address of B is usable
 
-def test_a_terminal_destination_error_shows_config_error_and_is_not_retried(fabric, caplog):
-    """B runs a newer release whose ``instance.json`` A cannot read: waiting will not fix that. A's link
-    stops with ``config error: <message>`` in its log and in ``replication status``, and is not retried;
-    A goes on accepting publishes."""
-    caplog.set_level("ERROR", logger="replication.destination.manager")
-    b_name = fabric.name("b")
-    fabric.configure("b")
-    fabric.configure("a", replication=replication_xml(
-        destination_xml(b_name, [fabric.storage("b")], sync="async", topics=ONE_WAY)))
-    fabric.start("b")
-    instance_json = fabric.storage("b") / "_control" / "instance.json"
-    newer = json.loads(instance_json.read_text())
-    instance_json.write_text(json.dumps({**newer, "format": 2}))  # what a newer release would write
-    a = fabric.start("a")
+        fabric.start("b2")
+        pub.flush(timeout=240)
+        link = a.status().links["B"]
+        assert (link["state"], link["address"]) == ("failed over", str(b2))
+        assert_exactly_once(fabric.rows("b2"), {"fo9": 200})  # resynced: B2 never saw the first 100
 
-    link = wait_until(lambda: (lambda s: s if s["state"] == "config error" else None)(a.status().links[b_name]),
-                      timeout=60, what="the link to show its config error")
-    assert "format 2 is not supported" in link["detail"] and "Fix: run the same version" in link["detail"]
-    pub = fabric.publisher("still-works", "a")
-    publish_orders(pub, 20)
-    pub.flush(timeout=120)  # async: A's publishers are not held by the stopped link
-
-    def config_errors() -> list[str]:
-        return [r.getMessage() for r in caplog.records if "config error at" in r.getMessage()]
-
-    time.sleep(3)  # a retried link would have tried again several times (back-off starts at 0.5 s)
-    assert len(config_errors()) == 1, config_errors()
-    assert a.status().links[b_name]["state"] == "config error"
-    assert a.status().links[b_name]["updated"] == link["updated"], "nothing touched the link since it stopped"
-    line = next(line for line in status_text(fabric.paths["a"]).splitlines() if "config error:" in line)
-    assert "format 2 is not supported" in line
-    assert fabric.count("b") == 0
+        fabric.stop("b2")  # once connected, the back-off starts again from the beginning
+        first = wait_until(lambda: re.search(r"retrying in ([\d.]+)s", a.status().links["B"]["detail"] or ""),
+                           timeout=60, interval=0.05, what="A to retry after B2 stopped")
+        assert float(first.group(1)) == waits[0], (first.group(0), waits)
+    finally:
+        b1_proc.stop()
 
 
 def test_publisher_fails_over_within_a_sync_pair_without_loss_or_duplicate(fabric, tmp_path):
@@ -156,23 +284,3 @@ def test_publisher_fails_over_within_a_sync_pair_without_loss_or_duplicate(fabri
     wait_until(lambda: fabric.rows("a").num_rows == 1000, timeout=240, what="amps-1 to catch up after restart")
     for side in ("a", "b"):
         assert_exactly_once(fabric.rows(side), {"mover": 1000})
-
-
-@pytest.mark.slow
-def test_kill_9_mid_replication_then_restart_keeps_every_txlog_exactly_once(fabric, broker):
-    fabric.configure("b")
-    a_cfg = fabric.configure("a", max_offsets=200, replication=replication_xml(
-        destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
-    fabric.start("b")
-    proc = InstanceProcess(a_cfg, fabric.root / "a-run0.log", failpoints="replicator.after_inbox_commit@3")
-    pub = fabric.publisher("kill", "a", resend_after=3, logon_timeout=180)
-    try:
-        publish_orders(pub, 1500)
-        assert proc.wait_killed(timeout=300) == -signal.SIGKILL, proc.log_text()[-3000:]
-        assert "failpoint replicator.after_inbox_commit reached" in proc.log_text()
-        proc = InstanceProcess(a_cfg, fabric.root / "a-run1.log")
-        pub.flush(timeout=300)
-    finally:
-        proc.stop()
-    assert_exactly_once(fabric.rows("a"), {"kill": 1500})
-    assert_exactly_once(fabric.rows("b"), {"kill": 1500})

@@ -193,25 +193,6 @@ def write_batches(path: Path, batches: int, per_publisher: int, publishers=("p0"
     return pa.concat_tables(written)
 
 
-# -- replay ---------------------------------------------------------------------------------
-
-
-def spark_seqs(df) -> list[int]:
-    """The ``seq`` column of a DataFrame, in its order."""
-    return [row.seq for row in df.select("seq").collect()]
-
-
-def run_cli(capsys, *args: str) -> tuple[int, list[dict], str]:
-    """``replication replay ...`` in this process: exit code, the jsonl messages printed, stderr."""
-    from replication import cli
-
-    capsys.readouterr()
-    code = cli.main(["replay", *args])
-    out, err = capsys.readouterr()
-    return code, [json.loads(line) for line in out.splitlines()], err
-
-
-def collecting(df, checkpoint: Path, seen: list[int]):
-    """Start ``df`` (a subscription) into a list of seqs, micro-batch by micro-batch."""
-    return (df.writeStream.trigger(processingTime="200 milliseconds").option("checkpointLocation", str(checkpoint))
-            .foreachBatch(lambda batch, _id: seen.extend(spark_seqs(batch))).start())
+def stamp(moment: datetime) -> str:
+    """``moment`` as a timestamp bookmark (``YYYYMMDDTHHMMSS.ffffffZ``)."""
+    return moment.strftime("%Y%m%dT%H%M%S.%fZ")

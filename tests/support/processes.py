@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from replication.destination.resync import heartbeat_fresh
+from replication.storage.layout import StorageLayout
+
 
 class InstanceProcess:
     """``replication run CONFIG`` in its own process group (so kill -9 takes its JVM too)."""
@@ -65,3 +68,8 @@ class InstanceProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def running(storage) -> bool:
+    """Whether the instance whose storage is ``storage`` runs: its heartbeat is fresh."""
+    return heartbeat_fresh(StorageLayout.of(str(storage)))

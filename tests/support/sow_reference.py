@@ -122,7 +122,8 @@ def order_ops(owner: str, keys: list[int], count: int, rng: random.Random) -> li
         else:
             form = rng.random()
             if form < 0.45:
-                ops.append(Op("sow_delete", "/orders", keys=tuple(str(rng.choice(keys)) for _ in range(rng.randint(1, 3)))))
+                ops.append(Op("sow_delete", "/orders",
+                              keys=tuple(str(rng.choice(keys)) for _ in range(rng.randint(1, 3)))))
             elif form < 0.95:
                 ops.append(Op("sow_delete", "/orders", json.dumps({"id": k}).encode()))
             else:
