@@ -16,6 +16,12 @@ a ``logon`` record and the instance answers with the highest sequence it
 persisted for this client name; stored messages above it are re-sent, the
 rest dropped, and numbering continues after it. The instance drops any copy
 it already has, so a resend can never duplicate.
+
+A message the instance rejects (no such topic, a body that does not parse, a
+SOW record without its key) is answered with a failure ack: the message leaves
+the store (resending it would fail the same way), ``flush()`` returns it among
+its :class:`FailedMessage` list, and the publisher goes on with the next
+sequence number.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import NamedTuple
 
 from replication import failpoints
 from replication.durability import acks_topic
@@ -51,6 +58,14 @@ ACK_FETCH_WAIT_MS = 5
 #: How long the producer keeps retrying a send while the broker is away (a week: it gives up only on an error
 #: no retry mends, which ``flush()`` raises).
 SEND_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+
+
+class FailedMessage(NamedTuple):
+    """A message the instance refused to persist: its sequence number, topic and the instance's reason."""
+
+    seq: int
+    topic: str
+    reason: str
 
 
 class PublishStore:
@@ -85,6 +100,12 @@ class PublishStore:
     def discard_through(self, seq: int) -> None:
         with self._lock:
             self._db.execute("DELETE FROM messages WHERE seq <= ?", (seq,))
+
+    def discard(self, seq: int) -> str | None:
+        """Drop one message (the instance refused it); its topic, None when it was not in the store."""
+        with self._lock:
+            row = self._db.execute("DELETE FROM messages WHERE seq = ? RETURNING topic", (seq,)).fetchone()
+        return row[0] if row else None
 
     def unacknowledged(self) -> list[tuple[int, str, str | None, str, bytes, dict[str, str]]]:
         """``(seq, topic, message_type, command, data, headers)`` of each message not yet acknowledged."""
@@ -150,6 +171,8 @@ class Publisher:
         )
         self._cond = threading.Condition()
         self._persisted = 0
+        self._failed: dict[int, FailedMessage] = {}
+        """Messages the instance refused, not yet returned by ``flush()``."""
         self._send_error: tuple[int, BaseException] | None = None
         """The lowest sequence whose send failed for good, and why."""
         self._logon_replies: dict[str, tuple[int, int]] = {}
@@ -210,9 +233,12 @@ class Publisher:
         self._send(seq, topic, message_type or self.message_type, command, body, headers)
         return seq
 
-    def flush(self, timeout: float = 60.0) -> None:
-        """Wait until every published message is persisted; TimeoutError if not within ``timeout``,
-        :class:`ReplicationError` when a message could not be sent."""
+    def flush(self, timeout: float = 60.0) -> list[FailedMessage]:
+        """Wait until the instance has answered every published message: persisted, or refused.
+
+        Returns the messages it refused since the last ``flush()`` (empty when every one was persisted), in
+        sequence order. TimeoutError if not answered within ``timeout``; :class:`ReplicationError` when a
+        message could not be sent."""
         from kafka.errors import KafkaError
 
         deadline = time.monotonic() + timeout
@@ -221,11 +247,16 @@ class Publisher:
         except KafkaError:  # a send that failed: its own error (an errback) is what wait_persisted raises
             pass
         self.wait_persisted(self._next_seq - 1, timeout=max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            failed = sorted(self._failed.values())
+            self._failed.clear()
+        return failed
 
     def wait_persisted(self, seq: int, timeout: float = 60.0) -> None:
+        """Wait until every message through ``seq`` is persisted or refused (see :meth:`flush`)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._persisted < seq:
+            while self._answered() < seq:
                 if self._send_error is not None:
                     failed, exc = self._send_error
                     raise ReplicationError(
@@ -239,6 +270,13 @@ class Publisher:
                         f"(persisted through {self._persisted})"
                     )
                 self._cond.wait(min(left, 0.5))
+
+    def _answered(self) -> int:
+        """The highest sequence through which every message is persisted or refused (hold ``_cond``)."""
+        through = self._persisted
+        while through + 1 in self._failed:
+            through += 1
+        return through
 
     def logon(self, timeout: float = 60.0, *, resend_stored: bool = True) -> int:
         """Ask the instance for the last sequence it persisted for this name; resend what is missing.
@@ -350,6 +388,9 @@ class Publisher:
                     if record.key != me:
                         continue
                     ack = json.loads(record.value)
+                    if ack.get("status") == "failure":
+                        self._refused(int(ack["seq"]), str(ack.get("reason", "")))
+                        continue
                     if ack.get("logon"):
                         with self._cond:
                             seq = int(ack["seq"])
@@ -363,6 +404,16 @@ class Publisher:
                     self._cond.notify_all()
                 if advanced:
                     self.store.discard_through(latest)
+
+    def _refused(self, seq: int, reason: str) -> None:
+        """A failure ack: the message leaves the store (a resend would fail alike) and ``flush()`` reports it."""
+        topic = self.store.discard(seq)
+        if topic is None and seq <= self._persisted:
+            return  # an answer to a copy of a message persisted already
+        log.warning("publisher %s: %s refused message %d: %s", self.name, self.instance, seq, reason)
+        with self._cond:
+            self._failed[seq] = FailedMessage(seq, topic or "", reason)
+            self._cond.notify_all()
 
     def _watch(self) -> None:
         """Log on again and resend when acks stop coming (instance restarted, connection lost).

@@ -9,6 +9,16 @@ publisher sequence. A logon is answered on the same topic with
 highest sequence of the client in the txlog (persisted or still waiting for
 sync destinations): a publisher need not resend what is stored.
 
+A publish the instance rejects (it is in ``rejected/`` with its reason) is
+answered at once with a failure ack on the same topic: ``{"client", "seq",
+"instance", "status": "failure", "reason"}``. It is final (the message will
+never be persisted), so it waits for no destination; the publisher drops the
+message from its store and ``flush()`` reports it. Persisted acks stay
+cumulative over the messages that were stored: a persisted ``seq`` above a
+failed one does not make the failed one persisted. A failure ack lost in a
+crash between the batch's commit and the ack is not sent again; the rejected
+row and its reason stay in ``rejected/``.
+
 Acknowledgements to upstreams (``_control/acks/<upstream>.json``) are per row:
 a prefix ``seq`` plus ``runs`` of the upstream's seqs above it (see
 :class:`~replication.storage.control.Ack`). Why per row: in a ring of sync
@@ -110,11 +120,42 @@ class AckSender:
         if acks or logons:
             self._producer.flush(timeout=30)
 
+    def send_failures(self, failures: list[Failure]) -> None:
+        """Failure acks for publishes the instance rejected (final: nothing waits for them)."""
+        for failure in failures:
+            self._send(failure.client, {"client": failure.client, "seq": failure.seq, "instance": self.instance,
+                                        "status": "failure", "reason": failure.reason})
+        if failures:
+            self._producer.flush(timeout=30)
+
     def _send(self, client: str, value: dict) -> None:
         self._producer.send(self.topic, key=client.encode(), value=json.dumps(value, separators=(",", ":")).encode())
 
     def close(self) -> None:
         self._producer.close(timeout=5)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A publish rejected here: its client, its sequence number and why."""
+
+    client: str
+    seq: int
+    reason: str
+
+
+def failures_in(rejected: pa.Table) -> list[Failure]:
+    """The rejected rows a publisher can be told about: published here (not replicated), with a client name
+    and a sequence number."""
+    if rejected.num_rows == 0:
+        return []
+    rows = rejected.filter(pc.fill_null(pc.equal(rejected["source"], "kafka"), False))
+    out = []
+    for client, seq, reason in zip(rows["publisher"].to_pylist(), rows["publisher_seq"].to_pylist(),
+                                   rows["reason"].to_pylist(), strict=True):
+        if client and seq and seq.isascii() and seq.isdigit() and len(seq) <= 18:
+            out.append(Failure(client, int(seq), reason))
+    return out
 
 
 @dataclass
@@ -321,6 +362,9 @@ class Durability:
                 if not entry.empty():
                     state.waiting.append(entry)
             self.committed_seq = max(self.committed_seq, last_seq)
+        failures = failures_in(result.rejected_rows)
+        if failures and self._sender:  # before the persisted acks of this batch: a later seq never hides one
+            self._sender.send_failures(failures)
         self.release(result.logons)
 
     # -- ages ---------------------------------------------------------------

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from replication.config.model import InstanceConfig, TopicSpec
+from replication.durability import failures_in
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classify
 from replication.messages import bookmark
 from replication.txlog.publishers import PublisherState
@@ -89,7 +90,7 @@ def test_bad_input_is_rejected_with_reason():
 def test_logon_is_answered_not_stored():
     result = run(publishes({"publisher": "a", "command": "logon", "data": b"corr-1"}))
     assert result.txlog_rows.num_rows == 0 and result.rejected_rows.num_rows == 0
-    assert [(l.client, l.correlation_id) for l in result.logons] == [("a", "corr-1")]
+    assert [(logon.client, logon.correlation_id) for logon in result.logons] == [("a", "corr-1")]
 
 
 def test_delta_publish_is_stored_as_publish():
@@ -145,3 +146,20 @@ def test_each_publisher_and_upstream_knows_the_local_rows_its_ack_waits_on():
     ups, local = result.link_seqs["up"]
     assert list(zip(ups.tolist(), local.tolist())) == [(7, 102), (8, 104)]
     assert result.link_duplicates["up"].tolist() == [9]
+
+
+def test_failure_acks_go_to_the_publishers_of_refused_publishes_only():
+    result = run(publishes(
+        {"publisher": "a", "publisher_seq": "1"},
+        {"publisher": "a", "publisher_seq": "2", "data": b"{oops"},             # refused: a's failure ack
+        {"publisher": "b", "publisher_seq": "7", "topic": "/unrecorded"},       # refused: b's failure ack
+        {"publisher": None, "publisher_seq": "3"},                              # refused, no one to tell
+        {"publisher": "c", "publisher_seq": "x"},                               # refused, no sequence to name
+        {"publisher": "d", "publisher_seq": "4", "source": "inbox:up", "topic": "/nope"},  # told where published
+    ))
+    assert result.rejected_rows.num_rows == 5
+    failures = failures_in(result.rejected_rows)
+    assert [(f.client, f.seq) for f in failures] == [("a", 2), ("b", 7)]
+    reasons = dict(zip(result.rejected_rows["publisher_seq"].to_pylist(), result.rejected_rows["reason"].to_pylist()))
+    assert [f.reason for f in failures] == [reasons["2"], reasons["7"]]
+    assert "not recorded" in failures[1].reason

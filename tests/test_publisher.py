@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import uuid
 
-from factories import assert_exactly_once, txlog_rows, write_config
+from support.cli import CliResult, run_cli
+from support.fabric import AckListener, publish_orders
+from support.factories import assert_exactly_once, rejected_rows, txlog_rows, wait_until, write_config
+
 from replication import config
+from replication.client import FailedMessage
 from replication.instance import Instance
 
 
-def publish_cli(cfg_path, store, count, *, failpoints: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("REPLICATION_FAILPOINTS", None)
-    if failpoints:
-        env["REPLICATION_FAILPOINTS"] = failpoints
-    return subprocess.run(
-        [sys.executable, "-m", "replication.cli", "publish", "--config", str(cfg_path), "--client", "feed",
-         "--store", str(store), "--topic", "/orders", "--count", str(count)],
-        capture_output=True, text=True, env=env, timeout=300, start_new_session=True,
-    )
+def publish_cli(cfg_path, store, count, *, failpoints: str | None = None) -> CliResult:
+    """``replication publish`` of ``count`` orders as client ``feed``, in a process of its own (a failpoint
+    kills it)."""
+    return run_cli("publish", "--config", cfg_path, "--client", "feed", "--store", store, "--topic", "/orders",
+                   "--count", count, env={"REPLICATION_FAILPOINTS": failpoints or None})
 
 
 def test_killed_publisher_logs_on_and_resends_only_what_is_missing(spark, broker, tmp_path):
@@ -33,24 +29,54 @@ def test_killed_publisher_logs_on_and_resends_only_what_is_missing(spark, broker
     store = tmp_path / "feed.store"
     try:
         done = publish_cli(cfg_path, store, 500)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert "persisted through 500" in done.stdout
+        assert done.code == 0, done.err[-2000:]
+        assert "persisted through 500" in done.out
 
         # The second run dies after storing its 301st message (seq 801) and before sending it:
         # 801 is in its publish store only, and some before it may not have left its producer.
         killed = publish_cli(cfg_path, store, 500, failpoints="publisher.before_send@301")
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        assert killed.code == -signal.SIGKILL, killed.err[-2000:]
 
         # Messages still in the killed producer's buffer never reached Kafka; the
         # instance says how far it got, and exactly the rest is re-sent.
         again = publish_cli(cfg_path, store, 0)
-        assert again.returncode == 0, again.stderr[-2000:]
-        logon = re.search(r"persisted through (\d+); re-sent (\d+) message\(s\) \((\d+)\.\.(\d+)\)", again.stdout)
-        assert logon, again.stdout
+        assert again.code == 0, again.err[-2000:]
+        logon = re.search(r"persisted through (\d+); re-sent (\d+) message\(s\) \((\d+)\.\.(\d+)\)", again.out)
+        assert logon, again.out
         persisted, resent, first, last = map(int, logon.groups())
         assert 500 <= persisted <= 800, "the first 500 were acknowledged before the kill"
         assert (first, last, resent) == (persisted + 1, 801, 801 - persisted)
-        assert "persisted through 801" in again.stdout
+        assert "persisted through 801" in again.out
     finally:
         inst.stop()
     assert_exactly_once(txlog_rows(tmp_path, name), {"feed": 801})
+
+
+def test_a_refused_message_gets_a_failure_ack_and_flush_returns_it(fabric):
+    # B is A's sync destination: persisted acks wait for it, a failure ack waits for nothing
+    fabric.start_one_way_pair()
+    pub = fabric.publisher("feed", "a")
+    with AckListener("librdkafka", fabric.broker.bootstrap, f"{fabric.name('a')}.acks") as acks:
+        publish_orders(pub, 3)                                # 1..3
+        assert pub.publish("/orders", b"{not json") == 4      # refused in the middle
+        publish_orders(pub, 2)                                # 5, 6
+        assert pub.publish("/orders", b"[1,") == 7            # refused last: flush used to wait out its timeout
+        refused = pub.flush(timeout=120)
+
+        rejected = {int(r["publisher_seq"]): r["reason"] for r in rejected_rows(fabric.root, fabric.name("a"))}
+        assert sorted(rejected) == [4, 7]
+        assert refused == [FailedMessage(4, "/orders", rejected[4]), FailedMessage(7, "/orders", rejected[7])]
+        assert all("JSON" in reason for reason in rejected.values()), rejected
+        assert pub.persisted_seq == 6, "a persisted ack never covers a refused message"
+        assert pub.store.count() == 0, "the refused messages left the publish store"
+
+        # the publisher goes on past them; the next flush reports only what is new
+        assert pub.publish("/orders", b'{"id": 8}') == 8
+        assert pub.flush(timeout=120) == []
+        assert pub.persisted_seq == 8
+        wait_until(lambda: len(acks.failures) == 2 and acks.persisted.get("feed") == 8, timeout=60,
+                   what="the acks topic's records")
+    assert [(f["client"], f["seq"], f["status"], f["reason"], f["instance"]) for f in acks.failures] == [
+        ("feed", seq, "failure", rejected[seq], fabric.name("a")) for seq in (4, 7)]
+    wait_until(lambda: fabric.count("b") == 6, what="B's copies")
+    assert fabric.rows("b")["publisher_seq"].to_pylist() == [1, 2, 3, 5, 6, 8]

@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
                     time.sleep(delay)
             pub.publish(args.topic, body)
             count += 1
-        if not args.no_wait:
-            pub.flush(timeout=args.timeout)
+        refused = pub.flush(timeout=args.timeout) if not args.no_wait else []
         print(f"published {count} message(s); persisted through {pub.persisted_seq}", flush=True)
+        for failed in refused:
+            print(f"message {failed.seq} refused by {instance}: {failed.reason}", file=sys.stderr, flush=True)
     finally:
         pub.close()
-    return 0
+    return 1 if refused else 0

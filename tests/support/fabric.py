@@ -8,10 +8,10 @@ import time
 import uuid
 from pathlib import Path
 
-from factories import txlog_rows, write_config
 from replication import config
 from replication.client import Publisher
 from replication.instance import Instance
+from support.factories import destination_xml, replication_xml, txlog_rows, write_config
 
 TEST_TRIGGER = "100 milliseconds"
 
@@ -65,6 +65,23 @@ class TestFabric:
         self.paths[short] = path
         return path
 
+    def start_one_way_pair(self, **kwargs) -> None:
+        """A -> B (a sync destination, ``ONE_WAY`` topics), ``kwargs`` in both configs: B started, then A."""
+        self.configure("b", **kwargs)
+        self.configure("a", replication=replication_xml(destination_xml(self.name("b"), [self.storage("b")],
+                                                                        topics=ONE_WAY)), **kwargs)
+        self.start("b")
+        self.start("a")
+
+    def start_sync_pair(self) -> None:
+        """A <-> B, each the other's sync destination, both in group ``pair``: A started, then B."""
+        self.configure("a", group="pair", replication=replication_xml(destination_xml(self.name("b"),
+                                                                                      [self.storage("b")])))
+        self.configure("b", group="pair", replication=replication_xml(destination_xml(self.name("a"),
+                                                                                      [self.storage("a")])))
+        self.start("a")
+        self.start("b")
+
     def start(self, short: str) -> Instance:
         inst = Instance(config.load(str(self.paths[short])), self.spark, trigger_interval=TEST_TRIGGER).start()
         self.running[short] = inst
@@ -90,17 +107,9 @@ class TestFabric:
             self.stop(short)
 
 
-def cli(*args) -> tuple[int, str]:
-    """Run a ``replication`` subcommand in this process: its exit code and what it printed on stdout."""
-    import contextlib
-    import io
-
-    from replication.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main([str(a) for a in args])
-    return code, out.getvalue()
+def link_of(fabric: TestFabric, short: str, dest: str) -> dict:
+    """What ``replication status`` shows for one destination of a running instance."""
+    return fabric.running[short].status().links[dest]
 
 
 class AckRecorder:
@@ -164,18 +173,22 @@ class PacedPublisher:
 
 class AckListener(threading.Thread):
     """A long-lived consumer of ``<instance>.acks`` (librdkafka's or kafka-python's), from its beginning: the
-    highest persisted seq it saw per client. Use as a context manager, or ``start()`` and ``stop()``."""
+    highest persisted seq it saw per client, and the failure acks. Use as a context manager, or ``start()`` and
+    ``stop()``."""
 
     def __init__(self, kind: str, bootstrap: str, topic: str) -> None:
         super().__init__(daemon=True, name=f"acks-{kind}")
         self.kind, self.bootstrap, self.topic = kind, bootstrap, topic
         self.persisted: dict[str, int] = {}
+        self.failures: list[dict] = []
         self.ready = threading.Event()
         self._halt = threading.Event()
 
     def _take(self, value: bytes) -> None:
         ack = json.loads(value)
-        if not ack.get("logon"):
+        if ack.get("status") == "failure":
+            self.failures.append(ack)
+        elif not ack.get("logon"):
             self.persisted[ack["client"]] = max(self.persisted.get(ack["client"], 0), int(ack["seq"]))
 
     def run(self) -> None:
@@ -212,7 +225,7 @@ class AckListener(threading.Thread):
         self.join(timeout=30)
 
 
-    def __enter__(self) -> "AckListener":
+    def __enter__(self) -> AckListener:
         self.start()
         assert self.ready.wait(60), f"the {self.kind} consumer was not assigned {self.topic}"
         return self
