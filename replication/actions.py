@@ -12,6 +12,11 @@ On each tick of ``amps-action-on-schedule`` (``Every``):
   oldest unacknowledged message is younger than the upgrade ``Age``: it has
   caught up to within that age.
 
+The downgrade and the upgrade may be written in one ``<Action>`` or in two,
+each with its own ``<Every>`` (as AMPS users often do: a frequent downgrade
+check, a slower upgrade); each runs on its own schedule. One instance has at
+most one of each (the config refuses a second, which would only compete).
+
 Ages are the link's own (:meth:`replication.durability.Durability.link_age`):
 the rows a downgraded link has not acknowledged keep their ages, so a link
 whose destination is still down stays downgraded instead of being upgraded
@@ -43,29 +48,41 @@ CONNECTED_STATES = ("connected", "failed over")
 @dataclass(frozen=True)
 class DowngradePolicy:
     every: float
+    """Seconds between downgrade checks (and upgrade checks, unless ``upgrade_every``)."""
     downgrade_age: float | None
     upgrade_age: float | None
     minimum_sync: int = 0
     grace_period: float = 0.0
+    upgrade_every: float | None = None
+    """Seconds between upgrade checks, when the upgrade is an action of its own."""
+
+    @property
+    def upgrade_interval(self) -> float:
+        return self.upgrade_every if self.upgrade_every is not None else self.every
 
 
 def policy_of(cfg: InstanceConfig) -> DowngradePolicy | None:
-    """The downgrade/upgrade policy of a config, or None when it has none."""
+    """The downgrade/upgrade policy of a config (from every scheduled action), or None when it has none."""
+    downgrade = upgrade = None
     for action in cfg.actions:
         if action.on.module != ON_SCHEDULE:
             continue
-        downgrade = next((d for d in action.do if d.module == DO_DOWNGRADE), None)
-        upgrade = next((d for d in action.do if d.module == DO_UPGRADE), None)
-        if downgrade is None and upgrade is None:
-            continue
-        return DowngradePolicy(
-            every=action.on.every or 1.0,
-            downgrade_age=downgrade.age if downgrade else None,
-            upgrade_age=upgrade.age if upgrade else None,
-            minimum_sync=cfg.minimum_sync_destinations,
-            grace_period=(downgrade.grace_period or 0.0) if downgrade else 0.0,
-        )
-    return None
+        every = action.on.every or 1.0
+        for step in action.do:
+            if step.module == DO_DOWNGRADE and downgrade is None:
+                downgrade = (every, step)
+            elif step.module == DO_UPGRADE and upgrade is None:
+                upgrade = (every, step)
+    if downgrade is None and upgrade is None:
+        return None
+    return DowngradePolicy(
+        every=downgrade[0] if downgrade else upgrade[0] if upgrade else 1.0,
+        downgrade_age=downgrade[1].age if downgrade else None,
+        upgrade_age=upgrade[1].age if upgrade else None,
+        minimum_sync=cfg.minimum_sync_destinations,
+        grace_period=(downgrade[1].grace_period or 0.0) if downgrade else 0.0,
+        upgrade_every=upgrade[0] if upgrade else None,
+    )
 
 
 class DowngradeController:
@@ -97,12 +114,22 @@ class DowngradeController:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.policy.every):
-            if self.tick():
+        start = time.monotonic()
+        next_down, next_up = start + self.policy.every, start + self.policy.upgrade_interval
+        while not self._stop.wait(max(0.0, min(next_down, next_up) - time.monotonic())):
+            at = time.monotonic()
+            down, up = at >= next_down, at >= next_up
+            if down:
+                next_down += self.policy.every * max(1, int((at - next_down) // self.policy.every) + 1)
+            if up:
+                next_up += self.policy.upgrade_interval * max(
+                    1, int((at - next_up) // self.policy.upgrade_interval) + 1)
+            if self.tick(downgrade=down, upgrade=up):
                 self.durability.release()
 
-    def tick(self, now: float | None = None) -> bool:
-        """One evaluation; True when a destination changed mode."""
+    def tick(self, now: float | None = None, *, downgrade: bool = True, upgrade: bool = True) -> bool:
+        """One evaluation of the downgrade action, the upgrade action or both; True when a destination
+        changed mode."""
         now = now if now is not None else time.time()
         changed = False
         in_grace = now - self.started < self.policy.grace_period
@@ -111,7 +138,7 @@ class DowngradeController:
                 continue
             age = self.durability.link_age(link, now)
             if not link.downgraded:
-                if self.policy.downgrade_age is None or age <= self.policy.downgrade_age or in_grace:
+                if not downgrade or self.policy.downgrade_age is None or age <= self.policy.downgrade_age or in_grace:
                     continue
                 still_sync = sum(1 for other in self.links.values() if other.sync and not other.downgraded) - 1
                 if still_sync < self.policy.minimum_sync:
@@ -127,7 +154,7 @@ class DowngradeController:
                 log.warning("destination %s downgraded to async: oldest unacknowledged message is %.1fs old",
                             name, age)
                 changed = True
-            elif (self.policy.upgrade_age is not None and age < self.policy.upgrade_age
+            elif (upgrade and self.policy.upgrade_age is not None and age < self.policy.upgrade_age
                   and link.snapshot().state in CONNECTED_STATES):
                 link.set(downgraded=False)
                 log.warning("destination %s upgraded back to sync: oldest unacknowledged message is %.1fs old",

@@ -21,6 +21,11 @@ queue_underlying    a queue on both sides has the same underlying topic and
                     filter (cannot be excluded)
 ==================  ===========================================================
 
+Before the topics, the link itself: a destination that declares a ``<Group>``
+reaches only an instance of that group (``group``; AMPS refuses the connection
+otherwise, and so does this engine: the link is not started). A destination
+written without ``<Group>`` accepts any.
+
 Topic names are regexes; two are compared as the spec's configs are: equal
 names match, a regex such as ``.*`` covers any name it matches, and
 ``^/orders/`` covers ``^/orders/.*`` (anchors stripped). Anything subtler is
@@ -213,6 +218,18 @@ def validate_link(up: InstanceConfig, dest: Destination, down: InstanceConfig) -
         ...     print(f)
     """
     findings: list[Finding] = []
+    down_group = down.group or down.name
+    if dest.group_declared and dest.group != down_group:
+        # link-level and mandatory: AMPS refuses the connection
+        findings.append(Finding(
+            upstream=up.name, downstream=down.name, destination=dest.name, topic="*", message_type="*",
+            check="group",
+            problem=f"destination {dest.name} declares <Group>{dest.group}</Group>, but {down.name} at this "
+                    f"address is in group {down_group}",
+            fix=f"write <Group>{down_group}</Group> in destination {dest.name} if {down.name} is the instance "
+                f"meant, or point its <InetAddr> at an instance of group {dest.group}",
+            where=str(dest.source) if dest.source.file else "",
+        ))
     for topic in dest.topics:
         bad = topic.exclude_validation & MANDATORY_CHECKS
         if bad:

@@ -13,6 +13,7 @@ import pytest
 from lxml import etree
 from support.repo import REPO
 
+from replication.actions import policy_of
 from replication.config import effective as effective_config
 from replication.config import load
 from replication.config.model import (
@@ -173,6 +174,7 @@ def test_full_config_parses_into_dataclasses(tmp_path):
                 ),
                 inet_addrs=("/var/lib/replication/amps-2", "/var/lib/replication/amps-2b"),
                 pass_through=".*",
+                group_declared=True,
             ),
             Destination(
                 name="amps-3",
@@ -188,6 +190,7 @@ def test_full_config_parses_into_dataclasses(tmp_path):
                 sync_type="async",
                 topics=(DestinationTopic(".*", "json"),),
                 inet_addrs=("/var/lib/replication/archive-a",),
+                group_declared=True,
             ),
         ),
         bootstrap=Bootstrap(
@@ -319,6 +322,18 @@ def test_group_local_queue_and_downgrade_options():
     assert cfg.actions[0].on.every == 0.5
     downgrade = cfg.actions[0].do[0]
     assert (downgrade.grace_period, downgrade.age) == (0.0, 300.0)
+
+
+def test_downgrade_and_upgrade_written_as_two_actions_each_keep_their_schedule():
+    cfg = parse_string(
+        """<AMPSConfig><Name>a</Name><Storage>/s</Storage><Actions>
+        <Action><On><Module>amps-action-on-schedule</Module><Options><Every>2s</Every></Options></On>
+          <Do><Module>amps-action-do-downgrade-replication</Module><Options><Age>30s</Age></Options></Do></Action>
+        <Action><On><Module>amps-action-on-schedule</Module><Options><Every>1m</Every></Options></On>
+          <Do><Module>amps-action-do-upgrade-replication</Module><Options><Age>5s</Age></Options></Do></Action>
+        </Actions></AMPSConfig>""")
+    policy = policy_of(cfg)
+    assert (policy.every, policy.downgrade_age, policy.upgrade_interval, policy.upgrade_age) == (2.0, 30.0, 60.0, 5.0)
 
 
 # ---------------------------------------------------------------------------
@@ -457,6 +472,12 @@ BAD: list[tuple[str, str, str]] = [
                                      "amps-action-do-upgrade-replicaton</Module>" + MARK),
      "'amps-action-do-upgrade-replicaton'"),
     ("bad DataType", mutate("<DataType>sow,txlog</DataType>", "<DataType>sow,log</DataType>" + MARK), "'log'"),
+    ("a second downgrade action", mutate("    </Action>\n  </Actions>", "    </Action>\n    <Action>\n"
+                                         "      <On><Module>amps-action-on-schedule</Module><Options><Every>1s</Every>"
+                                         "</Options></On>\n      <Do><Module>amps-action-do-downgrade-replication"
+                                         "</Module><Options><Age>5s</Age></Options></Do>" + MARK + "\n    </Action>\n"
+                                         "  </Actions>"),
+     "keep one <Do><Module>amps-action-do-downgrade-replication</Module></Do>"),
     (
         "bootstrap without a transaction log",
         """<AMPSConfig>

@@ -170,6 +170,8 @@ class Destination:
     """``<PassThrough>``: regex of upstream groups whose messages are forwarded here."""
     compression: str = "zstd"
     """``<Compression>``: Parquet codec of inbox writes (zstd, snappy, gzip, lz4, none)."""
+    group_declared: bool = False
+    """``<Group>`` was written: the instance reached must declare that group, or the link is refused (AMPS)."""
     source: Source = field(default_factory=Source, compare=False)
 
 

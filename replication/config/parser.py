@@ -193,15 +193,21 @@ def _tuning(node: Node | None) -> int:
 
 def _actions(node: Node) -> tuple[Action, ...]:
     actions: list[Action] = []
+    seen: dict[str, ActionStep] = {}  # downgrade/upgrade module -> where it was first written
     for anode in node.children({"Action": MANY}).all("Action"):
         kids = anode.children(_ACTION_SCHEMA)
-        actions.append(
-            Action(
-                on=_step(kids.one("On"), _ON_MODULES),
-                do=tuple(_step(d, _DO_MODULES) for d in kids.all("Do")),
-                source=anode.source(),
-            )
-        )
+        steps = []
+        for dnode in kids.all("Do"):
+            step = _step(dnode, _DO_MODULES)
+            first = seen.setdefault(step.module, step)
+            if first is not step:
+                dnode.fail(
+                    f"a second {step.module} action; the instance has one (written at line {first.source.line}), "
+                    "and two would only compete over the same destinations",
+                    f"keep one <Do><Module>{step.module}</Module></Do> under <Actions>",
+                )
+            steps.append(step)
+        actions.append(Action(on=_step(kids.one("On"), _ON_MODULES), do=tuple(steps), source=anode.source()))
     return tuple(actions)
 
 

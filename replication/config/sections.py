@@ -352,6 +352,7 @@ def destinations(
                 inet_addrs=tuple(addrs),
                 pass_through=pass_through.read(values.regex) if pass_through is not None else None,
                 compression=compression.read(values.enum, COMPRESSIONS) if compression is not None else "zstd",
+                group_declared=kids.opt("Group") is not None,
                 source=dnode.source(),
             )
         )

@@ -31,10 +31,12 @@ def test_a_stopped_sync_destination_is_downgraded_after_its_age_then_upgraded_on
     b_name, c_name = fabric.name("b"), fabric.name("c")
     fabric.configure("b")
     fabric.configure("c")
+    # the downgrade and the upgrade as two actions, each on its own schedule, as AMPS users often write them
     fabric.configure("a", replication=replication_xml(
         destination_xml(b_name, [fabric.storage("b")], topics=ONE_WAY),
         destination_xml(c_name, [fabric.storage("c")], topics=ONE_WAY),
-        actions=downgrade_xml(every=f"{EVERY}s", downgrade_age=f"{AGE}s", upgrade_age=f"{AGE / 2}s", minimum_sync=1)))
+        actions=downgrade_xml(every=f"{EVERY}s", downgrade_age=f"{AGE}s", upgrade_age=f"{AGE / 2}s", minimum_sync=1,
+                              upgrade_every="1s")))
     fabric.start("b")
     fabric.start("c")
     fabric.start("a")

@@ -85,3 +85,37 @@ def test_a_terminal_destination_error_shows_config_error_and_is_not_retried(fabr
     line = next(line for line in status.out.splitlines() if "config error:" in line)
     assert "format 2 is not supported" in line
     assert fabric.count("b") == 0
+
+
+def test_a_destination_whose_group_is_not_the_downstreams_is_refused_until_the_groups_agree(fabric):
+    b_name, a_name = fabric.name("b"), fabric.name("a")
+    fabric.configure("b", group="nyc-archive")
+    fabric.configure("a", replication=replication_xml(
+        destination_xml(b_name, [fabric.storage("b")], sync="async", group="ldn-archive", topics=ONE_WAY)))
+    both = (fabric.paths["a"], fabric.paths["b"])
+
+    # offline, before anything runs: `validate` names both groups
+    code, out, _ = run_cli("validate", *both)
+    assert code == 1, out
+    assert (f"group check failed: destination {b_name} declares <Group>ldn-archive</Group>, but {b_name} at this "
+            "address is in group nyc-archive") in out, out
+
+    fabric.start("b")
+    fabric.start("a")
+    pub = fabric.publisher("grouped", "a")
+    publish_orders(pub, 10)
+    assert pub.flush(timeout=120) == []  # async: A's publishers are not held by the refused link
+    link = wait_until(lambda: (lambda s: s if s["state"] == "validation failed" else None)(
+        link_of(fabric, "a", b_name)), timeout=60, what="the link to be refused")
+    assert "ldn-archive" in link["detail"] and "nyc-archive" in link["detail"], link["detail"]
+    out = wait_until(lambda: (lambda r: r[1] if r[0] == 1 and "REFUSED" in r[1] else None)(
+        run_cli("status", *both, "--check")), timeout=30, what="status --check to see the heartbeat")
+    assert f"REFUSED: {a_name} -> {b_name}: validation failed" in out and "nyc-archive" in out, out
+    assert fabric.count("b") == 0, "nothing crossed a refused link"
+
+    # B declares the group the destination names: the link connects without restarting A
+    fabric.stop("b")
+    fabric.configure("b", group="ldn-archive")
+    fabric.start("b")
+    wait_until(lambda: fabric.count("b") == 10, timeout=120, what="B to receive what A held")
+    assert_exactly_once(fabric.rows("b"), {"grouped": 10})

@@ -131,17 +131,23 @@ def replication_xml(*destinations: str, actions: str = "") -> str:
     return f"<Replication>{''.join(destinations)}</Replication>{actions}"
 
 
-def downgrade_xml(*, every: str, downgrade_age: str, upgrade_age: str, minimum_sync: int | None = None) -> str:
-    """``<Actions>`` with the downgrade and upgrade modules (and ``<Tuning>`` when ``minimum_sync`` is given)."""
+def downgrade_xml(*, every: str, downgrade_age: str, upgrade_age: str, minimum_sync: int | None = None,
+                  upgrade_every: str | None = None) -> str:
+    """``<Actions>`` with the downgrade and upgrade modules (and ``<Tuning>`` when ``minimum_sync`` is given):
+    one ``<Action>``, or with ``upgrade_every`` the upgrade in an action of its own, on its own schedule."""
     tuning = (f"<Tuning><MinimumSyncDestinations>{minimum_sync}</MinimumSyncDestinations></Tuning>"
               if minimum_sync is not None else "")
-    return (
-        "<Actions><Action>"
-        f"<On><Module>amps-action-on-schedule</Module><Options><Every>{every}</Every></Options></On>"
-        f"<Do><Module>amps-action-do-downgrade-replication</Module><Options><Age>{downgrade_age}</Age></Options></Do>"
-        f"<Do><Module>amps-action-do-upgrade-replication</Module><Options><Age>{upgrade_age}</Age></Options></Do>"
-        f"</Action></Actions>{tuning}"
-    )
+
+    def on(interval: str) -> str:
+        return f"<On><Module>amps-action-on-schedule</Module><Options><Every>{interval}</Every></Options></On>"
+
+    def do(module: str, age: str) -> str:
+        return f"<Do><Module>amps-action-do-{module}-replication</Module><Options><Age>{age}</Age></Options></Do>"
+
+    down, up = do("downgrade", downgrade_age), do("upgrade", upgrade_age)
+    if upgrade_every is None:
+        return f"<Actions><Action>{on(every)}{down}{up}</Action></Actions>{tuning}"
+    return f"<Actions><Action>{on(every)}{down}</Action><Action>{on(upgrade_every)}{up}</Action></Actions>{tuning}"
 
 
 def inbox_codecs(storage: Path) -> set[str]:
