@@ -109,6 +109,8 @@ def test_the_sow_data_type_copies_records_whose_txlog_rows_the_source_no_longer_
     pub.publish("/orders", json.dumps({"id": 999, "v": "old"}))
     for i in range(300, 400):
         pub.publish("/orders", json.dumps({"id": i % 100, "v": i}))
+    for i in range(20):  # a bootstrapped topic that is no SOW topic here: sow,txlog copies its rows (the spec)
+        pub.publish("/audit", json.dumps({"i": i}))
     pub.flush(timeout=120)
     fabric.stop("s")  # its last compaction brings the SOW table up to its txlog's end
     s_cfg = config.load(str(fabric.paths["s"]))
@@ -116,14 +118,16 @@ def test_the_sow_data_type_copies_records_whose_txlog_rows_the_source_no_longer_
     DeltaTable(str(fabric.storage("s") / "txlog")).delete("seq <= 350")  # retention: record 999's row is gone
     assert "999" in {row["sow_key"] for row in expected}
 
-    fabric.configure("r", sow=sow, replication=bootstrap_xml(["/orders"], [fabric.storage("s")], "sow,txlog"))
+    fabric.configure("r", sow=sow, replication=bootstrap_xml(["/orders", "/audit"], [fabric.storage("s")],
+                                                             "sow,txlog"))
     fabric.start("r")
     r_cfg = config.load(str(fabric.paths["r"]))
     got = read_current(r_cfg, "/orders").to_pylist()
     fields = ("sow_key", "topic", "bookmark", "publisher", "publisher_seq", "data")
     assert [{k: row[k] for k in fields} for row in sorted(got, key=lambda r: r["sow_key"])] == \
         [{k: row[k] for k in fields} for row in sorted(expected, key=lambda r: r["sow_key"])]
-    assert fabric.count("r") == 51, "the txlog rows the source still has (seq 351..401)"
+    assert fabric.count("r") == 71, "the txlog rows the source still has (seq 351..421)"
+    assert [row["topic"] for row in fabric.rows("r").to_pylist()[51:]] == ["/audit"] * 20
     by_key = {row["sow_key"]: row["seq"] for row in got}
     assert by_key["999"] == 0, "a record whose row is not in this txlog"
     assert 1 <= by_key["99"] <= 51

@@ -324,6 +324,22 @@ def test_group_local_queue_and_downgrade_options():
     assert (downgrade.grace_period, downgrade.age) == (0.0, 300.0)
 
 
+def test_the_specs_bootstrap_with_sow_and_txlog_loads_on_an_instance_without_those_sow_topics():
+    # spec: "If either of these topics is recorded in the SOW, the current messages ... will be copied"
+    cfg = parse_string(
+        """<AMPSConfig><Name>a</Name><Storage>/s</Storage>
+        <Transports><Transport><Name>r</Name><Type>amps-replication</Type></Transport></Transports>
+        <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+        <Bootstrap>
+          <Topic><Name>important-topic</Name><MessageType>json</MessageType></Topic>
+          <Topic><Name>^audit-topic</Name><MessageType>json</MessageType></Topic>
+          <DataType>sow,txlog</DataType>
+          <Transport><InetAddr>/src-a</InetAddr><InetAddr>/src-b</InetAddr><Type>amps-replication</Type></Transport>
+        </Bootstrap></AMPSConfig>""")
+    assert cfg.bootstrap.data_types == {"sow", "txlog"} and cfg.sow_topics == ()
+    assert cfg.bootstrap.inet_addrs == ("/src-a", "/src-b")
+
+
 def test_downgrade_and_upgrade_written_as_two_actions_each_keep_their_schedule():
     cfg = parse_string(
         """<AMPSConfig><Name>a</Name><Storage>/s</Storage><Actions>

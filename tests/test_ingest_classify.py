@@ -163,3 +163,12 @@ def test_failure_acks_go_to_the_publishers_of_refused_publishes_only():
     reasons = dict(zip(result.rejected_rows["publisher_seq"].to_pylist(), result.rejected_rows["reason"].to_pylist()))
     assert [f.reason for f in failures] == [reasons["2"], reasons["7"]]
     assert "not recorded" in failures[1].reason
+
+
+def test_transaction_log_topics_match_as_amps_topics_do():
+    cfg = InstanceConfig(name="a", group="a", storage="/tmp/unused", txlog_topics=(
+        TopicSpec("^/orders/", "json"), TopicSpec("/quotes", "json"), TopicSpec("^/fix/", "fix")))
+    recorded = TopicRecorder(cfg)
+    assert recorded("/orders/1", "json") and recorded("/fix/orders", "fix"), "a regex is searched, as routing does"
+    assert recorded("/quotes", "json") and not recorded("/quotes/eu", "json"), "a literal name matches only itself"
+    assert not recorded("/orders/1", "xml") and not recorded("/eu/orders/1", "json")

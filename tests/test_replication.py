@@ -17,6 +17,7 @@ from support.factories import assert_exactly_once, destination_xml, inbox_codecs
 from replication import config, routing
 from replication.commands import trace as trace_command
 from replication.config.fabric import Fabric
+from replication.messages import tag_value_body, tag_value_fields
 
 
 def test_two_way_pair_ends_with_the_same_messages_once_each(fabric, read_path):
@@ -258,3 +259,44 @@ def test_a_ring_of_three_sync_instances_named_by_group_delivers_once_and_never_l
                   for p, pub in zip(inbox["path"].to_pylist(), inbox["publisher"].to_pylist(), strict=True)
                   if pub == "ring-a"}
         assert engine == traced[fabric.name(s)], (s, engine, traced)
+
+
+def test_fix_and_nvfix_topics_filtered_by_tag_route_row_by_row(fabric):
+    topics = (
+        "<Topic><Name>^/fix/</Name><MessageType>fix</MessageType><Filter>/55 = 'IBM' AND /38 &gt;= 200</Filter>"
+        "<ExcludeValidation>replicate,cascade,replicate_filter</ExcludeValidation></Topic>"
+        "<Topic><Name>^/nv/</Name><MessageType>nvfix</MessageType>"
+        "<Filter>/Side = 'buy' OR /Note IS NULL</Filter>"
+        "<ExcludeValidation>replicate,cascade,replicate_filter</ExcludeValidation></Topic>"
+    )
+    txlog = ("<Topic><Name>^/fix/</Name><MessageType>fix</MessageType></Topic>"
+             "<Topic><Name>^/nv/</Name><MessageType>nvfix</MessageType></Topic>")
+    fabric.configure("b", txlog_topics=txlog)
+    fabric.configure("a", txlog_topics=txlog, replication=replication_xml(
+        destination_xml(fabric.name("b"), [fabric.storage("b")], topics=topics)))
+    fabric.start("b")
+    fabric.start("a")
+    pub = fabric.publisher("tags", "a")
+    expected = set()
+    for i in range(60):
+        symbol, qty = ("IBM", "MSFT", "AAPL")[i % 3], (i * 37) % 400
+        fix = tag_value_body([("35", "D"), ("55", symbol), ("38", str(qty)), ("54", "1")])
+        if pub.publish("/fix/orders", fix, message_type="fix") and symbol == "IBM" and qty >= 200:
+            expected.add(2 * i + 1)
+        side = ("buy", "sell")[i % 2]
+        nv = [("Symbol", symbol), ("Side", side)] + ([("Note", "n")] if i % 3 else [])
+        if pub.publish("/nv/orders", tag_value_body(nv), message_type="nvfix") and (side == "buy" or i % 3 == 0):
+            expected.add(2 * i + 2)
+    assert pub.flush(timeout=240) == []
+    assert 0 < len(expected) < 120
+    wait_until(lambda: fabric.count("b") == len(expected), what="B to receive the rows the filters pass")
+    rows = fabric.rows("b").to_pylist()
+    assert [r["publisher_seq"] for r in rows] == sorted(expected)
+    for row in rows:  # checked row by row against the body B holds
+        fields = dict(tag_value_fields(row["data"]))
+        if row["message_type"] == "fix":
+            assert row["topic"] == "/fix/orders" and fields["55"] == "IBM" and int(fields["38"]) >= 200, fields
+        else:
+            assert row["topic"] == "/nv/orders" and (fields["Side"] == "buy" or "Note" not in fields), fields
+    a_rows = fabric.rows("a").to_pylist()
+    assert len(a_rows) == 120 and {r["message_type"] for r in a_rows} == {"fix", "nvfix"}

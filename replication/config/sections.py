@@ -397,13 +397,9 @@ def bootstrap(node: Node, sow_topics: tuple[SowTopic, ...]) -> Bootstrap:
         items = dt_node.read(values.comma_list)
         for item in items:
             values.enum(item, dt_node, DATA_TYPES, item=True)
+        # (sow applies to the bootstrapped topics that are SOW topics here, and to none when none is:
+        # the spec's "if either of these topics is recorded in the SOW")
         data_types = frozenset(items)
-        if "sow" in data_types and not has_sow:
-            dt_node.fail(
-                "the sow data type copies the source's SOW records into this instance's SOW topics, but no "
-                "<SOW><Topic> here has the message type of a bootstrapped <Topic>",
-                "add the SOW topics to <SOW>, or write <DataType>txlog</DataType>",
-            )
     tk = kids.one("Transport").children(_BOOTSTRAP_TRANSPORT_SCHEMA)
     tk.one("Type").read(values.enum, ("amps-replication",))
     addrs = tuple(a.read(values.location) for a in tk.all("InetAddr"))

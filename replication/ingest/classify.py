@@ -30,6 +30,7 @@ from replication.messages import (
     body_errors,
     publisher_id,
 )
+from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.state import Prepared, SowChanges, SowState, fold, prepare
 from replication.txlog.publishers import PublisherState
@@ -106,14 +107,15 @@ class TopicRecorder:
     """Answers "is (topic, message type) recorded in this instance's txlog?" with a cache."""
 
     def __init__(self, cfg: InstanceConfig) -> None:
-        self._rules = [(re.compile(t.name), t.message_type) for t in cfg.txlog_topics]
+        self._rules = [(t.name, t.message_type) for t in cfg.txlog_topics]
         self._cache: dict[tuple[str, str], bool] = {}
 
     def __call__(self, topic: str, message_type: str) -> bool:
         key = (topic, message_type)
         hit = self._cache.get(key)
         if hit is None:
-            hit = any(mt == message_type and rx.fullmatch(topic) for rx, mt in self._rules)
+            # AMPS topic matching, as routing and validation do: a literal name exactly, a regex searched
+            hit = any(mt == message_type and regex_matches(name, topic) for name, mt in self._rules)
             if len(self._cache) < 100_000:
                 self._cache[key] = hit
         return hit
