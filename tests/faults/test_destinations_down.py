@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import time
+from collections import Counter
 
 import pytest
 from deltalake import DeltaTable
@@ -183,6 +184,47 @@ def test_destination_down_then_back_and_lost_checkpoint_resync_without_loss_or_d
     assert_exactly_once(fabric.rows("b"), {"resync": 700})
     # Resync started where B's marks said, not at the beginning of A's log.
     assert inbox_rows(fabric, "b") - sent_before < 300
+
+
+def test_with_checkpoint_link_file_and_the_downstreams_ack_all_lost_resync_starts_at_what_it_lacks(fabric):
+    a_name, b_name = fabric.name("a"), fabric.name("b")
+    fabric.configure("b")
+    fabric.configure("a", replication=replication_xml(destination_xml(b_name, [fabric.storage("b")], sync="async",
+                                                                      topics=ONE_WAY)))
+    fabric.start("b")
+    fabric.start("a")
+    first, second = fabric.publisher("p1", "a"), fabric.publisher("p2", "a")
+    for pub in (first, second):  # A's seqs 1..200
+        publish_orders(pub, 100)
+        pub.flush(timeout=240)
+    wait_until(lambda: fabric.count("b") == 200, what="B to hold the first 200")
+
+    fabric.stop("b")  # async: A goes on accepting; B lacks A's seqs 201..300
+    for pub in (first, second):
+        publish_orders(pub, 50)
+        pub.flush(timeout=240)
+    fabric.stop("a")
+    # Everything that says how far B got is gone but B's own txlog: A's replicator checkpoint and link file,
+    # and B's acknowledgement file to A.
+    shutil.rmtree(fabric.storage("a") / "_checkpoints")
+    shutil.rmtree(fabric.storage("a") / "_control" / "links")
+    ack_file = fabric.storage("b") / "_control" / "acks" / f"{a_name}.json"
+    assert ack_file.exists()
+    ack_file.unlink()
+    before = DeltaTable(str(fabric.storage("b") / "inbox")).version()
+
+    fabric.start("b")
+    fabric.start("a")
+    wait_until(lambda: fabric.count("b") == 300, timeout=240, what="B to receive what it lacked")
+    def upstream_seqs(version=None) -> Counter:
+        table = DeltaTable(str(fabric.storage("b") / "inbox"), version=version)
+        return Counter(table.to_pyarrow_table(columns=["upstream_seq"])["upstream_seq"].to_pylist())
+
+    sent = sorted((upstream_seqs() - upstream_seqs(before)).elements())
+    assert sent[0] == 201, "the first row sent is the earliest B lacked by its per-publisher marks"
+    assert sent == list(range(201, 301)), "nothing B had was sent again"
+    assert_exactly_once(fabric.rows("b"), {"p1": 150, "p2": 150})
+    assert [r["seq"] for r in fabric.rows("a").to_pylist()] == list(range(1, 301))
 
 
 def test_destination_fails_over_to_the_next_address(fabric):
