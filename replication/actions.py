@@ -17,6 +17,9 @@ each with its own ``<Every>`` (as AMPS users often do: a frequent downgrade
 check, a slower upgrade); each runs on its own schedule. One instance has at
 most one of each (the config refuses a second, which would only compete).
 
+An operator's downgrade (``replication downgrade``, :func:`apply_manual_downgrades`)
+is never undone by the upgrade action: only ``replication upgrade`` ends it.
+
 Ages are the link's own (:meth:`replication.durability.Durability.link_age`):
 the rows a downgraded link has not acknowledged keep their ages, so a link
 whose destination is still down stays downgraded instead of being upgraded
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from replication.config.model import InstanceConfig
     from replication.destination.link import Link
     from replication.durability import Durability
+    from replication.storage.layout import StorageLayout
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,26 @@ def policy_of(cfg: InstanceConfig) -> DowngradePolicy | None:
         grace_period=(downgrade[1].grace_period or 0.0) if downgrade else 0.0,
         upgrade_every=upgrade[0] if upgrade else None,
     )
+
+
+def apply_manual_downgrades(links: dict[str, Link], layout: StorageLayout) -> bool:
+    """Make each link match the operator's downgrade files (present: async until upgraded; removed: sync
+    again, where the automatic action may downgrade it anew); True when a link changed."""
+    changed = False
+    for name, link in links.items():
+        if not link.sync:
+            continue
+        asked = layout.manual_downgrade_file(name).exists()
+        if asked and not link.manual:
+            link.set(downgraded=True, manual=True)
+            log.warning("destination %s downgraded to async by an operator (replication downgrade); it stays "
+                        "async until replication upgrade", name)
+            changed = True
+        elif not asked and link.manual:
+            link.set(downgraded=False, manual=False)
+            log.warning("destination %s upgraded back to sync by an operator (replication upgrade)", name)
+            changed = True
+    return changed
 
 
 class DowngradeController:
@@ -154,7 +178,7 @@ class DowngradeController:
                 log.warning("destination %s downgraded to async: oldest unacknowledged message is %.1fs old",
                             name, age)
                 changed = True
-            elif (upgrade and self.policy.upgrade_age is not None and age < self.policy.upgrade_age
+            elif (upgrade and not link.manual and self.policy.upgrade_age is not None and age < self.policy.upgrade_age
                   and link.snapshot().state in CONNECTED_STATES):
                 link.set(downgraded=False)
                 log.warning("destination %s upgraded back to sync: oldest unacknowledged message is %.1fs old",

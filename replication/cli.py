@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bootstrap": ("bootstrap", "copy another instance's messages into an empty instance, then exit"),
     "backfill": ("backfill", "publish the rows of files (parquet, jsonl, csv, delta) at an instance"),
     "replay": ("replay", "print a txlog's messages from a bookmark, optionally following new ones"),
+    "downgrade": ("downgrade", "make a sync destination async until `replication upgrade` (admin)"),
+    "upgrade": ("downgrade", "end an operator's downgrade: the destination is sync again (admin)"),
 }
 
 

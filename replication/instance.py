@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from replication import bootstrap
-from replication.actions import DowngradeController
+from replication.actions import DowngradeController, apply_manual_downgrades
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.connectors.kafka.broker import ensure_topics
@@ -124,6 +124,7 @@ class Instance:
         self.links = {
             d.name: Link(self.layout.link_file(d.name), d.name, d.sync_type) for d in self.cfg.destinations
         }
+        apply_manual_downgrades(self.links, self.layout)  # an operator's downgrade outlives a restart
         self.durability = Durability(
             sender,
             layout=self.layout,
@@ -342,6 +343,8 @@ class Instance:
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
             try:
+                if apply_manual_downgrades(self.links, self.layout) and self.durability is not None:
+                    self.durability.release()
                 self.status().write(self.layout.heartbeat_json)
                 self._restart_ingest_if_failed()
                 self._report_slow_ingest()

@@ -173,3 +173,5 @@ def _print_table(statuses: list[dict]) -> None:
                   f"{link.get('lag_seconds', 0.0):>7.1f}  {link.get('address') or ''}")
             if link.get("state") in EXPLAINED_STATES and link.get("detail"):
                 print(f"{'':<14}   {state_text(link) if link['state'] == 'config error' else link['detail']}")
+            if link.get("manual"):
+                print(f"{'':<14}   downgraded by an operator: async until `replication upgrade`")

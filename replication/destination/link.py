@@ -56,6 +56,12 @@ class Link:
             return self.state.downgraded
 
     @property
+    def manual(self) -> bool:
+        """Downgraded by an operator: only ``replication upgrade`` ends it."""
+        with self._lock:
+            return self.state.manual
+
+    @property
     def acked_seq(self) -> int:
         with self._lock:
             return self.state.acked_seq

@@ -24,6 +24,8 @@ file                        written by                           read by
                             manager and replicator               ``replication status``
 ``bootstrap.json``          a bootstrap, when it starts and      the instance at start: an interrupted
                             when it ends                         bootstrap resumes
+``downgraded/<dest>.json``  ``replication downgrade`` (removed   the instance, every second and at start:
+                            by ``replication upgrade``)          the destination stays async while present
 ==========================  ===================================  ==========================================
 
 The acknowledgement chain: upstream U's replicator appends rows to our inbox
@@ -212,6 +214,8 @@ class LinkState(ControlFile):
     downstream_ack: int = 0
     """The destination's last acknowledgement (local seq)."""
     downgraded: bool = False
+    manual: bool = False
+    """Downgraded by an operator (``replication downgrade``): no automatic upgrade undoes it."""
     detail: str = ""
     updated: float = field(default_factory=time.time)
 
@@ -227,6 +231,16 @@ class LinkState(ControlFile):
     def from_json(cls, payload: dict) -> LinkState:
         state = super().from_json(payload)
         return dataclasses.replace(state, unacked=tuple((int(a), int(b)) for a, b in state.unacked))
+
+
+@dataclass(frozen=True)
+class ManualDowngrade(ControlFile):
+    """``downgraded/<destination>.json``: an operator made a sync destination async until ``upgrade``."""
+
+    destination: str
+    at: float = 0.0
+    """When it was asked (epoch seconds)."""
+    reason: str = ""
 
 
 @dataclass(frozen=True)

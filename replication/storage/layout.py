@@ -120,6 +120,10 @@ class StorageLayout:
     def link_file(self, destination: str) -> Path:
         return self.control / "links" / f"{destination}.json"
 
+    def manual_downgrade_file(self, destination: str) -> Path:
+        """Present while an operator has downgraded ``destination`` (``replication downgrade``)."""
+        return self.control / "downgraded" / f"{destination}.json"
+
     def checkpoint(self, query: str) -> Path:
         return self.root / "_checkpoints" / query
 
