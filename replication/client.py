@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import NamedTuple
 
 from replication import failpoints
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
 from replication.messages import (
@@ -147,7 +148,10 @@ class Publisher:
         logon_timeout: float = 60.0,
         resend_after: float = 10.0,
         compression: str | None = "zstd",
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
+        """``security``: TLS and SASL toward the brokers (:class:`~replication.connectors.kafka.security.KafkaSecurity`;
+        an instance config's transport has it: ``cfg.kafka_transports[0].security``)."""
         from kafka import KafkaConsumer, KafkaProducer
 
         self.name = name
@@ -161,10 +165,11 @@ class Publisher:
         # order through retries, and a send is retried until the broker is back (the store holds it anyway).
         self._producer = KafkaProducer(
             bootstrap_servers=bootstrap.split(","), acks="all", enable_idempotence=True, linger_ms=2,
-            compression_type=compression, delivery_timeout_ms=SEND_TIMEOUT_MS,
+            compression_type=compression, delivery_timeout_ms=SEND_TIMEOUT_MS, **security.kafka_python(),
         )
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap.split(","),
+            **security.kafka_python(),
             enable_auto_commit=False,
             fetch_max_wait_ms=ACK_FETCH_WAIT_MS,
             consumer_timeout_ms=10,

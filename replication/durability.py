@@ -63,6 +63,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from replication import failpoints
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.storage.control import Ack, DurableState
 from replication.txlog.runs import Runs, run_bounds, runs_by_value
 
@@ -88,13 +89,14 @@ def acks_topic(instance: str) -> str:
 class AckSender:
     """Publishes persisted acks and logon replies for one instance."""
 
-    def __init__(self, instance: str, bootstrap_servers: Iterable[str]) -> None:
+    def __init__(self, instance: str, bootstrap_servers: Iterable[str], security: KafkaSecurity = PLAINTEXT) -> None:
         from kafka import KafkaProducer
 
         self.instance = instance
         self.topic = acks_topic(instance)
         self._producer = KafkaProducer(
             bootstrap_servers=list(bootstrap_servers),
+            **security.kafka_python(),
             acks=1,
             linger_ms=0,
             retries=5,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
+from kafka.errors import KafkaError
 
 from replication import bootstrap
 from replication.actions import DowngradeController, apply_manual_downgrades
@@ -28,6 +29,7 @@ from replication.connectors.kafka.broker import ensure_topics
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
+from replication.errors import ReplicationError
 from replication.inbox.staged_parts import StagedParts
 from replication.ingest.classify import TopicRecorder
 from replication.ingest.inputs import DriverRead, InboxRows, ingest_stream
@@ -118,9 +120,17 @@ class Instance:
 
         sender = None
         if self.cfg.kafka_transports:
-            servers = self.cfg.kafka_transports[0].bootstrap_servers
-            ensure_topics(",".join(servers), [acks_topic(self.name)])
-            sender = AckSender(self.name, servers)
+            transport = self.cfg.kafka_transports[0]
+            try:
+                ensure_topics(",".join(transport.bootstrap_servers), [acks_topic(self.name)],
+                              security=transport.security)
+            except KafkaError as exc:
+                raise ReplicationError(
+                    f"{self.name}: Kafka at {','.join(transport.bootstrap_servers)} "
+                    f"({transport.security.describe()}) could not be reached or refused this client ({exc}). "
+                    f"Fix: check the transport's <InetAddr> and <Security> ({transport.source}); the Kafka "
+                    "client's log lines above say why") from None
+            sender = AckSender(self.name, transport.bootstrap_servers, transport.security)
         self.links = {
             d.name: Link(self.layout.link_file(d.name), d.name, d.sync_type) for d in self.cfg.destinations
         }

@@ -18,10 +18,13 @@ def spark():
 
 @pytest.fixture(scope="session")
 def broker():
-    """An Apache Kafka broker (KRaft, from jvm/pom.xml's jars) on free loopback ports, for the whole test session."""
+    """An Apache Kafka broker (KRaft, from jvm/pom.xml's jars) on free loopback ports, for the whole test session:
+    plain text, and SASL_SSL and mutual-TLS listeners for the security tests (``support.secure``)."""
+    from support.secure import KAFKA_PASSWORD, KAFKA_USER
+
     from replication.connectors.kafka.broker import EmbeddedBroker
 
-    with EmbeddedBroker() as b:
+    with EmbeddedBroker(users={KAFKA_USER: KAFKA_PASSWORD}) as b:
         yield b
 
 

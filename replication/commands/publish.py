@@ -13,6 +13,7 @@ import sys
 import time
 
 from replication import config
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,16 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-wait", action="store_true", help="do not wait for persisted acks")
 
 
-def _target(args: argparse.Namespace) -> tuple[str, str, str]:
+def _target(args: argparse.Namespace) -> tuple[str, str, str, KafkaSecurity]:
+    """Where to publish: the config's first Kafka transport (with its <Security>), or the arguments."""
     if args.config:
         cfg = config.load(args.config)
         if not cfg.kafka_transports:
             raise SystemExit(f"{args.config}: instance {cfg.name} has no kafka Transport to publish to")
         transport = cfg.kafka_transports[0]
-        return ",".join(transport.bootstrap_servers), transport.topics[0], cfg.name
+        return ",".join(transport.bootstrap_servers), transport.topics[0], cfg.name, transport.security
     if not (args.bootstrap and args.kafka_topic and args.instance):
         raise SystemExit("replication publish: give --config, or all of --bootstrap, --kafka-topic and --instance")
-    return args.bootstrap, args.kafka_topic, args.instance
+    return args.bootstrap, args.kafka_topic, args.instance, PLAINTEXT
 
 
 def _bodies(args: argparse.Namespace):
@@ -57,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     # the engine (Spark, Kafka clients) loads only when this command runs: `replication --help` stays fast
     from replication.client import Publisher
 
-    bootstrap, kafka_topic, instance = _target(args)
+    bootstrap, kafka_topic, instance, security = _target(args)
     pub = Publisher(args.client, bootstrap=bootstrap, topic=kafka_topic, instance=instance,
-                    store_path=args.store or f"{args.client}.store")
+                    store_path=args.store or f"{args.client}.store", security=security)
     try:
         resent = pub.resent
         print(f"logged on to {instance} as {args.client}: persisted through {pub.last_logon_seq}; "

@@ -3,7 +3,10 @@
 The encoding is generic over the dataclasses of :mod:`replication.config.model`,
 so a field added there is carried without touching this module. Tuples become
 lists, frozensets sorted lists, ``Source`` a ``{"file", "line"}`` object, a
-parsed filter its text (parsed again when read). Reading and writing the file
+parsed filter its text (parsed again when read), a secret (a Kafka password) the
+text ``"<secret>"``: the file never holds one, and a config read back from it has
+no usable secret (readers of ``instance.json`` validate links; they never connect
+to that instance's Kafka). Reading and writing the file
 is :mod:`replication.storage.control`'s job.
 
 Example::
@@ -23,6 +26,10 @@ from functools import cache
 from typing import Any, Literal, Union
 
 from replication.config.model import InstanceConfig
+from replication.connectors.kafka.security import Secret
+
+#: What ``instance.json`` holds in place of a secret.
+REDACTED = "<secret>"
 
 __all__ = ["FORMAT", "from_dict", "to_dict"]
 
@@ -54,6 +61,8 @@ def from_dict(data: dict[str, Any]) -> InstanceConfig:
 
 
 def _encode(value: Any) -> Any:
+    if isinstance(value, Secret):
+        return REDACTED
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # fields derived at construction (a parsed filter's expression) are not carried
         return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
@@ -102,6 +111,8 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
         if len(args) != len(value):
             raise ValueError(f"effective config: {where} should have {len(args)} items, got {value!r}")
         return tuple(_decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if tp is Secret:
+        return Secret("")  # never written (see the module docstring)
     if origin is Literal:
         tp = type(args[0])
     if tp is float and isinstance(value, int) and not isinstance(value, bool):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.expressions import Filter
 from replication.messages import FIELD_TYPES
 
@@ -70,6 +71,8 @@ class KafkaTransport:
     """Default message type when a record has no ``amps-type`` header."""
     max_offsets_per_trigger: int = DEFAULT_BATCH_ROWS
     """``<MaxOffsetsPerTrigger>``: cap on records per micro-batch."""
+    security: KafkaSecurity = PLAINTEXT
+    """``<Security>``: TLS and SASL toward the brokers (every client of this transport: ingest, acks)."""
     source: Source = field(default_factory=Source, compare=False)
 
 

@@ -21,6 +21,7 @@ from replication.config.model import (
     SowTopic,
     TopicSpec,
 )
+from replication.config.security import security
 from replication.config.xml_reader import MANY, OPT, Card, Kids, Node, one, some
 
 __all__ = [
@@ -50,6 +51,7 @@ _KAFKA_SCHEMA = {
     "Topic": some("<Topic>amps-1.publish</Topic>"),
     "MessageType": OPT,
     "MaxOffsetsPerTrigger": OPT,
+    "Security": OPT,
 }
 _REPLICATION_IN_SCHEMA = {**_TRANSPORT_COMMON, "InetAddr": OPT}
 _TOPIC_SCHEMA = {
@@ -167,6 +169,7 @@ def _kafka(tnode: Node, kids: Kids, name: str) -> KafkaTransport:
         topics=tuple(topics),
         message_type=mt.read(values.message_type) if mt is not None else "json",
         max_offsets_per_trigger=cap.read(values.positive_int) if cap is not None else DEFAULT_BATCH_ROWS,
+        security=security(kids.opt("Security")),
         source=tnode.source(),
     )
 

@@ -55,6 +55,7 @@ def kafka_options(transport: KafkaTransport) -> dict[str, str]:
         "maxOffsetsPerTrigger": str(transport.max_offsets_per_trigger),
         # Batches up to DRIVER_READ_MAX_ROWS are read in the driver by the writer (DriverRead): the planner need not.
         "driverReadRows": "0",
+        **transport.security.to_options(),
     }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from replication import config
 from replication.client import Publisher
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.instance import Instance
 from support.factories import destination_xml, replication_xml, txlog_rows, write_config
 
@@ -176,9 +177,9 @@ class AckListener(threading.Thread):
     highest persisted seq it saw per client, and the failure acks. Use as a context manager, or ``start()`` and
     ``stop()``."""
 
-    def __init__(self, kind: str, bootstrap: str, topic: str) -> None:
+    def __init__(self, kind: str, bootstrap: str, topic: str, security: KafkaSecurity = PLAINTEXT) -> None:
         super().__init__(daemon=True, name=f"acks-{kind}")
-        self.kind, self.bootstrap, self.topic = kind, bootstrap, topic
+        self.kind, self.bootstrap, self.topic, self.security = kind, bootstrap, topic, security
         self.persisted: dict[str, int] = {}
         self.failures: list[dict] = []
         self.ready = threading.Event()
@@ -196,7 +197,8 @@ class AckListener(threading.Thread):
             from confluent_kafka import Consumer as RdConsumer
 
             consumer = RdConsumer({"bootstrap.servers": self.bootstrap, "group.id": f"acks-{time.time_ns()}",
-                                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                   **self.security.librdkafka()})
             consumer.subscribe([self.topic], on_assign=lambda *_: self.ready.set())
             try:
                 while not self._halt.is_set():
@@ -208,7 +210,8 @@ class AckListener(threading.Thread):
         else:
             from kafka import KafkaConsumer, TopicPartition
 
-            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                     **self.security.kafka_python())
             consumer.assign([TopicPartition(self.topic, 0)])
             consumer.seek_to_beginning()
             self.ready.set()

@@ -27,6 +27,7 @@ def instance_xml(
     max_offsets: int | None = None,
     sow: str = "",
     replication: str = "",
+    security: str = "",
 ) -> str:
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
     return f"""<?xml version="1.0"?>
@@ -42,6 +43,7 @@ def instance_xml(
       <Topic>{name}.publish</Topic>
       <MessageType>json</MessageType>
       {limit}
+      {security}
     </Transport>
     <Transport>
       <Name>amps-replication</Name>

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from replication.connectors import jvm
+from replication.connectors.kafka import tls
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.errors import BrokerError
 
 #: How many bytes of the broker's log an error message quotes.
@@ -75,6 +77,9 @@ class EmbeddedBroker:
         properties: more ``server.properties`` settings (they win over the defaults).
         startup_timeout: seconds to wait for the broker to answer metadata.
         log_level: the broker log's level (``broker.log`` in ``home``).
+        users: SASL users (name -> password): the broker then also listens with ``SASL_SSL`` (SCRAM-SHA-256,
+            SCRAM-SHA-512 and PLAIN, :attr:`sasl_ssl_bootstrap`) and with ``SSL`` demanding a client
+            certificate (:attr:`mtls_bootstrap`), under a CA of its own (:attr:`ca_file`, :meth:`issue`).
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class EmbeddedBroker:
         properties: Mapping[str, str] | None = None,
         startup_timeout: float = 60.0,
         log_level: str = "INFO",
+        users: Mapping[str, str] | None = None,
     ) -> None:
         self._own_home = home is None
         self.home = Path(home) if home is not None else Path(tempfile.mkdtemp(prefix="kafka-"))
@@ -96,6 +102,8 @@ class EmbeddedBroker:
         self._finalizer: weakref.finalize | None = None
         self.port: int | None = None
         self.controller_port: int | None = None
+        self._users = dict(users or {})
+        self._secure_ports: tuple[int, int] | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -103,6 +111,30 @@ class EmbeddedBroker:
         if self.port is None:
             raise BrokerError("the embedded broker is not started: call start() first")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        """The ``SASL_SSL`` listener (broker made with ``users``)."""
+        return f"127.0.0.1:{self._secure()[0]}"
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        """The ``SSL`` listener that demands a client certificate signed by :attr:`ca_file`."""
+        return f"127.0.0.1:{self._secure()[1]}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The PEM certificate of the CA that signed the broker's certificate."""
+        return self.home / "tls" / "ca.pem"
+
+    def issue(self, name: str) -> tuple[Path, Path]:
+        """A client certificate signed by the broker's CA: (certificate PEM, private key PEM)."""
+        return tls.issue(self.home / "tls", name)
+
+    def _secure(self) -> tuple[int, int]:
+        if self._secure_ports is None:
+            raise BrokerError("this broker has no secure listeners: make it with users={name: password}, then start")
+        return self._secure_ports
 
     @property
     def log_path(self) -> Path:
@@ -135,6 +167,9 @@ class EmbeddedBroker:
                 self.port, self.controller_port = _free_port(), _free_port()
             elif self.port is None:
                 self.port, self.controller_port = self._requested_port, _free_port()
+            if self._users and (self._secure_ports is None or not fixed):
+                self._secure_ports = (_free_port(), _free_port())
+                tls.make_ca(self.home / "tls")
             self._write_config()
             if not (self.data_dir / "meta.properties").exists():
                 self._format()
@@ -202,8 +237,34 @@ class EmbeddedBroker:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
         }
+        if self._users:
+            props.update(self._secure_properties())
         props.update(self._properties)
         return props
+
+    def _secure_properties(self) -> dict[str, str]:
+        sasl_port, mtls_port = self._secure()
+        folder = self.home / "tls"
+        jaas_users = " ".join(f'user_{name}="{password}"' for name, password in self._users.items())
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+                         f"CLIENTS_SASL://127.0.0.1:{sasl_port},CLIENTS_MTLS://127.0.0.1:{mtls_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},CLIENTS_SASL://127.0.0.1:{sasl_port},"
+                                    f"CLIENTS_MTLS://127.0.0.1:{mtls_port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,CLIENTS_SASL:SASL_SSL,"
+                                              "CLIENTS_MTLS:SSL",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN",
+            "listener.name.clients_sasl.scram-sha-256.sasl.jaas.config": scram,
+            "listener.name.clients_sasl.scram-sha-512.sasl.jaas.config": scram,
+            "listener.name.clients_sasl.plain.sasl.jaas.config":
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {jaas_users};",
+            "listener.name.clients_mtls.ssl.client.auth": "required",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(folder / "broker.pem"),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(folder / "ca.pem"),
+        }
 
     def _write_config(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -220,8 +281,10 @@ class EmbeddedBroker:
         cluster_id = "-"
         while cluster_id.startswith("-"):  # as Kafka's own random ids: one that reads as an option is drawn again
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        scram = [f"--add-scram=SCRAM-SHA-{bits}=[name={name},password={password}]"
+                 for name, password in self._users.items() for bits in (256, 512)]
         cmd = self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                         "-c", str(self.home / "server.properties"), options=("-Xmx256m",))
+                         "-c", str(self.home / "server.properties"), *scram, options=("-Xmx256m",))
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise BrokerError(f"formatting the Kafka storage in {self.data_dir} failed "
@@ -318,10 +381,11 @@ class EmbeddedBroker:
         return "\n".join(t for t in texts if t.strip()) or "<empty>"
 
 
-def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1) -> None:
+def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1,
+                  security: KafkaSecurity = PLAINTEXT) -> None:
     """Create the Kafka topics ``names`` that do not exist yet (existing ones are left as they are).
 
-    Works on any Kafka cluster, not only the embedded one.
+    Works on any Kafka cluster, not only the embedded one (``security``: how to reach it).
     """
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
@@ -330,7 +394,7 @@ def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1) -> 
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **security.kafka_python())
     try:
         existing = set(admin.list_topics())
         missing = [NewTopic(name, partitions, 1) for name in wanted if name not in existing]

@@ -12,6 +12,8 @@ from pyspark.sql.datasource import InputPartition
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, TopicPartition
 
+    from replication.connectors.kafka.security import KafkaSecurity
+
 #: How often the driver refreshes topic metadata to notice new topics/partitions.
 METADATA_REFRESH_S = 1.0
 
@@ -28,6 +30,9 @@ class KafkaTopics(Protocol):
 
     @property
     def topics(self) -> tuple[str, ...]: ...
+
+    @property
+    def security(self) -> KafkaSecurity: ...
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class _OffsetProbe:
         self.options = options
         self._consumer: KafkaConsumer = KafkaConsumer(
             bootstrap_servers=options.bootstrap_servers.split(","),
+            **options.security.kafka_python(),
             group_id=None,
             enable_auto_commit=False,
             allow_auto_create_topics=False,

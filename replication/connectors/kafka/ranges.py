@@ -88,6 +88,7 @@ def _range_consumer(options: KafkaTopics) -> KafkaConsumer:
 
     return KafkaConsumer(
         bootstrap_servers=options.bootstrap_servers.split(","),
+        **options.security.kafka_python(),
         group_id=None,
         enable_auto_commit=False,
         allow_auto_create_topics=False,

@@ -64,6 +64,7 @@ from replication.connectors.kafka.offsets import (
     split_ranges,
 )
 from replication.connectors.kafka.ranges import SCHEMA, _spark_arrow_schema, read_partition
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.connectors.spark.driver_read import (
     DRIVER_READ_MAX_ROWS,
     driver_read_rows_option,
@@ -104,6 +105,8 @@ class KafkaSourceOptions:
             source's planner process instead of Spark tasks (option
             ``driverReadRows``, default :data:`replication.connectors.spark.driver_read.DRIVER_READ_MAX_ROWS`;
             0: always tasks). See :mod:`replication.connectors.spark.driver_read`.
+        security: TLS and SASL settings (options ``kafka.security.protocol``, ``kafka.ssl.*``,
+            ``kafka.sasl.*``; see :mod:`replication.connectors.kafka.security`).
     """
 
     bootstrap_servers: str
@@ -111,6 +114,7 @@ class KafkaSourceOptions:
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     driver_read_rows: int = DRIVER_READ_MAX_ROWS
+    security: KafkaSecurity = PLAINTEXT
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
@@ -134,6 +138,7 @@ class KafkaSourceOptions:
             int_option(opts, "maxOffsetsPerTrigger", FORMAT, minimum=1, example=100000),
             int_option(opts, "minPartitions", FORMAT, minimum=1, example=4),
             driver_read_rows_option(opts, FORMAT),
+            KafkaSecurity.from_options(opts),
         )
 
 

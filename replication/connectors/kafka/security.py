@@ -1,0 +1,176 @@
+"""How a Kafka client authenticates and encrypts: TLS (with or without a client certificate) and SASL.
+
+One :class:`KafkaSecurity` describes it, and is turned into the settings of each
+client the project uses: kafka-python's keyword arguments (the engine, the
+publisher), librdkafka's configuration (``confluent-kafka``) and Spark's Kafka
+source options (the benchmark baseline). Secrets are :class:`Secret` values:
+their ``str``/``repr`` never show them, so a log line, an error or a status that
+formats one prints ``<secret>``; only :meth:`Secret.reveal` gives the value, and
+only where a client is made.
+
+Between a Spark driver and its Python workers the settings travel as data source
+options (:meth:`KafkaSecurity.to_options` / :meth:`KafkaSecurity.from_options`);
+every option holding a secret has ``password`` in its key, which Spark redacts
+wherever it shows options (``spark.redaction.regex``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+#: Security protocols, as Kafka names them.
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: SASL mechanisms the project's clients all support.
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: Mechanisms not supported yet, and why.
+UNSUPPORTED_MECHANISMS = {
+    "OAUTHBEARER": "it needs a token provider (a callback that fetches and refreshes tokens), which the engine's "
+                   "Kafka clients are not given yet",
+    "GSSAPI": "Kerberos needs a keytab and a krb5 configuration in every Spark worker, which the engine does not "
+              "distribute yet",
+}
+
+#: Data source option of each field (a secret's key has ``password`` in it: Spark redacts those).
+_OPTIONS = {
+    "protocol": "kafka.security.protocol",
+    "ca_file": "kafka.ssl.ca.file",
+    "certificate_file": "kafka.ssl.certificate.file",
+    "key_file": "kafka.ssl.key.file",
+    "key_password": "kafka.ssl.key.password",
+    "sasl_mechanism": "kafka.sasl.mechanism",
+    "username": "kafka.sasl.username",
+    "password": "kafka.sasl.password",
+}
+
+
+class Secret:
+    """A password or key: printed as ``<secret>``, compared by value, revealed only on purpose."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self):  # pickled (to a Spark worker) as its value: a Secret again on the other side
+        return (Secret, (self._value,))
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """A client's security settings; the default is plain text with no authentication."""
+
+    protocol: str = "PLAINTEXT"
+    ca_file: str | None = None
+    """PEM file of the CAs that signed the brokers' certificates (None: the system's)."""
+    certificate_file: str | None = None
+    """PEM file of this client's certificate (mutual TLS)."""
+    key_file: str | None = None
+    """PEM file of this client's private key (mutual TLS)."""
+    key_password: Secret | None = None
+    """Password of an encrypted ``key_file``."""
+    sasl_mechanism: str | None = None
+    username: str | None = None
+    password: Secret | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    def describe(self) -> str:
+        """What a log line may say about it: protocol, mechanism, user; never a secret."""
+        parts = [self.protocol]
+        if self.sasl:
+            parts.append(f"{self.sasl_mechanism} as {self.username}")
+        if self.certificate_file:
+            parts.append("client certificate")
+        return ", ".join(parts)
+
+    # -- kafka-python ---------------------------------------------------------------
+    def kafka_python(self) -> dict[str, Any]:
+        """Keyword arguments for kafka-python's ``KafkaProducer``, ``KafkaConsumer`` and ``KafkaAdminClient``."""
+        out: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.tls:
+            out.update(ssl_cafile=self.ca_file, ssl_certfile=self.certificate_file, ssl_keyfile=self.key_file,
+                       ssl_password=self.key_password.reveal() if self.key_password else None,
+                       ssl_check_hostname=True)
+        if self.sasl:
+            out.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.username,
+                       sasl_plain_password=self.password.reveal() if self.password else None)
+        return {k: v for k, v in out.items() if v is not None}
+
+    # -- librdkafka -----------------------------------------------------------------
+    def librdkafka(self) -> dict[str, str]:
+        """Settings for ``confluent_kafka``'s ``Producer``/``Consumer`` (librdkafka names)."""
+        out = {"security.protocol": self.protocol.lower()}
+        if self.tls:
+            for key, value in (("ssl.ca.location", self.ca_file), ("ssl.certificate.location", self.certificate_file),
+                               ("ssl.key.location", self.key_file)):
+                if value:
+                    out[key] = value
+            if self.key_password:
+                out["ssl.key.password"] = self.key_password.reveal()
+        if self.sasl and self.sasl_mechanism and self.username and self.password:
+            out.update({"sasl.mechanisms": self.sasl_mechanism, "sasl.username": self.username,
+                        "sasl.password": self.password.reveal()})
+        return out
+
+    # -- Spark's Kafka source (the Java client) -----------------------------------------
+    def spark_kafka(self) -> dict[str, str]:
+        """Options for Spark's ``format("kafka")`` (``kafka.``-prefixed Java client settings)."""
+        out = {"kafka.security.protocol": self.protocol}
+        if self.tls and self.ca_file:
+            out.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": self.ca_file})
+        if self.tls and self.certificate_file and self.key_file:
+            raise ValueError("a client certificate for Spark's Kafka source needs a keystore; give it as "
+                             "kafka.ssl.keystore.* options of your own")
+        if self.sasl and self.username and self.password:
+            module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN"
+                      else "org.apache.kafka.common.security.scram.ScramLoginModule")
+            value = self.password.reveal().replace("\\", "\\\\").replace('"', '\\"')
+            out.update({"kafka.sasl.mechanism": str(self.sasl_mechanism),
+                        "kafka.sasl.jaas.config": f'{module} required username="{self.username}" password="{value}";'})
+        return out
+
+    # -- through data source options ----------------------------------------------------
+    def to_options(self) -> dict[str, str]:
+        """This as string options (secrets under keys with ``password`` in them: Spark redacts those)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[_OPTIONS[f.name]] = value.reveal() if isinstance(value, Secret) else str(value)
+        return out
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> KafkaSecurity:
+        """The inverse of :meth:`to_options` (keys compared without case, as Spark passes them)."""
+        lowered = {k.lower(): v for k, v in options.items()}
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = lowered.get(_OPTIONS[f.name])
+            if raw is not None:
+                values[f.name] = Secret(raw) if f.name in ("password", "key_password") else raw
+        return cls(**values)
+
+
+PLAINTEXT = KafkaSecurity()
