@@ -140,7 +140,8 @@ def test_an_instance_on_sasl_ssl_serves_every_client_and_no_secret_shows_anywher
     status = run_cli("status", path, "--format", "json")
     inst.query.explain(extended=True)  # the ingest query's plans, with its source's options
     outputs = {"log": caplog.text, "publish": published.out + published.err, "status": status.out + status.err,
-               "heartbeat": json.dumps(inst.status().to_json(), default=str), "progress": json.dumps(inst.query.lastProgress, default=str),
+               "heartbeat": json.dumps(inst.status().to_json(), default=str),
+               "progress": json.dumps(inst.query.lastProgress, default=str),
                "explain": capsys.readouterr().out}
     assert "replication-kafka" in outputs["explain"], outputs["explain"][:2000]
     for what, text in outputs.items():
