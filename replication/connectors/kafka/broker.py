@@ -383,7 +383,9 @@ class EmbeddedBroker:
 
 def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1,
                   security: KafkaSecurity = PLAINTEXT) -> None:
-    """Create the Kafka topics ``names`` that do not exist yet (existing ones are left as they are).
+    """Create the Kafka topics ``names`` that do not exist yet (existing ones are left as they are), and
+    return once every one is in the brokers' metadata (a creation is acknowledged by the controller before
+    the brokers list the topic).
 
     Works on any Kafka cluster, not only the embedded one (``security``: how to reach it).
     """
@@ -403,6 +405,12 @@ def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1,
                 admin.create_topics([topic])
             except TopicAlreadyExistsError:
                 pass  # created meanwhile by someone else: that is the goal anyway
+        deadline = time.monotonic() + 30
+        while missing and not {t.name for t in missing} <= set(admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise BrokerError(f"topics {', '.join(t.name for t in missing)} were created on {bootstrap} but "
+                                  "are not in its metadata after 30 s")
+            time.sleep(0.05)
     finally:
         admin.close()
 
