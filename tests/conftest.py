@@ -60,3 +60,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+    # the linters first: a lint finding is reported in seconds, not after the end-to-end tests
+    items.sort(key=lambda item: item.path.name != "test_lint.py")
