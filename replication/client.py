@@ -22,6 +22,12 @@ SOW record without its key) is answered with a failure ack: the message leaves
 the store (resending it would fail the same way), ``flush()`` returns it among
 its :class:`FailedMessage` list, and the publisher goes on with the next
 sequence number.
+
+Each publisher object is one session (header ``amps-session``). Two publishers
+using one client name at once is an error, as in AMPS: when the instance sees
+an earlier session still publishing after a later one logged on, it answers
+the later one with a failure ack, and that publisher's ``publish()`` and
+``flush()`` raise :class:`ReplicationError` naming the clash.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from replication.messages import (
     HEADER_COMMAND,
     HEADER_FILTER,
     HEADER_SEQ,
+    HEADER_SESSION,
     HEADER_SOW_KEY,
     HEADER_SOW_KEYS,
     HEADER_TOPIC,
@@ -177,6 +184,10 @@ class Publisher:
         self._cond = threading.Condition()
         self._persisted = 0
         self._failed: dict[int, FailedMessage] = {}
+        self.session = uuid.uuid4().hex
+        """This publisher's session: the instance tells two publishers of one name apart by it."""
+        self._clash: str | None = None
+        """Why the instance refused this session's use of the name (another publisher holds it)."""
         """Messages the instance refused, not yet returned by ``flush()``."""
         self._send_error: tuple[int, BaseException] | None = None
         """The lowest sequence whose send failed for good, and why."""
@@ -227,9 +238,16 @@ class Publisher:
             headers[HEADER_FILTER] = filter
         return self._publish(topic, data if data is not None else b"", "sow_delete", message_type, headers)
 
+    @property
+    def clash(self) -> str | None:
+        """Why the instance refused this publisher's use of its name (another publisher holds it), else None."""
+        with self._cond:
+            return self._clash
+
     def _publish(self, topic: str, data: bytes | str, command: str, message_type: str | None,
                  headers: dict[str, str]) -> int:
         body = data.encode() if isinstance(data, str) else data
+        self._raise_clash()
         with self._cond:
             seq = self._next_seq
             self._next_seq += 1
@@ -262,6 +280,7 @@ class Publisher:
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._answered() < seq:
+                self._raise_clash()
                 if self._send_error is not None:
                     failed, exc = self._send_error
                     raise ReplicationError(
@@ -300,7 +319,8 @@ class Publisher:
                     self.topic,
                     key=self.name.encode(),
                     value=correlation.encode(),
-                    headers=[(HEADER_CLIENT, self.name.encode()), (HEADER_COMMAND, LOGON.encode())],
+                    headers=[(HEADER_CLIENT, self.name.encode()), (HEADER_COMMAND, LOGON.encode()),
+                             (HEADER_SESSION, self.session.encode())],
                 )
                 self._producer.flush(timeout=10)
                 left = deadline - time.monotonic()
@@ -343,7 +363,8 @@ class Publisher:
     # -- internals ----------------------------------------------------------
     def _send(self, seq: int, topic: str, message_type: str | None, command: str, body: bytes,
               extra: dict[str, str]) -> None:
-        headers = [(HEADER_CLIENT, self.name.encode()), (HEADER_SEQ, str(seq).encode()), (HEADER_TOPIC, topic.encode())]
+        headers = [(HEADER_CLIENT, self.name.encode()), (HEADER_SEQ, str(seq).encode()), (HEADER_TOPIC, topic.encode()),
+                   (HEADER_SESSION, self.session.encode())]
         if command != "publish":
             headers.append((HEADER_COMMAND, command.encode()))
         if message_type:
@@ -393,6 +414,10 @@ class Publisher:
                     if record.key != me:
                         continue
                     ack = json.loads(record.value)
+                    if ack.get("status") == "failure" and "session" in ack:
+                        if ack["session"] == self.session:
+                            self._clashed(str(ack.get("reason", "")))
+                        continue
                     if ack.get("status") == "failure":
                         self._refused(int(ack["seq"]), str(ack.get("reason", "")))
                         continue
@@ -409,6 +434,17 @@ class Publisher:
                     self._cond.notify_all()
                 if advanced:
                     self.store.discard_through(latest)
+
+    def _clashed(self, reason: str) -> None:
+        log.error("publisher %s: %s refused this session: %s", self.name, self.instance, reason)
+        with self._cond:
+            self._clash = reason
+            self._cond.notify_all()
+
+    def _raise_clash(self) -> None:
+        if self._clash is not None:
+            raise ReplicationError(f"publisher {self.name}: instance {self.instance} refused this publisher: "
+                                   f"{self._clash}")
 
     def _refused(self, seq: int, reason: str) -> None:
         """A failure ack: the message leaves the store (a resend would fail alike) and ``flush()`` reports it."""

@@ -130,6 +130,12 @@ class AckSender:
         if failures:
             self._producer.flush(timeout=30)
 
+    def send_clash(self, client: str, session: str, reason: str) -> None:
+        """A failure ack to one session of ``client``: its logon took a name another publisher still uses."""
+        self._send(client, {"client": client, "seq": 0, "session": session, "instance": self.instance,
+                            "status": "failure", "logon": True, "reason": reason})
+        self._producer.flush(timeout=30)
+
     def _send(self, client: str, value: dict) -> None:
         self._producer.send(self.topic, key=client.encode(), value=json.dumps(value, separators=(",", ":")).encode())
 

@@ -160,6 +160,7 @@ class Instance:
             sow_committed=self.compactor.committed if self.compactor is not None else None,
             staged=StagedParts(self.cfg, self.layout, TopicRecorder(self.cfg)) if self.cfg.replication_transport
             else None,
+            on_clash=(lambda clash: sender.send_clash(clash.client, clash.later, clash.reason)) if sender else None,
         )
         self._start_ingest()
         if self.compactor is not None:
@@ -267,6 +268,8 @@ class Instance:
             restarts=self.restarts,
             batch=self._batch_step(),
             sow=self._sow_status(),
+            clashes={client: {"earlier": c.earlier, "later": c.later, "at": c.at}
+                     for client, c in writer.sessions.clashes.items()} if writer else {},
             stalled={name: link["waiting_since"] for name, link in links.items()
                      if link["waiting_since"] is not None and now - link["waiting_since"] > STALL_REPORT_S},
         )

@@ -9,6 +9,7 @@ import pyarrow as pa
 from replication.config.model import InstanceConfig, TopicSpec
 from replication.durability import failures_in
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder, classify
+from replication.ingest.sessions import ClientSessions
 from replication.messages import bookmark
 from replication.txlog.publishers import PublisherState
 
@@ -172,3 +173,23 @@ def test_transaction_log_topics_match_as_amps_topics_do():
     assert recorded("/orders/1", "json") and recorded("/fix/orders", "fix"), "a regex is searched, as routing does"
     assert recorded("/quotes", "json") and not recorded("/quotes/eu", "json"), "a literal name matches only itself"
     assert not recorded("/orders/1", "xml") and not recorded("/eu/orders/1", "json")
+
+
+def sessions_batch(*rows: tuple[str | None, str | None, str]) -> pa.Table:
+    return pa.table({"publisher": [r[0] for r in rows], "session": [r[1] for r in rows],
+                     "command": [r[2] for r in rows]})
+
+
+def test_an_earlier_session_publishing_after_a_later_logon_is_a_clash_said_once():
+    sessions = ClientSessions()
+    first = sessions_batch(("c", "S1", "publish"), ("d", None, "publish"), ("c", "S1", "publish"))
+    assert sessions.observe(first) == []
+    # S2 logs on after S1 stopped (a restarted publisher): no clash
+    assert sessions.observe(sessions_batch(("c", "S2", "logon"), ("c", "S2", "publish"))) == []
+    # S1 is still alive: it publishes after S2's logon
+    clashes = sessions.observe(sessions_batch(("c", "S1", "publish"), ("c", "S2", "publish"), ("c", "S1", "publish")))
+    assert [(c.client, c.earlier, c.later) for c in clashes] == [("c", "S1", "S2")]
+    assert "client name 'c' is in use by another publisher (session S1)" in clashes[0].reason
+    assert sessions.clashes["c"].later == "S2"
+    # a client without sessions (any Kafka client) is never checked
+    assert sessions.observe(sessions_batch(("e", None, "logon"), ("e", None, "publish"))) == []

@@ -6,12 +6,14 @@ import re
 import signal
 import uuid
 
+import pytest
 from support.cli import CliResult, run_cli
 from support.fabric import AckListener, publish_orders
 from support.factories import assert_exactly_once, rejected_rows, txlog_rows, wait_until, write_config
 
 from replication import config
 from replication.client import FailedMessage
+from replication.errors import ReplicationError
 from replication.instance import Instance
 
 
@@ -80,3 +82,25 @@ def test_a_refused_message_gets_a_failure_ack_and_flush_returns_it(fabric):
         ("feed", seq, "failure", rejected[seq], fabric.name("a")) for seq in (4, 7)]
     wait_until(lambda: fabric.count("b") == 6, what="B's copies")
     assert fabric.rows("b")["publisher_seq"].to_pylist() == [1, 2, 3, 5, 6, 8]
+
+
+def test_two_publishers_using_one_client_name_at_once_are_a_clash_the_later_one_is_refused(fabric):
+    fabric.configure("a")
+    fabric.start("a")
+    first = fabric.publisher("shared", "a", store_path=fabric.root / "first.store")
+    publish_orders(first, 5)
+    assert first.flush(timeout=120) == []
+    second = fabric.publisher("shared", "a", store_path=fabric.root / "second.store")  # logs on: 5 persisted
+    assert second.clash is None
+    publish_orders(first, 5)  # the first is still publishing under the name the second logged on with
+
+    wait_until(lambda: second.clash is not None, timeout=60, what="the later publisher to be refused")
+    assert f"client name 'shared' is in use by another publisher (session {first.session})" in second.clash
+    with pytest.raises(ReplicationError, match="refused this publisher: client name 'shared' is in use"):
+        second.publish("/orders", b'{"id": 1}')
+    assert first.clash is None
+    beat = fabric.running["a"].status()
+    assert beat.clashes["shared"]["earlier"] == first.session and beat.clashes["shared"]["later"] == second.session
+    check = wait_until(lambda: (lambda r: r if r.code == 1 else None)(run_cli("status", fabric.paths["a"], "--check")),
+                       timeout=30, what="status --check to read the heartbeat that has the clash")
+    assert "CLASH" in check.out and "client name 'shared' is used by two publishers" in check.out, check.out

@@ -27,6 +27,8 @@ EXPLAINED_STATES = ("validation failed", "config error")
 #: ``--check`` defaults: a link stalled this long, or this far behind, is a problem.
 DEFAULT_STALL_AFTER_S = 60.0
 DEFAULT_MAX_LAG_S = 300.0
+#: ``--check`` reports a clash of client names for this long after it was seen.
+CLASH_REPORT_S = 3600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +76,7 @@ def collect(cfg: InstanceConfig, *, now: float | None = None) -> dict:
         "durable_seq": beat.durable_seq,
         "error": beat.error,
         "stalled": beat.stalled if alive else {},
+        "clashes": beat.clashes if alive else {},
         "links": links,
     }
 
@@ -85,7 +88,7 @@ class Problem:
     instance: str
     destination: str | None
     cause: str
-    """``down``, ``refused``, ``stalled`` or ``lagging``."""
+    """``down``, ``refused``, ``stalled``, ``lagging`` or ``clash``."""
     message: str
 
 
@@ -101,6 +104,11 @@ def check(statuses: list[dict], *, stall_after: float, max_lag: float, now: floa
             problems.append(Problem(name, None, "down", f"{name} is not running ({seen})"))
         elif st["error"]:
             problems.append(Problem(name, None, "down", f"{name}: its ingest query failed: {st['error']}"))
+        for client, clash in sorted((st.get("clashes") or {}).items()):
+            if now - clash["at"] < CLASH_REPORT_S:
+                problems.append(Problem(name, None, "clash",
+                                        f"{name}: client name {client!r} is used by two publishers at once "
+                                        f"(sessions {clash['earlier']} and {clash['later']})"))
         for dest, link in sorted(st["links"].items()):
             state = link.get("state")
             if state in EXPLAINED_STATES:
@@ -161,6 +169,9 @@ def _print_table(statuses: list[dict]) -> None:
         alive = "up" if st["alive"] else "DOWN"
         print(f"{st['instance']:<14} {'(instance)':<14} {alive:<18} {'':<6} {st['max_seq']:>10,} "
               f"{st['durable_seq']:>10,} {'':>9} {'':>7}  " + (f"error: {st['error']}" if st["error"] else ""))
+        for client, clash in sorted((st.get("clashes") or {}).items()):
+            print(f"{'':<14}   CLASH: client name {client!r} used by two publishers at once "
+                  f"(sessions {clash['earlier']} and {clash['later']})")
         for name, link in sorted(st["links"].items()):
             mode = link.get("sync_type", "")
             if link.get("downgraded"):

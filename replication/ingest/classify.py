@@ -61,6 +61,8 @@ CANDIDATE_SCHEMA = pa.schema(
         pa.field("path", pa.list_(pa.string())),
         pa.field("publish_time", pa.timestamp("us", tz="UTC")),
         pa.field("upstream_seq", pa.int64()),
+        # The publisher's session (header ``amps-session``; null for rows not published here).
+        pa.field("session", pa.string()),
         # An inbox version whose rows the writer fetches itself (:class:`replication.ingest.inputs.InboxRows`).
         pa.field("inbox_version", pa.int64()),
     ]

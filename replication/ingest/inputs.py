@@ -80,6 +80,7 @@ def kafka_candidate_columns(transport: KafkaTransport) -> dict[str, tuple]:
         "filter": ("col", "h_filter"),
         "data": ("col", "value"),
         "publish_time": ("col", "kafka_timestamp"),
+        "session": ("col", "h_session"),
         **{name: ("lit", None) for name in ("origin", "received_from", "received_from_group", "path",
                                              "upstream_seq", "inbox_version")},
     }
@@ -196,6 +197,7 @@ class InboxRows:
             "kafka_partition": pa.nulls(n, pa.int32()),
             "kafka_offset": pa.nulls(n, pa.int64()),
             "publisher_seq": pc.cast(rows["publisher_seq"], pa.string()),
+            "session": pa.nulls(n, pa.string()),
         }
         if n and pc.all(backfilled).as_py():  # a backfill's batch: constants (its path, as a publish's: here)
             columns.update({"source": pa.repeat(pa.scalar("backfill"), n), "received_from": pa.nulls(n, pa.string()),

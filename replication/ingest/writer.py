@@ -20,6 +20,7 @@ from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
 from replication.ingest.classify import Classified, TopicRecorder, classify, logons_in
+from replication.ingest.sessions import Clash, ClientSessions
 from replication.sow.state import SowState
 from replication.sow.table import fold_tail
 from replication.txlog.files import TxlogFiles
@@ -77,6 +78,7 @@ class IngestWriter:
         txlog_files: TxlogFiles | None = None,
         sow_committed: Callable[[pa.Table, int, int], None] | None = None,
         staged: StagedParts | None = None,
+        on_clash: Callable[[Clash], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -97,6 +99,9 @@ class IngestWriter:
         """Told each committed batch's txlog rows and seqs (the SOW compactor keeps them for its next compaction)."""
         self.recorded = TopicRecorder(cfg)
         self.staged = staged
+        self.sessions = ClientSessions()
+        """The publishers' sessions per client name: two at once is a clash (:mod:`replication.ingest.sessions`)."""
+        self.on_clash = on_clash
         """Takes the batch's staged backfill parts (None: no inbox)."""
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
                       "input_rows_per_second": 0.0}
@@ -151,6 +156,10 @@ class IngestWriter:
             return
         if self.expand is not None:
             batch = self.expand(batch)
+        for clash in self.sessions.observe(batch):
+            log.error("%s: %s (the later session %s is told so)", self.cfg.name, clash.reason, clash.later)
+            if self.on_clash is not None:
+                self.on_clash(clash)
         # Spark's own inputRowsPerSecond counts only rows its jobs read; batches read in the driver are not among them.
         if self._last_batch_at is not None and started > self._last_batch_at:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)

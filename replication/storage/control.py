@@ -127,6 +127,9 @@ class Heartbeat(ControlFile):
     restarts: int = 0
     batch: dict | None = None
     """The ingest batch in progress: id, step, seconds (None when idle)."""
+    clashes: dict[str, dict] = field(default_factory=dict)
+    """Client name -> the last clash seen on it (two publishers at once): ``earlier`` and ``later`` sessions,
+    ``at`` (epoch seconds)."""
     sow: dict[str, dict] = field(default_factory=dict)
     """Per ``<SOW><Topic>``: ``records`` held now, and the txlog seq its table is ``compacted_through``."""
     stalled: dict[str, float] = field(default_factory=dict)

@@ -36,6 +36,7 @@ PUBLISH_HEADERS: tuple[tuple[str, str], ...] = (
     ("amps-sow-key", "h_sow_key"),
     ("amps-sow-keys", "h_sow_keys"),
     ("amps-filter", "h_filter"),
+    ("amps-session", "h_session"),
 )
 
 HEADER_TYPE = StructType([
