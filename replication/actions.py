@@ -97,7 +97,7 @@ def apply_manual_downgrades(links: dict[str, Link], layout: StorageLayout) -> bo
         if not link.sync:
             continue
         asked = layout.manual_downgrade_file(name).exists()
-        if asked and not link.manual:
+        if asked and not (link.manual and link.downgraded):
             link.set(downgraded=True, manual=True)
             log.warning("destination %s downgraded to async by an operator (replication downgrade); it stays "
                         "async until replication upgrade", name)
@@ -178,9 +178,10 @@ class DowngradeController:
                 log.warning("destination %s downgraded to async: oldest unacknowledged message is %.1fs old",
                             name, age)
                 changed = True
-            elif (upgrade and not link.manual and self.policy.upgrade_age is not None and age < self.policy.upgrade_age
+            elif (upgrade and self.policy.upgrade_age is not None and age < self.policy.upgrade_age
                   and link.snapshot().state in CONNECTED_STATES):
-                link.set(downgraded=False)
+                if not link.upgrade_unless_manual():
+                    continue
                 log.warning("destination %s upgraded back to sync: oldest unacknowledged message is %.1fs old",
                             name, age)
                 changed = True

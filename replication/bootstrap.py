@@ -143,9 +143,6 @@ def run(cfg: InstanceConfig, layout: StorageLayout, *, addresses: tuple[str, ...
     if "sow" in data_types and not any(s.message_type == t.message_type for s in cfg.sow_topics for t in topics):
         log.info("%s: <DataType> names sow, but no bootstrapped topic is a SOW topic here: the txlog alone is "
                  "copied", cfg.name)
-    if "sow" in data_types and not any(s.message_type == t.message_type for s in cfg.sow_topics for t in topics):
-        log.info("%s: <DataType> names sow, but no bootstrapped topic is a SOW topic here: the txlog alone is "
-                 "copied", cfg.name)
     state = BootstrapState.read(layout.bootstrap_json)
     if state is not None and state.state == "copying":
         source = _resume_source(cfg, state)

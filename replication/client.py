@@ -7,7 +7,7 @@ Example::
     with Publisher("orders-feed", bootstrap="127.0.0.1:9092", topic="amps-1.publish",
                    instance="amps-1", store_path="orders-feed.store") as pub:
         seq = pub.publish("/orders", b'{"id": 1, "qty": 500}')
-        pub.flush(timeout=30)       # every message persisted, or TimeoutError
+        refused = pub.flush(timeout=30)   # every message persisted or refused (returned), else TimeoutError
 
 How it stays exactly-once across crashes: each message is written to the
 on-disk store (SQLite, WAL) before it is sent, and deleted only when the
@@ -112,7 +112,8 @@ class PublishStore:
     def discard(self, seq: int) -> str | None:
         """Drop one message (the instance refused it); its topic, None when it was not in the store."""
         with self._lock:
-            row = self._db.execute("DELETE FROM messages WHERE seq = ? RETURNING topic", (seq,)).fetchone()
+            row = self._db.execute("SELECT topic FROM messages WHERE seq = ?", (seq,)).fetchone()
+            self._db.execute("DELETE FROM messages WHERE seq = ?", (seq,))
         return row[0] if row else None
 
     def unacknowledged(self) -> list[tuple[int, str, str | None, str, bytes, dict[str, str]]]:
@@ -184,11 +185,13 @@ class Publisher:
         self._cond = threading.Condition()
         self._persisted = 0
         self._failed: dict[int, FailedMessage] = {}
+        """Messages the instance refused, not yet returned by ``flush()``."""
+        self._refused_seqs: set[int] = set()
+        """Every refused sequence above the persisted one (kept past ``flush()``: they count as answered)."""
         self.session = uuid.uuid4().hex
         """This publisher's session: the instance tells two publishers of one name apart by it."""
         self._clash: str | None = None
         """Why the instance refused this session's use of the name (another publisher holds it)."""
-        """Messages the instance refused, not yet returned by ``flush()``."""
         self._send_error: tuple[int, BaseException] | None = None
         """The lowest sequence whose send failed for good, and why."""
         self._logon_replies: dict[str, tuple[int, int]] = {}
@@ -298,7 +301,7 @@ class Publisher:
     def _answered(self) -> int:
         """The highest sequence through which every message is persisted or refused (hold ``_cond``)."""
         through = self._persisted
-        while through + 1 in self._failed:
+        while through + 1 in self._refused_seqs:
             through += 1
         return through
 
@@ -413,27 +416,37 @@ class Publisher:
                 for record in records:
                     if record.key != me:
                         continue
-                    ack = json.loads(record.value)
-                    if ack.get("status") == "failure" and "session" in ack:
-                        if ack["session"] == self.session:
-                            self._clashed(str(ack.get("reason", "")))
+                    try:
+                        seq = self._take_ack(json.loads(record.value))
+                    except Exception:  # one bad record must not end the listener (flush would wait for ever)
+                        log.exception("publisher %s: an ack it cannot read: %r", self.name, record.value[:200])
                         continue
-                    if ack.get("status") == "failure":
-                        self._refused(int(ack["seq"]), str(ack.get("reason", "")))
-                        continue
-                    if ack.get("logon"):
-                        with self._cond:
-                            seq = int(ack["seq"])
-                            self._logon_replies[ack.get("correlation_id", "")] = (seq, int(ack.get("stored", seq)))
-                            self._cond.notify_all()
-                    latest = max(latest or 0, int(ack["seq"]))
+                    if seq is not None:
+                        latest = max(latest or 0, seq)
             if latest is not None:
                 with self._cond:
                     advanced = latest > self._persisted
                     self._persisted = max(self._persisted, latest)
+                    self._refused_seqs = {s for s in self._refused_seqs if s > self._persisted}
                     self._cond.notify_all()
                 if advanced:
                     self.store.discard_through(latest)
+
+    def _take_ack(self, ack: dict) -> int | None:
+        """One record of the acks topic for this name; the persisted position it carries, if any."""
+        if ack.get("status") == "failure" and "session" in ack:
+            if ack["session"] == self.session:
+                self._clashed(str(ack.get("reason", "")))
+            return None
+        if ack.get("status") == "failure":
+            self._refused(int(ack["seq"]), str(ack.get("reason", "")))
+            return None
+        seq = int(ack["seq"])
+        if ack.get("logon"):
+            with self._cond:
+                self._logon_replies[ack.get("correlation_id", "")] = (seq, int(ack.get("stored", seq)))
+                self._cond.notify_all()
+        return seq
 
     def _clashed(self, reason: str) -> None:
         log.error("publisher %s: %s refused this session: %s", self.name, self.instance, reason)
@@ -454,6 +467,7 @@ class Publisher:
         log.warning("publisher %s: %s refused message %d: %s", self.name, self.instance, seq, reason)
         with self._cond:
             self._failed[seq] = FailedMessage(seq, topic or "", reason)
+            self._refused_seqs.add(seq)
             self._cond.notify_all()
 
     def _watch(self) -> None:
@@ -467,6 +481,8 @@ class Publisher:
 
         last_progress = (self.persisted_seq, time.monotonic())
         while not self._closed.wait(1.0):
+            if self.clash is not None:
+                return  # refused: logging on again would take the name back from the publisher that holds it
             persisted = self.persisted_seq
             if persisted != last_progress[0]:
                 last_progress = (persisted, time.monotonic())

@@ -342,6 +342,14 @@ class Durability:
             self._sender.send(dict(self.persisted), [], self.persisted)
 
     def on_commit(self, last_seq: int, result: Classified) -> None:
+        failures = failures_in(result.rejected_rows)
+        if failures and self._sender:
+            # Before this batch's positions can be released (by any thread): a persisted ack for a later
+            # seq must not reach the publisher before the failure ack of an earlier one.
+            try:
+                self._sender.send_failures(failures)
+            except Exception as exc:  # the rows and reasons are in rejected/: the batch goes on
+                log.error("failure acks for %d refused publishes could not be sent: %s", len(failures), exc)
         with self._lock:
             first = self.committed_seq + 1
             # A key whose rows the result does not list (a catch-up after a failed batch)
@@ -370,9 +378,6 @@ class Durability:
                 if not entry.empty():
                     state.waiting.append(entry)
             self.committed_seq = max(self.committed_seq, last_seq)
-        failures = failures_in(result.rejected_rows)
-        if failures and self._sender:  # before the persisted acks of this batch: a later seq never hides one
-            self._sender.send_failures(failures)
         self.release(result.logons)
 
     # -- ages ---------------------------------------------------------------

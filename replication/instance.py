@@ -24,6 +24,7 @@ from kafka.errors import KafkaError
 from replication import bootstrap
 from replication.actions import DowngradeController, apply_manual_downgrades
 from replication.config.model import InstanceConfig
+from replication.config.security import check_security
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.connectors.kafka.broker import ensure_topics
 from replication.destination.link import Link
@@ -119,6 +120,8 @@ class Instance:
         self._recover_sow(state.max_seq)
 
         sender = None
+        for each in self.cfg.kafka_transports:
+            check_security(each)
         if self.cfg.kafka_transports:
             transport = self.cfg.kafka_transports[0]
             try:
@@ -269,7 +272,7 @@ class Instance:
             batch=self._batch_step(),
             sow=self._sow_status(),
             clashes={client: {"earlier": c.earlier, "later": c.later, "at": c.at}
-                     for client, c in writer.sessions.clashes.items()} if writer else {},
+                     for client, c in list(writer.sessions.clashes.items())} if writer else {},
             stalled={name: link["waiting_since"] for name, link in links.items()
                      if link["waiting_since"] is not None and now - link["waiting_since"] > STALL_REPORT_S},
         )
@@ -355,9 +358,12 @@ class Instance:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
-            try:
+            try:  # apart: a control file it cannot read must not stop the heartbeat
                 if apply_manual_downgrades(self.links, self.layout) and self.durability is not None:
                     self.durability.release()
+            except Exception:
+                log.exception("%s: applying the operators' downgrades failed", self.name)
+            try:
                 self.status().write(self.layout.heartbeat_json)
                 self._restart_ingest_if_failed()
                 self._report_slow_ingest()

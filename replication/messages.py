@@ -29,9 +29,9 @@ HEADER_SOW_KEY = "amps-sow-key"
 HEADER_SOW_KEYS = "amps-sow-keys"
 """sow_delete by keys: comma-separated SOW keys."""
 HEADER_FILTER = "amps-filter"
-#: The publisher's session (one per publisher process): two sessions of one client name at once are a clash.
-HEADER_SESSION = "amps-session"
 """sow_delete by filter: an AMPS content filter (``1=1``: every record of the topic)."""
+HEADER_SESSION = "amps-session"
+"""The publisher's session (one per publisher object): two sessions of one client name at once are a clash."""
 
 #: The inbox ``link`` of rows a backfill wrote: publishes of the instance itself, not replicated rows
 #: (no instance can have this name: ``#`` is not allowed in names).

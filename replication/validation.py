@@ -74,7 +74,8 @@ class Finding:
     """The destination ``<Topic><Name>`` that was checked."""
     message_type: str
     check: str
-    """One of :data:`replication.config.model.VALIDATION_CHECKS`."""
+    """One of :data:`replication.config.model.VALIDATION_CHECKS`, or ``group`` (the link's own check: a
+    destination's declared ``<Group>`` is the downstream's; it cannot be excluded)."""
     problem: str
     """What differs between the two configs."""
     fix: str

@@ -193,3 +193,12 @@ def test_an_earlier_session_publishing_after_a_later_logon_is_a_clash_said_once(
     assert sessions.clashes["c"].later == "S2"
     # a client without sessions (any Kafka client) is never checked
     assert sessions.observe(sessions_batch(("e", None, "logon"), ("e", None, "publish"))) == []
+
+
+def test_a_batch_replayed_after_a_failure_is_no_clash():
+    sessions = ClientSessions()
+    sessions.observe(sessions_batch(("c", "S1", "publish")), 1)
+    restart = sessions_batch(("c", "S1", "publish"), ("c", "S2", "logon"), ("c", "S2", "publish"))
+    assert sessions.observe(restart, 2) == []
+    assert sessions.observe(restart, 2) == [], "batch 2 again (it failed before its commit): the same answer"
+    assert [c.earlier for c in sessions.observe(sessions_batch(("c", "S1", "publish")), 3)] == ["S1"]

@@ -21,6 +21,7 @@ from replication import config
 from replication.client import Publisher
 from replication.config import effective
 from replication.config.parser import parse_string
+from replication.config.security import check_security
 from replication.connectors.kafka.security import KafkaSecurity, Secret
 from replication.errors import ConfigError, ReplicationError
 from replication.instance import Instance
@@ -44,7 +45,8 @@ def test_sasl_ssl_with_the_password_from_the_environment(ca, monkeypatch):
     cfg = parse_string(transport_xml(sasl_ssl_xml(ca)))
     security = cfg.kafka_transports[0].security
     assert security == KafkaSecurity("SASL_SSL", ca_file=str(ca), sasl_mechanism="SCRAM-SHA-512",
-                                     username=KAFKA_USER, password=Secret(KAFKA_PASSWORD))
+                                     username=KAFKA_USER, password=Secret.from_env(PASSWORD_VARIABLE))
+    assert security.password.reveal() == KAFKA_PASSWORD
     assert KAFKA_PASSWORD not in repr(cfg) and KAFKA_PASSWORD not in str(security.password)
     assert security.describe() == f"SASL_SSL, SCRAM-SHA-512 as {KAFKA_USER}"
     # what instance.json holds (upstreams read it): no secret, and it reads back
@@ -53,7 +55,7 @@ def test_sasl_ssl_with_the_password_from_the_environment(ca, monkeypatch):
     assert effective.from_dict(json.loads(written)).kafka_transports[0].security.username == KAFKA_USER
     # to the Spark workers as options (Spark redacts keys with "password"), and back
     options = security.to_options()
-    assert KafkaSecurity.from_options(options) == security
+    assert KafkaSecurity.from_options(options).kafka_python() == security.kafka_python()
     assert [k for k, v in options.items() if v == KAFKA_PASSWORD] == ["kafka.sasl.password"]
     assert pickle.loads(pickle.dumps(security)) == security
 
@@ -63,7 +65,7 @@ def test_a_password_file_and_each_clients_settings(ca, tmp_path):
     secret_file.write_text(KAFKA_PASSWORD + "\n")
     security = parse_string(transport_xml(sasl_ssl_xml(ca, mechanism="PLAIN", password_file=secret_file))
                             ).kafka_transports[0].security
-    assert security.password == Secret(KAFKA_PASSWORD)
+    assert security.password.reveal() == KAFKA_PASSWORD
     assert security.kafka_python() == {
         "security_protocol": "SASL_SSL", "ssl_cafile": str(ca), "ssl_check_hostname": True,
         "sasl_mechanism": "PLAIN", "sasl_plain_username": KAFKA_USER, "sasl_plain_password": KAFKA_PASSWORD}
@@ -77,7 +79,9 @@ def test_a_password_file_and_each_clients_settings(ca, tmp_path):
 
 @pytest.mark.parametrize("security, message", [
     ("<Security><Protocol>SASL_SSL</Protocol><SASLMechanism>PLAIN</SASLMechanism><Username>u</Username>"
-     f"<Password>{KAFKA_PASSWORD}</Password></Security>", "a password written in the config file is readable"),
+     f"<Password>{KAFKA_PASSWORD}</Password></Security>", "a password must come from the environment or a file"),
+    ("<Security><Protocol>SASL_SSL</Protocol><SASLMechanism>PLAIN</SASLMechanism><Username>u</Username>"
+     f"<Password>${{UNSET_VAR:-{KAFKA_PASSWORD}}}</Password></Security>", "(or as a ${VAR:-default})"),
     ("<Security><Protocol>SASL_SSL</Protocol><SASLMechanism>OAUTHBEARER</SASLMechanism></Security>",
      "SASL mechanism OAUTHBEARER is not supported yet: it needs a token provider"),
     ("<Security><Protocol>SASL_SSL</Protocol><SASLMechanism>GSSAPI</SASLMechanism></Security>",
@@ -90,17 +94,29 @@ def test_a_password_file_and_each_clients_settings(ca, tmp_path):
     ("<Security><Protocol>SASL_SSL</Protocol><SASLMechanism>SCRAM-SHA-256</SASLMechanism><Username>u</Username>"
      "</Security>", "SASL (SCRAM-SHA-256) needs a password"),
     ("<Security><Protocol>TLS</Protocol></Security>", "'TLS' is not a valid Protocol"),
-    ("<Security><Protocol>SSL</Protocol><CAFile>/no/such/ca.pem</CAFile></Security>",
-     "file '/no/such/ca.pem' does not exist"),
     ("<Security><Protocol>SSL</Protocol><KeyFile>/etc/hostname</KeyFile></Security>",
      "mutual TLS needs both <CertificateFile> and <KeyFile>"),
-], ids=["inline password", "OAUTHBEARER", "GSSAPI", "TLS setting without TLS", "SASL setting without SASL",
-        "no mechanism", "no password", "bad protocol", "missing CA file", "key without certificate"])
+], ids=["inline password", "password as a default", "OAUTHBEARER", "GSSAPI", "TLS setting without TLS",
+        "SASL setting without SASL", "no mechanism", "no password", "bad protocol", "key without certificate"])
 def test_a_security_element_that_cannot_work_is_refused_at_load_with_the_fix(security, message):
     with pytest.raises(ConfigError) as info:
         parse_string(transport_xml(security))
     assert message in str(info.value) and "Fix:" in str(info.value), str(info.value)
     assert KAFKA_PASSWORD not in str(info.value)
+
+
+def test_the_config_loads_without_the_secrets_and_an_instance_start_names_what_is_missing(tmp_path, monkeypatch):
+    # `replication status`, `validate` or `replay` in an operator's shell load the config without the secrets
+    monkeypatch.delenv(PASSWORD_VARIABLE, raising=False)
+    path = write_config(tmp_path, "a", "broker:9093", security=sasl_ssl_xml(tmp_path / "no-ca.pem"))
+    transport = config.load(str(path)).kafka_transports[0]
+    with pytest.raises(ConfigError) as info:
+        check_security(transport)  # what an instance's start and `replication publish` do first
+    text = str(info.value)
+    assert f"CAFile {tmp_path / 'no-ca.pem'} does not exist" in text and info.value.file == str(path)
+    assert f"the environment variable {PASSWORD_VARIABLE} (a Kafka password) is not set" in text
+    status = run_cli("status", path)
+    assert status.code == 0 and "a " in status.out, status.err
 
 
 def secure_publisher(fabric, client: str, bootstrap: str, security: KafkaSecurity) -> Publisher:

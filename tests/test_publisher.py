@@ -76,9 +76,11 @@ def test_a_refused_message_gets_a_failure_ack_and_flush_returns_it(fabric):
         assert pub.publish("/orders", b'{"id": 8}') == 8
         assert pub.flush(timeout=120) == []
         assert pub.persisted_seq == 8
-        wait_until(lambda: len(acks.failures) == 2 and acks.persisted.get("feed") == 8, timeout=60,
+        assert pub.publish("/orders", b"{refused again") == 9  # a flush after one that returned a refusal
+        assert [f.seq for f in pub.flush(timeout=120)] == [9]
+        wait_until(lambda: len(acks.failures) == 3 and acks.persisted.get("feed") == 8, timeout=60,
                    what="the acks topic's records")
-    assert [(f["client"], f["seq"], f["status"], f["reason"], f["instance"]) for f in acks.failures] == [
+    assert [(f["client"], f["seq"], f["status"], f["reason"], f["instance"]) for f in acks.failures[:2]] == [
         ("feed", seq, "failure", rejected[seq], fabric.name("a")) for seq in (4, 7)]
     wait_until(lambda: fabric.count("b") == 6, what="B's copies")
     assert fabric.rows("b")["publisher_seq"].to_pylist() == [1, 2, 3, 5, 6, 8]

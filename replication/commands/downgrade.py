@@ -24,7 +24,7 @@ from replication.storage.layout import StorageLayout
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="CONFIG", help="the instance's config file (XML)")
     parser.add_argument("--destination", required=True, metavar="NAME", help="the destination's <Name>")
-    parser.add_argument("--reason", default="", help="why (shown in the log and kept in the control file)")
+    parser.add_argument("--reason", default="", help="why (kept in the control file, for the next operator)")
 
 
 def run(args: argparse.Namespace) -> int:

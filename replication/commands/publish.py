@@ -13,6 +13,7 @@ import sys
 import time
 
 from replication import config
+from replication.config.security import check_security
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 
 
@@ -38,6 +39,7 @@ def _target(args: argparse.Namespace) -> tuple[str, str, str, KafkaSecurity]:
         if not cfg.kafka_transports:
             raise SystemExit(f"{args.config}: instance {cfg.name} has no kafka Transport to publish to")
         transport = cfg.kafka_transports[0]
+        check_security(transport)
         return ",".join(transport.bootstrap_servers), transport.topics[0], cfg.name, transport.security
     if not (args.bootstrap and args.kafka_topic and args.instance):
         raise SystemExit("replication publish: give --config, or all of --bootstrap, --kafka-topic and --instance")

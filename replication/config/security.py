@@ -13,17 +13,23 @@
       <Password>${KAFKA_PASSWORD}</Password>          <!-- or <PasswordFile>/run/secrets/kafka</PasswordFile> -->
     </Security>
 
-A password is read from the environment (``${VAR}``) or from a file; one
-written in the config file itself is refused (anyone who can read the config
-could read it). File paths are relative to the config file. Errors name the
-element, never a secret's value.
+A password is read from the environment (exactly ``${VAR}``) or from a file;
+one written in the config file itself is refused (anyone who can read the
+config could read it), and so is a ``${VAR:-default}`` (the default would be
+one). Both are read, and the files checked, only when a Kafka client is made
+(:meth:`KafkaSecurity.check` at an instance's start): ``replication status``,
+``validate`` or ``replay`` load the config in a shell without the secrets.
+File paths are relative to the config file. Errors name the element, never a
+secret's value.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from replication.config import values
+from replication.config.model import KafkaTransport
 from replication.config.xml_reader import OPT, Node, one
 from replication.connectors.kafka.security import (
     PLAINTEXT,
@@ -33,8 +39,9 @@ from replication.connectors.kafka.security import (
     KafkaSecurity,
     Secret,
 )
+from replication.errors import ConfigError
 
-__all__ = ["SECURITY_SCHEMA", "security"]
+__all__ = ["SECURITY_SCHEMA", "check_security", "security"]
 
 SECURITY_SCHEMA = {
     "Protocol": one("<Protocol>SASL_SSL</Protocol>"),
@@ -99,34 +106,41 @@ def security(node: Node | None) -> KafkaSecurity:
                          password=password)
 
 
+def check_security(transport: KafkaTransport) -> None:
+    """Before a Kafka client of ``transport`` is made: a :class:`ConfigError` naming the transport, its
+    ``<Security>`` problem (a missing file, an unset variable) and the fix; never a secret."""
+    try:
+        transport.security.check()
+    except ValueError as exc:
+        raise ConfigError(
+            f"{transport.source}: Kafka transport {transport.name}: <Security>: {exc}. Fix: export the variable "
+            "or correct the path in <Security> (paths are relative to the config file)",
+            file=transport.source.file, line=transport.source.line or None) from None
+
+
 def _file(node: Node | None) -> str | None:
-    """A file the client reads (relative to the config file); it must exist."""
+    """A file the client reads (relative to the config file; checked when a client is made)."""
     if node is None:
         return None
-    path = Path(node.ctx.base_dir, node.text())
-    if not path.is_file():
-        node.fail(f"file '{path}' does not exist", f"write the path of the PEM file in <{node.tag}>")
-    return str(path)
+    return str(Path(node.ctx.base_dir, node.text()))
+
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _secret(inline: Node | None, file_node: Node | None, tag: str) -> Secret | None:
-    """A password from ``${VAR}`` (in ``<tag>``) or from a file (``<tag>File``); never written in the config."""
+    """A password from exactly ``${VAR}`` (in ``<tag>``) or from a file (``<tag>File``); never written in the
+    config. Read when a client is made, not here."""
     if inline is not None and file_node is not None:
         file_node.fail(f"<{tag}> and <{tag}File> are both given", "keep one of them")
     if inline is not None:
-        if "${" not in "".join(inline.el.itertext()):
-            inline.fail("a password written in the config file is readable by anyone who can read the file "
-                        "(its value is not shown here)",
-                        f"write <{tag}>${{VARIABLE}}</{tag}> and export VARIABLE, or use <{tag}File>")
-        return Secret(inline.text())
+        variable = _VARIABLE.fullmatch("".join(inline.el.itertext()).strip())
+        if variable is None:
+            inline.fail("a password must come from the environment or a file: one written in the config file "
+                        "(or as a ${VAR:-default}) is readable by anyone who can read the file (the value is "
+                        "not shown here)",
+                        f"write exactly <{tag}>${{VARIABLE}}</{tag}> and export VARIABLE, or use <{tag}File>")
+        return Secret.from_env(variable.group(1))
     if file_node is not None:
-        path = Path(file_node.ctx.base_dir, file_node.text())
-        try:
-            value = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            file_node.fail(f"the password file '{path}' cannot be read ({exc.strerror})",
-                           f"write the path of a readable file holding the password in <{tag}File>")
-        if not value:
-            file_node.fail(f"the password file '{path}' is empty", "write the password into the file")
-        return Secret(value)
+        return Secret.from_file(str(Path(file_node.ctx.base_dir, file_node.text())))
     return None

@@ -189,6 +189,14 @@ class Link:
                 downstream_txlog_id=txlog_id, sent_seq=start_seq, unacked=(), downstream_ack=0,
             )
 
+    def upgrade_unless_manual(self) -> bool:
+        """Back to sync unless an operator downgraded it (checked and changed as one step); True if upgraded."""
+        with self._lock:
+            if self.state.manual or not self.state.downgraded:
+                return False
+            self._change_locked(downgraded=False)
+            return True
+
     def set(self, **changes) -> None:
         with self._lock:
             if all(getattr(self.state, k) == v for k, v in changes.items()):

@@ -17,6 +17,7 @@ A publisher that sends no session (any Kafka client) is not checked.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -42,12 +43,16 @@ class Clash:
                 f"collide and messages are dropped as duplicates). Give this publisher a name of its own")
 
 
+#: Sessions remembered per client name as replaced: a name reused by many short runs stays bounded.
+MAX_REPLACED = 16
+
+
 @dataclass
 class _Client:
     session: str
     """The latest session to log on (or, before any logon, to publish)."""
-    replaced: set[str] = field(default_factory=set)
-    """Sessions a later logon took the name from."""
+    replaced: list[str] = field(default_factory=list)
+    """Sessions a later logon took the name from (the last :data:`MAX_REPLACED`)."""
 
 
 class ClientSessions:
@@ -57,11 +62,17 @@ class ClientSessions:
         self._clients: dict[str, _Client] = {}
         self.clashes: dict[str, Clash] = {}
         """The last clash of each client name."""
+        self._before: tuple[int | None, dict[str, _Client]] | None = None
+        """(batch id, the state before it): a batch seen again (replayed after a failure) starts from there."""
 
-    def observe(self, batch: pa.Table) -> list[Clash]:
-        """The clashes the batch's records show, in order (each pair of sessions reported once)."""
+    def observe(self, batch: pa.Table, batch_id: int | None = None) -> list[Clash]:
+        """The clashes the batch's records show, in order (each pair of sessions reported once). A batch
+        observed again (the same ``batch_id``, replayed after a failure) is observed from the state before it."""
+        if batch_id is not None and self._before is not None and self._before[0] == batch_id:
+            self._clients = copy.deepcopy(self._before[1])
         if "session" not in batch.column_names or batch["session"].null_count == batch.num_rows:
             return []
+        self._before = (batch_id, copy.deepcopy(self._clients))
         rows = batch.select(["publisher", "session", "command"]).filter(pc.is_valid(batch["session"]))
         found = []
         for client, session, command in zip(rows["publisher"].to_pylist(), rows["session"].to_pylist(),
@@ -73,11 +84,13 @@ class ClientSessions:
                 self._clients[client] = _Client(session)
                 continue
             if command == LOGON and session != state.session:
-                state.replaced.add(state.session)
+                if state.session in state.replaced:
+                    state.replaced.remove(state.session)
+                state.replaced = [*state.replaced, state.session][-MAX_REPLACED:]
                 state.session = session
             elif session in state.replaced:
                 clash = Clash(client, session, state.session)
-                state.replaced.discard(session)  # said once per pair
+                state.replaced.remove(session)  # said once per pair
                 self.clashes[client] = clash
                 found.append(clash)
         return found

@@ -156,10 +156,14 @@ class IngestWriter:
             return
         if self.expand is not None:
             batch = self.expand(batch)
-        for clash in self.sessions.observe(batch):
+        for clash in self.sessions.observe(batch, batch_id):
             log.error("%s: %s (the later session %s is told so)", self.cfg.name, clash.reason, clash.later)
             if self.on_clash is not None:
-                self.on_clash(clash)
+                try:
+                    self.on_clash(clash)
+                except Exception as exc:  # telling the publisher must not fail the batch
+                    log.error("%s: the failure ack for the clash on %r could not be sent: %s", self.cfg.name,
+                              clash.client, exc)
         # Spark's own inputRowsPerSecond counts only rows its jobs read; batches read in the driver are not among them.
         if self._last_batch_at is not None and started > self._last_batch_at:
             self.stats["input_rows_per_second"] = batch.num_rows / (started - self._last_batch_at)

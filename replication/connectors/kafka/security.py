@@ -16,8 +16,10 @@ wherever it shows options (``spark.redaction.regex``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 #: Security protocols, as Kafka names them.
@@ -46,15 +48,49 @@ _OPTIONS = {
 
 
 class Secret:
-    """A password or key: printed as ``<secret>``, compared by value, revealed only on purpose."""
+    """A password or key: printed as ``<secret>``, revealed only on purpose.
 
-    __slots__ = ("_value",)
+    Given as a value, or as where to find it when a client is made (:meth:`from_env`, :meth:`from_file`):
+    a config that names ``${KAFKA_PASSWORD}`` then loads where the variable is not set (``replication status``
+    in an operator's shell); only a command that connects to Kafka needs it. Compared by where it comes from.
+    """
 
-    def __init__(self, value: str) -> None:
-        self._value = value
+    __slots__ = ("_kind", "_ref")
+
+    def __init__(self, value: str, *, kind: str = "value") -> None:
+        self._kind = kind
+        self._ref = value
+
+    @classmethod
+    def from_env(cls, variable: str) -> Secret:
+        return cls(variable, kind="env")
+
+    @classmethod
+    def from_file(cls, path: str) -> Secret:
+        return cls(path, kind="file")
+
+    def problem(self) -> str | None:
+        """Why it cannot be revealed here (without the secret), else None."""
+        if self._kind == "env" and not os.environ.get(self._ref):
+            return f"the environment variable {self._ref} (a Kafka password) is not set"
+        if self._kind == "file":
+            try:
+                if not Path(self._ref).read_text(encoding="utf-8").strip():
+                    return f"the password file {self._ref} is empty"
+            except OSError as exc:
+                return f"the password file {self._ref} cannot be read ({exc.strerror})"
+        return None
 
     def reveal(self) -> str:
-        return self._value
+        """The secret itself; ValueError (without it) when it cannot be found."""
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+        if self._kind == "env":
+            return os.environ[self._ref]
+        if self._kind == "file":
+            return Path(self._ref).read_text(encoding="utf-8").strip()
+        return self._ref
 
     def __repr__(self) -> str:
         return "<secret>"
@@ -62,13 +98,17 @@ class Secret:
     __str__ = __repr__
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
+        return isinstance(other, Secret) and (other._kind, other._ref) == (self._kind, self._ref)
 
     def __hash__(self) -> int:
-        return hash(self._value)
+        return hash((self._kind, self._ref))
 
-    def __reduce__(self):  # pickled (to a Spark worker) as its value: a Secret again on the other side
-        return (Secret, (self._value,))
+    def __reduce__(self):  # pickled as where it comes from: a Secret again on the other side
+        return (_secret, (self._kind, self._ref))
+
+
+def _secret(kind: str, ref: str) -> Secret:
+    return Secret(ref, kind=kind)
 
 
 @dataclass(frozen=True)
@@ -95,6 +135,15 @@ class KafkaSecurity:
     @property
     def sasl(self) -> bool:
         return self.protocol.startswith("SASL_")
+
+    def check(self) -> None:
+        """ValueError naming what a client could not use (a missing file, an unset variable); never a secret."""
+        problems = [f"{what} {path} does not exist" for what, path in (
+            ("CAFile", self.ca_file), ("CertificateFile", self.certificate_file), ("KeyFile", self.key_file))
+            if path and not os.path.isfile(path)]
+        problems += [p for p in (s.problem() for s in (self.password, self.key_password) if s is not None) if p]
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def describe(self) -> str:
         """What a log line may say about it: protocol, mechanism, user; never a secret."""
