@@ -92,17 +92,19 @@ def instance_config(workdir: Path, name: str, bootstrap: str, *, topic: str | No
 
 
 def write_instance_config(workdir: Path, name: str, bootstrap: str, *, topic: str | None = None,
-                          max_offsets: int | None = None, inbox: bool = True, replication: str = "") -> Path:
+                          max_offsets: int | None = None, inbox: bool = True, replication: str = "",
+                          inbox_auth: str = "") -> Path:
     """Write ``<workdir>/<name>.xml``: Kafka ``topic`` (default ``<name>.publish``), every JSON topic recorded.
 
     ``inbox``: also the incoming replication transport, as every instance of a
     fabric has (DESIGN §4); the ingest query then reads Kafka and the inbox.
-    ``replication``: a ``<Replication>`` element, as XML text.
+    ``replication``: a ``<Replication>`` element, as XML text. ``inbox_auth``: the incoming transport's
+    ``<Authentication>``, as XML text.
     """
     topic = topic or f"{name}.publish"
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
     incoming = (f"<Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
-                f"<InetAddr>{workdir / name}</InetAddr></Transport>") if inbox else ""
+                f"<InetAddr>{workdir / name}</InetAddr>{inbox_auth}</Transport>") if inbox else ""
     path = workdir / f"{name}.xml"
     path.write_text(f"""<?xml version="1.0"?>
 <AMPSConfig>

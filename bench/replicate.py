@@ -11,6 +11,9 @@ One run prints (issue 3, "Performance"):
    MirrorMaker 2 (``bench/mirror_maker.py``) copies the same topic from the
    benchmark's broker to a second broker it starts: what a Kafka user would
    run instead, with its CPU seconds beside the instance's (phase ``mm2``);
+   the same pair with signed inbox commits (A's destination has an
+   ``<Authenticator>``, B verifies each commit) against the unsigned pair
+   (phase ``signed``; target: >= 0.95 x unsigned);
 2. latency: a ``replication.client.Publisher`` in its own process publishes
    to A at a steady rate (2,000 msg/s) while A replicates to its sync
    destination B; each message is followed by (client, seq) through every
@@ -41,6 +44,7 @@ import functools
 import json
 import multiprocessing
 import os
+import secrets
 import sys
 import time
 import uuid
@@ -76,7 +80,9 @@ from mirror_maker import MirrorRun, mirror  # noqa: E402
 
 from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 
-PHASES = ("throughput", "mm2", "latency")
+PHASES = ("throughput", "signed", "mm2", "latency")
+#: The environment variable the signed run's link key is read from (set by the benchmark).
+LINK_KEY_VARIABLE = "BENCH_REPLICATION_LINK_KEY"
 #: Seconds the started pair is watched with nothing published, before the latency run.
 IDLE_SECONDS = 8.0
 
@@ -99,25 +105,33 @@ class Pair:
 
 
 def write_instance(workdir: Path, name: str, bootstrap: str, *, topic: str, max_offsets: int | None,
-                   destination: str | None = None) -> Path:
+                   destination: str | None = None, signed: bool = False, upstream: str | None = None) -> Path:
     """An instance config as a fabric member has it: Kafka ingress, an inbox, every JSON topic recorded.
 
     ``destination``: the name of one downstream instance under ``workdir``,
-    replicated to synchronously (everything, one way).
+    replicated to synchronously (everything, one way). ``signed``: that link's
+    commits are signed (``<Authenticator>``), or, with ``upstream``, this
+    instance takes only commits signed by it (``<Authentication>``).
     """
-    replication = ""
+    replication = inbox_auth = ""
+    key = f"<Key>${{{LINK_KEY_VARIABLE}}}</Key>"
     if destination:
+        authenticator = f"<Authenticator><Module>replication-hmac-authenticator</Module>{key}</Authenticator>" \
+            if signed else ""
         replication = (
             f"<Replication><Destination><Name>{destination}</Name><SyncType>sync</SyncType>"
             f"<PassThrough>.*</PassThrough>{ONE_WAY_TOPICS}<Transport><Type>amps-replication</Type>"
-            f"<InetAddr>{workdir / destination}</InetAddr></Transport></Destination></Replication>"
+            f"<InetAddr>{workdir / destination}</InetAddr>{authenticator}</Transport></Destination></Replication>"
         )
+    if signed and upstream:
+        inbox_auth = (f"<Authentication><Module>replication-hmac-authentication</Module>"
+                      f"<Upstream><Name>{upstream}</Name>{key}</Upstream></Authentication>")
     return write_instance_config(workdir, name, bootstrap, topic=topic, max_offsets=max_offsets,
-                                 replication=replication)
+                                 replication=replication, inbox_auth=inbox_auth)
 
 
 def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, max_offsets: int | None,
-              replicate: bool, timer: StageTimer) -> Pair:
+              replicate: bool, timer: StageTimer, signed: bool = False) -> Pair:
     """Configs of A (and B when ``replicate``) with unique names; ``timer`` learns their roles."""
     from replication.connectors.kafka.broker import ensure_topics
 
@@ -126,9 +140,10 @@ def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, m
     timer.roles.update({a: "A", b: "B"})
     topic = topic or f"{a}.publish"
     ensure_topics(bootstrap, [topic, f"{b}.publish"])
-    b_path = write_instance(workdir, b, bootstrap, topic=f"{b}.publish", max_offsets=max_offsets) if replicate else None
+    b_path = write_instance(workdir, b, bootstrap, topic=f"{b}.publish", max_offsets=max_offsets, signed=signed,
+                            upstream=a) if replicate else None
     a_path = write_instance(workdir, a, bootstrap, topic=topic, max_offsets=max_offsets,
-                            destination=b if replicate else None)
+                            destination=b if replicate else None, signed=signed)
     return Pair(a_path, b_path, topic)
 
 
@@ -433,8 +448,8 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
           f"zstd): {rate:,.0f} msg/s", flush=True)
     best: dict[str, Run] = {}
     best_mirror: MirrorRun | None = None
-    keys = [k for k in ("ingest", "replicate", "mm2") if k == "mm2" and "mm2" in phases
-            or k != "mm2" and "throughput" in phases]
+    keys = [k for k in ("ingest", "replicate", "signed", "mm2") if k in ("mm2", "signed") and k in phases
+            or k in ("ingest", "replicate") and "throughput" in phases]
     target = EmbeddedBroker().start() if "mm2" in keys else None  # MM2's target cluster
     try:
         for rep in range(args.repeat):
@@ -451,8 +466,9 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
                         best_mirror = mirrored
                     continue
                 pair = make_pair(workdir, bootstrap, f"t{rep}{key[0]}", topic=topic, max_offsets=args.max_offsets,
-                                 replicate=key == "replicate", timer=timer)
-                label = "A ingest only (no destination)" if key == "ingest" else "A -> B replication (sync)"
+                                 replicate=key != "ingest", timer=timer, signed=key == "signed")
+                label = {"ingest": "A ingest only (no destination)", "replicate": "A -> B replication (sync)",
+                         "signed": "A -> B replication (sync, signed commits)"}[key]
                 run = throughput_run(spark, pair, args.messages, timer, label=label, trigger=args.trigger,
                                      spy=spy_file(args, key))
                 print(f"  {run.label}: {run.rate:,.0f} rows/s in {run.seconds:.1f}s, {run.cpu_seconds:.0f} CPU-s "
@@ -668,6 +684,12 @@ def report(args, runs: dict[str, Run], lat: Latency | None, mirrored: MirrorRun 
             checks.append(["replication / ingest only, rows per CPU-s",
                            f"{(rep.rows / rep.cpu_seconds) / (ing.rows / ing.cpu_seconds):.2f}", "",
                            "(less load-sensitive)"])
+    if "signed" in runs and "replicate" in runs:
+        rep, signed = runs["replicate"], runs["signed"]
+        ratio = signed.rate / rep.rate
+        checks.append(["signed / unsigned replication, rows/s", f"{ratio:.2f}", ">= 0.95", verdict(ratio >= 0.95)])
+        checks.append(["signed / unsigned replication, rows per CPU-s",
+                       f"{(signed.rows / signed.cpu_seconds) / (rep.rows / rep.cpu_seconds):.2f}", "", ""])
     if mirrored is not None and "replicate" in runs:
         rep = runs["replicate"]
         checks.append(["replication / MirrorMaker 2 (from its start), rows/s", f"{rep.rate / mirrored.rate:.2f}", "",
@@ -850,6 +872,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def measure(spark, workdir: Path, bootstrap: str, args) -> str:
     """Run the selected phases with the engine's steps timed; returns the report."""
     phases = set(args.only.split(","))
+    os.environ.setdefault(LINK_KEY_VARIABLE, secrets.token_hex(32))
     # Keep every batch's progress: the latency run has hundreds of small batches per query.
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
     timer = StageTimer()

@@ -23,6 +23,7 @@ from kafka.errors import KafkaError
 
 from replication import bootstrap
 from replication.actions import DowngradeController, apply_manual_downgrades
+from replication.config.link_auth import check_link_keys
 from replication.config.model import InstanceConfig
 from replication.config.security import check_security
 from replication.connectors.delta.tables import IdempotentAppender
@@ -86,6 +87,7 @@ class Instance:
         self.trigger_interval = trigger_interval
         self.query: StreamingQuery | None = None
         self.writer: IngestWriter | None = None
+        self.inbox_rows: InboxRows | None = None
         self.durability: Durability | None = None
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -122,6 +124,8 @@ class Instance:
         sender = None
         for each in self.cfg.kafka_transports:
             check_security(each)
+        check_link_keys(self.cfg)
+        self._log_link_authentication()
         if self.cfg.kafka_transports:
             transport = self.cfg.kafka_transports[0]
             try:
@@ -149,6 +153,7 @@ class Instance:
             received_since=self._received_keys,
         )
         self.durability.announce()
+        self.inbox_rows = InboxRows(self.cfg, str(self.layout.inbox)) if self.cfg.replication_transport else None
         self.writer = IngestWriter(
             self.cfg,
             txlog=txlog,
@@ -156,8 +161,8 @@ class Instance:
             state=state,
             save_state=lambda s: s.save(self.layout.publishers_json),
             on_commit=self.durability.on_commit,
-            expand=InboxRows(self.cfg, str(self.layout.inbox)) if self.cfg.replication_transport else None,
-            driver_read=DriverRead(self.cfg, self.layout),
+            expand=self.inbox_rows,
+            driver_read=DriverRead(self.cfg, self.layout, self.inbox_rows),
             sow=self.sow,
             txlog_files=TxlogFiles(str(self.layout.txlog)) if self.sow is not None else None,
             sow_committed=self.compactor.committed if self.compactor is not None else None,
@@ -273,9 +278,27 @@ class Instance:
             sow=self._sow_status(),
             clashes={client: {"earlier": c.earlier, "later": c.later, "at": c.at}
                      for client, c in list(writer.sessions.clashes.items())} if writer else {},
+            refusals={upstream: dict(seen) for upstream, seen in list(self.inbox_rows.refusals.items())}
+            if self.inbox_rows is not None else {},
             stalled={name: link["waiting_since"] for name, link in links.items()
                      if link["waiting_since"] is not None and now - link["waiting_since"] > STALL_REPORT_S},
         )
+
+    def _log_link_authentication(self) -> None:
+        transport = self.cfg.replication_transport
+        if transport is not None:
+            keys = transport.upstream_keys
+            if keys is None:
+                log.info("%s: incoming replication is not authenticated: every commit in the inbox is taken "
+                         "(add <Authentication> to transport %s to take only signed commits)", self.name,
+                         transport.name)
+            else:
+                log.info("%s: incoming replication is authenticated: only commits signed by %s are taken",
+                         self.name, ", ".join(name for name, _key in keys))
+        unsigned = [d.name for d in self.cfg.destinations if d.signing_key is None]
+        if unsigned:
+            log.info("%s: commits to %s are not signed (no <Authenticator> on the destination's transport)",
+                     self.name, ", ".join(unsigned))
 
     def _sow_status(self) -> dict[str, dict]:
         """Per SOW topic: records held now, and the txlog seq its table is compacted through."""

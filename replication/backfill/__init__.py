@@ -199,6 +199,12 @@ def check(cfg: InstanceConfig, options: Options) -> None:
         raise BackfillInputError(
             f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "
             "Fix: add <Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>")
+    if cfg.replication_transport.upstream_keys is not None:
+        raise BackfillInputError(
+            f"backfill into {cfg.name} is not supported yet while its incoming transport verifies signed commits "
+            "(<Authentication> replication-hmac-authentication): backfill's commits are not signed yet, so the "
+            "instance would refuse every row. Fix: backfill before enabling <Authentication>, or into an instance "
+            "without it, then replicate")
     if not options.client.strip():
         raise BackfillInputError("--client is empty: every message names its publisher. Fix: give the client "
                                  "name the messages carry, e.g. --client history-2024")

@@ -27,7 +27,7 @@ EXPLAINED_STATES = ("validation failed", "config error")
 #: ``--check`` defaults: a link stalled this long, or this far behind, is a problem.
 DEFAULT_STALL_AFTER_S = 60.0
 DEFAULT_MAX_LAG_S = 300.0
-#: ``--check`` reports a clash of client names for this long after it was seen.
+#: ``--check`` reports a clash of client names, or a refused inbox commit, for this long after it was seen.
 CLASH_REPORT_S = 3600.0
 
 
@@ -77,6 +77,7 @@ def collect(cfg: InstanceConfig, *, now: float | None = None) -> dict:
         "error": beat.error,
         "stalled": beat.stalled if alive else {},
         "clashes": beat.clashes if alive else {},
+        "refusals": beat.refusals if alive else {},
         "links": links,
     }
 
@@ -88,7 +89,7 @@ class Problem:
     instance: str
     destination: str | None
     cause: str
-    """``down``, ``refused``, ``stalled``, ``lagging`` or ``clash``."""
+    """``down``, ``refused``, ``stalled``, ``lagging``, ``clash`` or ``refused-commits``."""
     message: str
 
 
@@ -109,6 +110,11 @@ def check(statuses: list[dict], *, stall_after: float, max_lag: float, now: floa
                 problems.append(Problem(name, None, "clash",
                                         f"{name}: client name {client!r} is used by two publishers at once "
                                         f"(sessions {clash['earlier']} and {clash['later']})"))
+        for upstream, seen in sorted((st.get("refusals") or {}).items()):
+            if now - seen["at"] < CLASH_REPORT_S:
+                problems.append(Problem(name, None, "refused-commits",
+                                        f"{name}: {seen['commits']} inbox commits naming {upstream} refused "
+                                        f"since start; last: {seen['last']}"))
         for dest, link in sorted(st["links"].items()):
             state = link.get("state")
             if state in EXPLAINED_STATES:
@@ -172,6 +178,9 @@ def _print_table(statuses: list[dict]) -> None:
         for client, clash in sorted((st.get("clashes") or {}).items()):
             print(f"{'':<14}   CLASH: client name {client!r} used by two publishers at once "
                   f"(sessions {clash['earlier']} and {clash['later']})")
+        for upstream, seen in sorted((st.get("refusals") or {}).items()):
+            print(f"{'':<14}   REFUSED from {upstream}: {seen['commits']} commits, {seen['rows']:,} rows "
+                  f"since start; last: {seen['last']}")
         for name, link in sorted(st["links"].items()):
             mode = link.get("sync_type", "")
             if link.get("downgraded"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity, Secret
 from replication.expressions import Filter
 from replication.messages import FIELD_TYPES
 
@@ -83,6 +83,9 @@ class ReplicationTransport:
     name: str
     inet_addr: str
     """Storage root URI of this instance as upstreams address it."""
+    upstream_keys: tuple[tuple[str, Secret], ...] | None = None
+    """``<Authentication>`` with signed commits: the upstreams admitted and each one's key
+    (:mod:`replication.inbox.signing`); None: every inbox commit is taken, as AMPS's default module does."""
     source: Source = field(default_factory=Source, compare=False)
 
 
@@ -175,6 +178,8 @@ class Destination:
     """``<Compression>``: Parquet codec of inbox writes (zstd, snappy, gzip, lz4, none)."""
     group_declared: bool = False
     """``<Group>`` was written: the instance reached must declare that group, or the link is refused (AMPS)."""
+    signing_key: Secret | None = None
+    """``<Transport><Authenticator>``: the key this link signs its inbox commits with (None: unsigned)."""
     source: Source = field(default_factory=Source, compare=False)
 
 

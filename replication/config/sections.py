@@ -8,7 +8,7 @@ from the ``<AMPSConfig>`` root and checks what spans sections.
 
 from __future__ import annotations
 
-from replication.config import values
+from replication.config import link_auth, values
 from replication.config.model import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_COMPACTION_INTERVAL_S,
@@ -53,7 +53,7 @@ _KAFKA_SCHEMA = {
     "MaxOffsetsPerTrigger": OPT,
     "Security": OPT,
 }
-_REPLICATION_IN_SCHEMA = {**_TRANSPORT_COMMON, "InetAddr": OPT}
+_REPLICATION_IN_SCHEMA = {**_TRANSPORT_COMMON, "InetAddr": OPT, "Authentication": OPT, "Entitlement": OPT}
 _TOPIC_SCHEMA = {
     "Name": one("<Name>.*</Name>"),
     "MessageType": one("<MessageType>json</MessageType>"),
@@ -83,6 +83,7 @@ _REPLICATION_OUT_SCHEMA = {
     "Type": one("<Type>amps-replication</Type>"),
     "InetAddr": some("<InetAddr>file:///var/lib/replication/amps-2</InetAddr>"),
     "Name": OPT,  # AMPS examples label the transport; accepted as a label only
+    "Authenticator": OPT,
 }
 _BOOTSTRAP_SCHEMA = {
     "Topic": some("<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>"),
@@ -149,7 +150,10 @@ def transports(
                 "heartbeat and acknowledgements under its storage root",
                 f"write <InetAddr>{storage}</InetAddr> (the <Storage> location), or leave <InetAddr> out",
             )
-        inbox = ReplicationTransport(name=name, inet_addr=storage, source=tnode.source())
+        link_auth.entitlement(kids.opt("Entitlement"))
+        inbox = ReplicationTransport(name=name, inet_addr=storage,
+                                     upstream_keys=link_auth.authentication(kids.opt("Authentication")),
+                                     source=tnode.source())
     return tuple(kafka), inbox
 
 
@@ -356,6 +360,7 @@ def destinations(
                 pass_through=pass_through.read(values.regex) if pass_through is not None else None,
                 compression=compression.read(values.enum, COMPRESSIONS) if compression is not None else "zstd",
                 group_declared=kids.opt("Group") is not None,
+                signing_key=link_auth.authenticator(tk.opt("Authenticator")),
                 source=dnode.source(),
             )
         )

@@ -41,7 +41,7 @@ from replication.connectors.kafka.security import (
 )
 from replication.errors import ConfigError
 
-__all__ = ["SECURITY_SCHEMA", "check_security", "security"]
+__all__ = ["SECURITY_SCHEMA", "check_security", "secret", "security"]
 
 SECURITY_SCHEMA = {
     "Protocol": one("<Protocol>SASL_SSL</Protocol>"),
@@ -78,7 +78,7 @@ def security(node: Node | None) -> KafkaSecurity:
     if (certificate is None) != (key is None):
         node.fail("mutual TLS needs both <CertificateFile> and <KeyFile>",
                   "add the missing one (PEM files: this client's certificate and its private key)")
-    key_password = _secret(kids.opt("KeyPassword"), kids.opt("KeyPasswordFile"), "KeyPassword")
+    key_password = secret(kids.opt("KeyPassword"), kids.opt("KeyPasswordFile"), "KeyPassword")
     if key_password is not None and key is None:
         node.fail("<KeyPassword> is the password of <KeyFile>, which is not given",
                   "add <KeyFile> and <CertificateFile>, or remove the key password")
@@ -97,7 +97,7 @@ def security(node: Node | None) -> KafkaSecurity:
         if unode is None:
             node.fail(f"SASL ({mechanism}) needs a <Username>", "add <Username>the user the broker knows</Username>")
         username = unode.text()
-        password = _secret(kids.opt("Password"), kids.opt("PasswordFile"), "Password")
+        password = secret(kids.opt("Password"), kids.opt("PasswordFile"), "Password")
         if password is None:
             node.fail(f"SASL ({mechanism}) needs a password",
                       "add <Password>${KAFKA_PASSWORD}</Password> or <PasswordFile>/path/to/file</PasswordFile>")
@@ -128,19 +128,19 @@ def _file(node: Node | None) -> str | None:
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def _secret(inline: Node | None, file_node: Node | None, tag: str) -> Secret | None:
-    """A password from exactly ``${VAR}`` (in ``<tag>``) or from a file (``<tag>File``); never written in the
-    config. Read when a client is made, not here."""
+def secret(inline: Node | None, file_node: Node | None, tag: str, what: str = "a Kafka password") -> Secret | None:
+    """A password or key from exactly ``${VAR}`` (in ``<tag>``) or from a file (``<tag>File``); never written
+    in the config. Read when it is used, not here."""
     if inline is not None and file_node is not None:
         file_node.fail(f"<{tag}> and <{tag}File> are both given", "keep one of them")
     if inline is not None:
         variable = _VARIABLE.fullmatch("".join(inline.el.itertext()).strip())
         if variable is None:
-            inline.fail("a password must come from the environment or a file: one written in the config file "
+            inline.fail(f"{what} must come from the environment or a file: one written in the config file "
                         "(or as a ${VAR:-default}) is readable by anyone who can read the file (the value is "
                         "not shown here)",
                         f"write exactly <{tag}>${{VARIABLE}}</{tag}> and export VARIABLE, or use <{tag}File>")
-        return Secret.from_env(variable.group(1))
+        return Secret.from_env(variable.group(1), what)
     if file_node is not None:
-        return Secret.from_file(str(Path(file_node.ctx.base_dir, file_node.text())))
+        return Secret.from_file(str(Path(file_node.ctx.base_dir, file_node.text())), what)
     return None

@@ -37,6 +37,7 @@ from replication.connectors.delta.tables import (
 )
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
+from replication.inbox import signing
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.storage.layout import link_name
 from replication.txlog import stream as txlog_stream
@@ -80,6 +81,8 @@ class ReplicatorWriter:
         replication.connectors.spark.planned_batch)."""
         self.rows_sent = 0
         self.batches_read_in_driver = 0
+        self.signing_key = dest.signing_key.reveal().encode() if dest.signing_key is not None else None
+        """HMAC key of this link's commits (the destination's ``<Authenticator>``, :mod:`replication.inbox.signing`)."""
 
     def __call__(self, df, batch_id: int) -> None:
         span = self._planned_span(batch_id)
@@ -132,10 +135,19 @@ class ReplicatorWriter:
     def _send(self, routed: pa.Table | None, routed_seqs: np.ndarray, through: int, batch_id: int) -> None:
         """Append the routed rows to the inbox (one idempotent commit), then tell the link."""
         if routed is not None and routed.num_rows:
-            self.inbox.append(self._inbox_rows(routed), batch_id, {"link": self.cfg.name, "through": through})
+            rows = self._inbox_rows(routed)
+            self.inbox.append(rows, batch_id, {"link": self.cfg.name, "through": through},
+                              commit_info=self._signature(rows, batch_id))
             self.rows_sent += routed.num_rows
         failpoints.hit("replicator.after_inbox_commit")
         self.link.on_sent(runs_of(routed_seqs), through)
+
+    def _signature(self, rows: pa.Table, batch_id: int) -> dict[str, str] | None:
+        """The commit's signature with the destination's ``<Authenticator>`` key (none without one)."""
+        if self.signing_key is None:
+            return None
+        return {signing.SIGNATURE_KEY: signing.sign(self.signing_key, upstream=self.cfg.name,
+                                                    app_id=self.inbox.app_id, batch=batch_id, rows=rows)}
 
     def _inbox_rows(self, routed: pa.Table) -> pa.Table:
         n = routed.num_rows

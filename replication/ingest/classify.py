@@ -63,6 +63,9 @@ CANDIDATE_SCHEMA = pa.schema(
         pa.field("upstream_seq", pa.int64()),
         # The publisher's session (header ``amps-session``; null for rows not published here).
         pa.field("session", pa.string()),
+        # Why an inbox row is refused before any other check (its commit failed verification:
+        # :mod:`replication.inbox.signing`); null for every other row.
+        pa.field("refused", pa.string()),
         # An inbox version whose rows the writer fetches itself (:class:`replication.ingest.inputs.InboxRows`).
         pa.field("inbox_version", pa.int64()),
     ]
@@ -149,12 +152,17 @@ def classify(
     names = encoded.dictionary.to_pylist()
     codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     logons = logons_in(batch)
-    is_logon = pc.fill_null(pc.equal(batch["command"], LOGON), False).to_numpy(zero_copy_only=False)
+    is_logon = _logon_mask(batch).to_numpy(zero_copy_only=False)
 
     # Vectorised header checks; only rows that fail get a reason spelled out.
-    headers_ok = _headers_ok(batch, recorded) & ~is_logon
+    refused = pc.is_valid(batch["refused"]).to_numpy(zero_copy_only=False)
+    headers_ok = _headers_ok(batch, recorded) & ~is_logon & ~refused
     reasons: dict[int, str] = {}
-    for i in np.nonzero(~headers_ok & ~is_logon)[0]:
+    if refused.any():
+        refused_idx = np.nonzero(refused)[0]
+        reasons.update(zip(refused_idx.tolist(), _rows_at(batch.select(["refused"]), refused_idx)["refused"]
+                           .to_pylist(), strict=True))
+    for i in np.nonzero(~headers_ok & ~is_logon & ~refused)[0]:
         row = {k: batch[k][i].as_py() for k in ("publisher", "publisher_seq", "command", "topic", "message_type")}
         reasons[int(i)] = _header_problem(
             row["publisher"], row["publisher_seq"], row["command"], row["topic"], row["message_type"], recorded
@@ -299,9 +307,14 @@ def _replaced(column: pa.ChunkedArray, changed: np.ndarray, values: list[bytes |
     return pa.chunked_array(chunks, column.type)
 
 
+def _logon_mask(batch: pa.Table) -> pa.ChunkedArray:
+    """Logon commands published here (a row replicated in cannot log a publisher on here)."""
+    return pc.fill_null(pc.and_(pc.equal(batch["command"], LOGON), pc.equal(batch["source"], "kafka")), False)
+
+
 def logons_in(batch: pa.Table) -> list[Logon]:
     """Logon requests in a batch; the body carries the publisher's correlation id."""
-    mask = pc.fill_null(pc.equal(batch["command"], LOGON), False)
+    mask = _logon_mask(batch)
     rows = batch.filter(mask)
     out = []
     for client, body in zip(rows["publisher"].to_pylist(), rows["data"].to_pylist(), strict=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,7 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replication import routing
+from replication.config import link_auth
 from replication.config.model import DEFAULT_BATCH_ROWS, InstanceConfig
+from replication.connectors.delta.log import commit_info
 from replication.connectors.kafka import source as kafka_source
 from replication.connectors.kafka.ranges import RangeReader
 from replication.connectors.kafka.source import (
@@ -22,6 +25,8 @@ from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.inbox import staged_parts as staged
 from replication.inbox import stream as inbox_stream
 from replication.inbox.read_ahead import InboxReadAhead
+from replication.inbox.schema import INBOX_SCHEMA
+from replication.inbox.signing import CommitVerifier, Refusal
 from replication.inbox.versions import read_versions, staged_parts
 from replication.ingest.classify import CANDIDATE_SCHEMA
 from replication.messages import BACKFILL_LINK
@@ -82,7 +87,7 @@ def kafka_candidate_columns(transport: KafkaTransport) -> dict[str, tuple]:
         "publish_time": ("col", "kafka_timestamp"),
         "session": ("col", "h_session"),
         **{name: ("lit", None) for name in ("origin", "received_from", "received_from_group", "path",
-                                             "upstream_seq", "inbox_version")},
+                                             "upstream_seq", "refused", "inbox_version")},
     }
 
 
@@ -155,6 +160,11 @@ class InboxRows:
     def __init__(self, cfg: InstanceConfig, inbox: str) -> None:
         self.instance = cfg.name
         self.inbox = inbox
+        keys = link_auth.verifying_keys(cfg)
+        self.verifier = CommitVerifier(inbox, keys) if keys is not None else None
+        """Checks each commit's signature before its rows are taken (``<Authentication>``); None: all taken."""
+        self.refusals: dict[str, dict] = {}
+        """Per upstream named: commits and rows refused since start, the last reason and when."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         marks = pc.equal(batch["source"], INBOX_MARK)
@@ -177,7 +187,10 @@ class InboxRows:
         Rows a backfill wrote (link ``BACKFILL_LINK``) are this instance's own
         publishes: source ``backfill``, not received from anyone, no upstream position.
         """
-        out = self._candidates(rows)
+        refused = None
+        if self.verifier is not None:
+            refused, parts = self._verify(rows, parts or [])
+        out = self._candidates(rows, refused)
         if not parts:
             return out
         # a staged part's version adds no rows: its marker goes after the rows of the versions before it
@@ -188,7 +201,37 @@ class InboxRows:
             previous = cut
         return pa.concat_tables(pieces + [out.slice(previous)])
 
-    def _candidates(self, rows: pa.Table) -> pa.Table:
+    def _verify(self, rows: pa.Table, parts: list[tuple[int, str]]) -> tuple[pa.Array | None,
+                                                                          list[tuple[int, str]]]:
+        """Each row's refusal (null: taken) by its commit's verdict, and the staged parts that may be taken:
+        none (a backfill's staged part is not signed)."""
+        assert self.verifier is not None
+        for version, _descriptor in parts:
+            self._refuse(Refusal("backfill", f"inbox commit {version}: a staged backfill part is not signed, "
+                                             "and this instance takes only signed commits"), 0)
+        n = rows.num_rows
+        if n == 0:
+            return None, []
+        versions = rows["inbox_version"].to_numpy()
+        starts = np.flatnonzero(np.r_[True, versions[1:] != versions[:-1]])
+        ends = np.r_[starts[1:], n]
+        pieces, any_refused = [], False
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            version = int(versions[start])
+            refusal = self.verifier.check(version, rows.slice(start, end - start).select(INBOX_SCHEMA.names),
+                                          commit_info(self.inbox, version))
+            if refusal is not None:
+                self._refuse(refusal, end - start)
+                any_refused = True
+            pieces.append(pa.repeat(pa.scalar(refusal.reason if refusal else None, pa.string()), end - start))
+        return (pa.concat_arrays(pieces) if any_refused else None), []
+
+    def _refuse(self, refusal: Refusal, rows: int) -> None:
+        log.error("%s: %s (%d rows to rejected/)", self.instance, refusal.reason, rows)
+        seen = self.refusals.setdefault(refusal.upstream, {"commits": 0, "rows": 0})
+        seen.update(commits=seen["commits"] + 1, rows=seen["rows"] + rows, last=refusal.reason, at=time.time())
+
+    def _candidates(self, rows: pa.Table, refused: pa.Array | None = None) -> pa.Table:
         n = rows.num_rows
         link = rows["link"]
         backfilled = pc.fill_null(pc.equal(link, BACKFILL_LINK), False)
@@ -198,6 +241,7 @@ class InboxRows:
             "kafka_offset": pa.nulls(n, pa.int64()),
             "publisher_seq": pc.cast(rows["publisher_seq"], pa.string()),
             "session": pa.nulls(n, pa.string()),
+            "refused": refused if refused is not None else pa.nulls(n, pa.string()),
         }
         if n and pc.all(backfilled).as_py():  # a backfill's batch: constants (its path, as a publish's: here)
             columns.update({"source": pa.repeat(pa.scalar("backfill"), n), "received_from": pa.nulls(n, pa.string()),
@@ -211,7 +255,9 @@ class InboxRows:
                 "received_from": upstream,
                 "received_from_group": pc.if_else(backfilled, pa.scalar(None, pa.string()), rows["link_group"]),
                 "path": routing.received_paths(rows["path"], self.instance),
-                "upstream_seq": pc.if_else(backfilled, pa.scalar(None, pa.int64()), rows["upstream_seq"]),
+                # (a refused row moves no upstream's acknowledgement)
+                "upstream_seq": pc.if_else(pc.or_(backfilled, pc.is_valid(columns["refused"])),
+                                           pa.scalar(None, pa.int64()), rows["upstream_seq"]),
             })
         return pa.table(
             {name: columns[name] if name in columns else rows[name] for name in CANDIDATE_SCHEMA.names},
@@ -235,11 +281,14 @@ class DriverRead:
     and their order are those Spark would have collected.
     """
 
-    def __init__(self, cfg: InstanceConfig, layout: StorageLayout) -> None:
+    def __init__(self, cfg: InstanceConfig, layout: StorageLayout, inbox: InboxRows | None = None) -> None:
+        """``inbox``: the writer's :class:`InboxRows` (one verifier of the inbox's commits); default a new one."""
         self.planned = PlannedBatch(layout.checkpoint(INGEST_QUERY))
         self.kafka = [(t, KafkaSourceOptions.parse(kafka_options(t))) for t in cfg.kafka_transports]
         self.readers = [RangeReader(options) for _t, options in self.kafka]
-        self.inbox = InboxRows(cfg, str(layout.inbox)) if cfg.replication_transport is not None else None
+        if inbox is None and cfg.replication_transport is not None:
+            inbox = InboxRows(cfg, str(layout.inbox))
+        self.inbox = inbox
         # (the inbox stream's batches hold about DEFAULT_BATCH_ROWS rows: read about one ahead)
         self.inbox_reads = InboxReadAhead(str(layout.inbox), DEFAULT_BATCH_ROWS) if self.inbox is not None else None
         self.batches = 0

@@ -130,6 +130,9 @@ class Heartbeat(ControlFile):
     clashes: dict[str, dict] = field(default_factory=dict)
     """Client name -> the last clash seen on it (two publishers at once): ``earlier`` and ``later`` sessions,
     ``at`` (epoch seconds)."""
+    refusals: dict[str, dict] = field(default_factory=dict)
+    """Upstream -> inbox commits refused since start (unsigned, forged, tampered, replayed): ``commits``,
+    ``rows``, the ``last`` reason and when (``at``, epoch seconds)."""
     sow: dict[str, dict] = field(default_factory=dict)
     """Per ``<SOW><Topic>``: ``records`` held now, and the txlog seq its table is ``compacted_through``."""
     stalled: dict[str, float] = field(default_factory=dict)

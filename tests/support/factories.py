@@ -28,7 +28,9 @@ def instance_xml(
     sow: str = "",
     replication: str = "",
     security: str = "",
+    inbox_auth: str = "",
 ) -> str:
+    """An instance config; ``inbox_auth``: ``<Authentication>``/``<Entitlement>`` of its incoming transport."""
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
     return f"""<?xml version="1.0"?>
 <AMPSConfig>
@@ -49,6 +51,7 @@ def instance_xml(
       <Name>amps-replication</Name>
       <Type>amps-replication</Type>
       <InetAddr>{root / name}</InetAddr>
+      {inbox_auth}
     </Transport>
   </Transports>
   <TransactionLog>
@@ -116,9 +119,10 @@ def destination_xml(
     passthrough: str | None = ".*",
     topics: str = '<Topic><Name>.*</Name><MessageType>json</MessageType></Topic>',
     compression: str | None = None,
+    authenticator: str = "",
 ) -> str:
     """One ``<Destination>`` (``name`` None: written with no ``<Name>``, named by its group); wrap several in
-    ``replication_xml``."""
+    ``replication_xml``. ``authenticator``: an ``<Authenticator>`` for its transport."""
     inet = "".join(f"<InetAddr>{a}</InetAddr>" for a in addresses)
     grp = f"<Group>{group}</Group>" if group else ""
     if compression:
@@ -126,7 +130,7 @@ def destination_xml(
     pt = f"<PassThrough>{passthrough}</PassThrough>" if passthrough is not None else ""
     named = f"<Name>{name}</Name>" if name is not None else ""
     return (f"<Destination>{named}{grp}<SyncType>{sync}</SyncType>{pt}{topics}"
-            f"<Transport><Type>amps-replication</Type>{inet}</Transport></Destination>")
+            f"<Transport><Type>amps-replication</Type>{inet}{authenticator}</Transport></Destination>")
 
 
 def replication_xml(*destinations: str, actions: str = "") -> str:

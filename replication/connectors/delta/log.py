@@ -111,3 +111,22 @@ def _apply(text: str, column: str | None, version: int, out: Appends) -> bool:
         elif not action.keys() <= {"txn"}:
             return False  # remove, metaData, protocol, cdc, domainMetadata...: not a plain append
     return True
+
+
+def commit_info(table_uri: str, version: int) -> dict | None:
+    """The ``commitInfo`` of commit ``version`` of the table at ``table_uri`` (local or object storage);
+    None when the commit file is gone or has none."""
+    from pyarrow import fs
+
+    try:
+        filesystem, path = fs.FileSystem.from_uri(f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json")
+        with filesystem.open_input_stream(path) as stream:
+            text = stream.read().decode("utf-8")
+    except (FileNotFoundError, OSError):
+        return None
+    for line in text.splitlines():
+        if '"commitInfo"' in line:
+            info = json.loads(line).get("commitInfo")
+            if isinstance(info, dict):
+                return info
+    return None

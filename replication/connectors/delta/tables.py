@@ -128,19 +128,22 @@ class IdempotentAppender:
         return self._committed is not None and self._committed >= version
 
     def append(self, rows: pa.Table, version: int, metadata: dict[str, Any] | None = None,
-               files: list[AddAction] | None = None) -> bool:
+               files: list[AddAction] | None = None, commit_info: dict[str, str] | None = None) -> bool:
         """Append ``rows`` as app-transaction ``version``; False if that version is already in.
 
         An empty ``rows`` still commits, so the version (and ``metadata``) is
         recorded and a replay of the batch finds it. ``files``: data files
         already in the table's directory, added in the same commit before
         ``rows``' file (which is then written here rather than by delta-rs):
-        in the txlog, their rows have the commit's first seqs.
+        in the txlog, their rows have the commit's first seqs. ``commit_info``: more ``commitInfo`` entries
+        (an inbox commit's signature).
         """
         if self.is_committed(version):
             return False
-        custom = {COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))} if metadata else None
-        commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)], custom_metadata=custom)
+        custom = {COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))} if metadata else {}
+        custom.update(commit_info or {})
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
+                                  custom_metadata=custom or None)
         rows = rows.cast(self.schema) if rows.schema != self.schema else rows
         if files:
             adds = list(files) + ([write_file(self.path, rows)] if rows.num_rows else [])

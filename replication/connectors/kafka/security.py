@@ -55,30 +55,31 @@ class Secret:
     in an operator's shell); only a command that connects to Kafka needs it. Compared by where it comes from.
     """
 
-    __slots__ = ("_kind", "_ref")
+    __slots__ = ("_kind", "_ref", "_what")
 
-    def __init__(self, value: str, *, kind: str = "value") -> None:
+    def __init__(self, value: str, *, kind: str = "value", what: str = "a Kafka password") -> None:
         self._kind = kind
         self._ref = value
+        self._what = what
 
     @classmethod
-    def from_env(cls, variable: str) -> Secret:
-        return cls(variable, kind="env")
+    def from_env(cls, variable: str, what: str = "a Kafka password") -> Secret:
+        return cls(variable, kind="env", what=what)
 
     @classmethod
-    def from_file(cls, path: str) -> Secret:
-        return cls(path, kind="file")
+    def from_file(cls, path: str, what: str = "a Kafka password") -> Secret:
+        return cls(path, kind="file", what=what)
 
     def problem(self) -> str | None:
         """Why it cannot be revealed here (without the secret), else None."""
         if self._kind == "env" and not os.environ.get(self._ref):
-            return f"the environment variable {self._ref} (a Kafka password) is not set"
+            return f"the environment variable {self._ref} ({self._what}) is not set"
         if self._kind == "file":
             try:
                 if not Path(self._ref).read_text(encoding="utf-8").strip():
-                    return f"the password file {self._ref} is empty"
+                    return f"the file {self._ref} ({self._what}) is empty"
             except OSError as exc:
-                return f"the password file {self._ref} cannot be read ({exc.strerror})"
+                return f"the file {self._ref} ({self._what}) cannot be read ({exc.strerror})"
         return None
 
     def reveal(self) -> str:
@@ -104,11 +105,11 @@ class Secret:
         return hash((self._kind, self._ref))
 
     def __reduce__(self):  # pickled as where it comes from: a Secret again on the other side
-        return (_secret, (self._kind, self._ref))
+        return (_secret, (self._kind, self._ref, self._what))
 
 
-def _secret(kind: str, ref: str) -> Secret:
-    return Secret(ref, kind=kind)
+def _secret(kind: str, ref: str, what: str = "a Kafka password") -> Secret:
+    return Secret(ref, kind=kind, what=what)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,268 @@
+"""Authenticated incoming replication (issue 37 part 3): signed inbox commits, and what is refused.
+
+Unit tests of the signature and of the config need no services; the end-to-end test runs a signing
+pair on the session's broker and Spark and writes hostile commits into the downstream's inbox by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from support.fabric import ONE_WAY, publish_orders
+from support.factories import (
+    assert_exactly_once,
+    destination_xml,
+    rejected_rows,
+    replication_xml,
+    wait_until,
+)
+
+from replication import config
+from replication.commands import status as status_command
+from replication.config.link_auth import check_link_keys
+from replication.config.parser import parse_string
+from replication.errors import ConfigError
+from replication.inbox.schema import INBOX_SCHEMA, create_inbox
+from replication.inbox.signing import SIGNATURE_KEY, CommitVerifier, rows_digest, sign
+from replication.inbox.versions import read_versions
+
+KEY = b"k" * 32
+KEY_VARIABLE = "TEST_LINK_KEY"
+KEY_VALUE = "link-key-4f1d7c2a9b8e6d5c3b2a1f0e"
+
+
+def inbox_rows(n: int, *, link: str = "amps-1", publisher: str = "pub", first: int = 1) -> pa.Table:
+    seqs = list(range(first, first + n))
+    return pa.table({
+        "bookmark": [f"1|{s}" for s in seqs], "publisher": [publisher] * n, "publisher_seq": seqs,
+        "topic": ["/orders"] * n, "message_type": ["json"] * n, "command": ["publish"] * n,
+        "sow_key": [None] * n, "sow_keys": [None] * n, "filter": [None] * n,
+        "data": [json.dumps({"i": s}).encode() for s in seqs], "origin": [link] * n,
+        "received_from": [None] * n, "received_from_group": [None] * n, "path": [[link]] * n,
+        "publish_time": pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+        "persist_time": pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+        "upstream_seq": seqs, "link": [link] * n, "link_group": [link] * n,
+    }).cast(INBOX_SCHEMA)
+
+
+def commit(inbox: Path, rows: pa.Table, *, signature: str | None = None, app: str | None = None,
+           batch: int | None = None) -> int:
+    """Append ``rows`` to the inbox as someone with write access would; the version written."""
+    info = {SIGNATURE_KEY: signature} if signature else None
+    txns = [Transaction(app, batch)] if app is not None and batch is not None else None
+    write_deltalake(str(inbox), rows, mode="append",
+                    commit_properties=CommitProperties(custom_metadata=info, app_transactions=txns))
+    return DeltaTable(str(inbox)).version()
+
+
+def signed_commit(inbox: Path, rows: pa.Table, key: bytes, *, app: str, batch: int, upstream: str = "amps-1") -> int:
+    return commit(inbox, rows, signature=sign(key, upstream=upstream, app_id=app, batch=batch, rows=rows),
+                  app=app, batch=batch)
+
+
+# -- the signature -------------------------------------------------------------
+
+
+def test_digest_is_of_the_values_not_their_chunking_or_encoding():
+    rows = inbox_rows(50)
+    rechunked = pa.concat_tables([rows.slice(0, 7), rows.slice(7, 30), rows.slice(37)])
+    assert rows_digest(rechunked) == rows_digest(rows)
+    assert rows_digest(rows.slice(10, 20)) == rows_digest(inbox_rows(20, first=11))
+    changed = rows.set_column(rows.schema.get_field_index("data"), "data",
+                              pa.array([b"x"] + rows["data"].to_pylist()[1:], pa.binary()))
+    assert rows_digest(changed) != rows_digest(rows)
+    # a null and an empty value differ; so does moving a byte from one value to the next
+    a = rows.set_column(rows.schema.get_field_index("sow_key"), "sow_key", pa.array([""] + [None] * 49, pa.string()))
+    assert rows_digest(a) != rows_digest(rows)
+    b1 = inbox_rows(2).set_column(9, "data", pa.array([b"ab", b"c"], pa.binary()))
+    b2 = inbox_rows(2).set_column(9, "data", pa.array([b"a", b"bc"], pa.binary()))
+    assert rows_digest(b1) != rows_digest(b2)
+
+
+def test_verifier_refuses_unsigned_forged_tampered_replayed_and_unknown(tmp_path):
+    inbox = tmp_path / "inbox"
+    create_inbox(inbox)
+    verifier = CommitVerifier(str(inbox), {"amps-1": KEY})
+
+    def verdict(version: int):
+        rows = read_versions(str(inbox), version, version).select(INBOX_SCHEMA.names)
+        info = DeltaTable(str(inbox)).history(limit=1)[0] if version == DeltaTable(str(inbox)).version() else {}
+        return verifier.check(version, rows, info)
+
+    good = signed_commit(inbox, inbox_rows(5), KEY, app="amps-1->b#x", batch=1)
+    assert verdict(good) is None
+    unsigned = commit(inbox, inbox_rows(3, first=6))
+    assert "unsigned" in verdict(unsigned).reason and verdict(unsigned).upstream == "amps-1"
+    forged = signed_commit(inbox, inbox_rows(3, first=9), b"w" * 32, app="amps-1->b#x", batch=2)
+    assert "forged" in verdict(forged).reason
+    signature = sign(KEY, upstream="amps-1", app_id="amps-1->b#x", batch=3, rows=inbox_rows(3, first=12))
+    tampered = commit(inbox, inbox_rows(3, first=12, publisher="evil"), signature=signature, app="amps-1->b#x",
+                      batch=3)
+    assert "tampered" in verdict(tampered).reason
+    again = signed_commit(inbox, inbox_rows(5), KEY, app="amps-1->b#x", batch=1)
+    assert "replayed" in verdict(again).reason
+    stranger = signed_commit(inbox, inbox_rows(2, link="amps-9"), KEY, app="amps-9->b#y", batch=1,
+                             upstream="amps-9")
+    refusal = verdict(stranger)
+    assert "not admitted" in refusal.reason and refusal.upstream == "amps-9"
+    nxt = signed_commit(inbox, inbox_rows(2, first=20), KEY, app="amps-1->b#x", batch=4)
+    assert verdict(nxt) is None
+    # a verifier started later (a restart) knows what was committed before from the inbox itself
+    fresh = CommitVerifier(str(inbox), {"amps-1": KEY})
+    rows = read_versions(str(inbox), again, again).select(INBOX_SCHEMA.names)
+    info = {SIGNATURE_KEY: sign(KEY, upstream="amps-1", app_id="amps-1->b#x", batch=1, rows=inbox_rows(5))}
+    assert "replayed" in fresh.check(again, rows, info).reason
+
+
+# -- the config ----------------------------------------------------------------
+
+_CONFIG = """<AMPSConfig><Name>amps-2</Name><Storage>{root}/amps-2</Storage>
+<Transports>
+  <Transport><Name>in</Name><Type>amps-replication</Type>
+    {inbox}
+  </Transport>
+</Transports>
+<TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+<Replication><Destination><Name>amps-3</Name><SyncType>async</SyncType>
+  <Topic><Name>.*</Name><MessageType>json</MessageType></Topic>
+  <Transport><Type>amps-replication</Type><InetAddr>{root}/amps-3</InetAddr>
+    {authenticator}
+  </Transport></Destination></Replication>
+</AMPSConfig>"""
+
+
+def load(tmp_path, inbox: str = "", authenticator: str = "", env=None):
+    text = _CONFIG.format(root=tmp_path, inbox=inbox, authenticator=authenticator)
+    path = tmp_path / "amps-2.xml"
+    path.write_text(text)
+    return parse_string(text, filename=str(path), base_dir=str(tmp_path), env=env or {})
+
+
+def test_amps_default_modules_as_in_the_spec_load_and_admit_everyone(tmp_path):
+    # spec/replication.txt "Replication Security", as written there
+    cfg = load(tmp_path, inbox="<Entitlement><Module>amps-default-entitlement-module</Module></Entitlement>"
+                               "<Authentication><Module>amps-default-authentication-module</Module></Authentication>",
+               authenticator="<Authenticator><Module>amps-default-authenticator-module</Module></Authenticator>")
+    assert cfg.replication_transport.upstream_keys is None
+    assert cfg.destinations[0].signing_key is None
+
+
+def test_keys_come_from_the_environment_or_a_file_and_print_as_secret(tmp_path, monkeypatch):
+    (tmp_path / "a3.key").write_text(KEY_VALUE + "\n")
+    cfg = load(tmp_path, inbox="<Authentication><Module>replication-hmac-authentication</Module>"
+                               f"<Upstream><Name>amps-1</Name><Key>${{{KEY_VARIABLE}}}</Key></Upstream>"
+                               "<Upstream><Name>amps-4</Name><KeyFile>a3.key</KeyFile></Upstream></Authentication>",
+               authenticator="<Authenticator><Module>replication-hmac-authenticator</Module>"
+                             "<KeyFile>a3.key</KeyFile></Authenticator>")
+    keys = dict(cfg.replication_transport.upstream_keys)
+    assert set(keys) == {"amps-1", "amps-4"}
+    assert repr(keys["amps-4"]) == "<secret>" and KEY_VALUE not in repr(cfg)
+    assert keys["amps-4"].reveal() == KEY_VALUE
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    with pytest.raises(ConfigError, match=f"{KEY_VARIABLE} .a replication link key. is not set") as exc:
+        check_link_keys(cfg)
+    assert "Fix:" in str(exc.value)
+    monkeypatch.setenv(KEY_VARIABLE, "short")
+    with pytest.raises(ConfigError, match="5 bytes long; a signing key needs at least 16") as exc:
+        check_link_keys(cfg)
+    assert "short" not in str(exc.value).replace("is 5 bytes", "")
+    monkeypatch.setenv(KEY_VARIABLE, KEY_VALUE)
+    check_link_keys(cfg)
+
+
+@pytest.mark.parametrize(("inbox", "authenticator", "says"), [
+    ("<Authentication><Module>replication-hmac-authentication</Module>"
+     "<Upstream><Name>amps-1</Name><Key>inline-secret-value-123456</Key></Upstream></Authentication>", "",
+     "must come from the environment or a file"),
+    ("<Authentication><Module>amps-kerberos-authentication</Module></Authentication>", "",
+     "'amps-kerberos-authentication' is not supported yet"),
+    ("<Entitlement><Module>amps-simple-access-entitlements</Module></Entitlement>", "",
+     "entitling upstreams by name and topic is not built"),
+    ("<Authentication><Module>replication-hmac-authentication</Module></Authentication>", "", "none is given"),
+    ("<Authentication><Module>amps-default-authentication-module</Module>"
+     "<Upstream><Name>amps-1</Name><KeyFile>k</KeyFile></Upstream></Authentication>", "", "admits every upstream"),
+    ("", "<Authenticator><Module>replication-hmac-authenticator</Module></Authenticator>", "signs with a key"),
+    ("", "<Authenticator><Module>amps-default-authenticator-module</Module><KeyFile>k</KeyFile></Authenticator>",
+     "presents no credentials"),
+])
+def test_refused_forms_name_file_line_and_fix(tmp_path, inbox, authenticator, says):
+    with pytest.raises(ConfigError) as exc:
+        load(tmp_path, inbox=inbox, authenticator=authenticator)
+    text = str(exc.value)
+    assert says in text and "Fix:" in text
+    assert exc.value.file.endswith("amps-2.xml") and exc.value.line
+    assert "inline-secret-value" not in text
+
+
+# -- end to end ----------------------------------------------------------------
+
+
+def test_signed_pair_takes_only_verified_commits(fabric, monkeypatch, caplog):
+    monkeypatch.setenv(KEY_VARIABLE, KEY_VALUE)
+    a_name, b_name = fabric.name("a"), fabric.name("b")
+    fabric.configure("b", inbox_auth="<Authentication><Module>replication-hmac-authentication</Module>"
+                                     f"<Upstream><Name>{a_name}</Name><Key>${{{KEY_VARIABLE}}}</Key></Upstream>"
+                                     "</Authentication>")
+    fabric.configure("a", replication=replication_xml(destination_xml(
+        b_name, [fabric.storage("b")], topics=ONE_WAY,
+        authenticator=f"<Authenticator><Module>replication-hmac-authenticator</Module><Key>${{{KEY_VARIABLE}}}</Key>"
+                      "</Authenticator>")))
+    with caplog.at_level(logging.INFO, logger="replication.instance"):
+        fabric.start("b")
+        fabric.start("a")
+    assert any("incoming replication is authenticated: only commits signed by " + a_name in r.getMessage()
+               for r in caplog.records)
+    assert any(f"{a_name}: incoming replication is not authenticated" in r.getMessage() for r in caplog.records)
+    pub = fabric.publisher("signed-pub", "a")
+    publish_orders(pub, 200)
+    assert pub.flush(timeout=240) == []  # sync: B took A's signed commits and acknowledged them
+    inbox = fabric.storage("b") / "inbox"
+    valid_version = DeltaTable(str(inbox)).version()
+    valid_info = DeltaTable(str(inbox)).history(limit=1)[0]
+    assert SIGNATURE_KEY in valid_info, "A signs what it writes into B's inbox"
+    valid_rows = read_versions(str(inbox), valid_version, valid_version).select(INBOX_SCHEMA.names)
+
+    def forged_rows(client: str) -> pa.Table:
+        rows = valid_rows.slice(0, 3)
+        return rows.set_column(rows.schema.get_field_index("publisher"), "publisher", pa.array([client] * 3))
+
+    app = json.loads(valid_info[SIGNATURE_KEY])["app"]
+    commit(inbox, forged_rows("by-hand"))  # deltalake, no signature
+    # (no app transaction of A's in it: one would make A take its later batches for committed ones, a denial
+    # of service open to anyone who can write the inbox, which signing does not claim to prevent)
+    commit(inbox, forged_rows("wrong-key"), signature=sign(b"w" * 32, upstream=a_name, app_id=app, batch=10**6,
+                                                          rows=forged_rows("wrong-key")))
+    commit(inbox, forged_rows("tampered"), signature=valid_info[SIGNATURE_KEY])  # A's signature, other rows
+    commit(inbox, valid_rows, signature=valid_info[SIGNATURE_KEY])  # a valid commit copied again
+    publish_orders(pub, 200)
+    assert pub.flush(timeout=240) == []  # the valid upstream's rows keep flowing
+    wait_until(lambda: fabric.count("b") >= 400, what="B to hold A's 400 rows")
+    rows = fabric.rows("b")
+    assert_exactly_once(rows, {"signed-pub": 400})
+    assert not pc.any(pc.is_in(rows["publisher"], pa.array(["by-hand", "wrong-key", "tampered"]))).as_py()
+    rejected = rejected_rows(fabric.root, b_name)
+    reasons = {r["publisher"]: r["reason"] for r in rejected}
+    assert "unsigned" in reasons["by-hand"] and f"upstream {a_name}" in reasons["by-hand"]
+    assert "forged" in reasons["wrong-key"] and f"upstream {a_name}" in reasons["wrong-key"]
+    assert "tampered" in reasons["tampered"]
+    assert "replayed" in reasons["signed-pub"]
+    assert sum(1 for r in rejected if r["publisher"] == "signed-pub") == valid_rows.num_rows
+    assert all(r["source"] == f"inbox:{a_name}" for r in rejected)
+
+    def refusals():
+        return status_command.collect(config.load(str(fabric.paths["b"])))["refusals"].get(a_name, {})
+
+    wait_until(lambda: refusals().get("commits") == 4, what="status to show B's 4 refused commits")
+    assert refusals()["rows"] == 9 + valid_rows.num_rows
+    assert fabric.running["b"].query.isActive
+    # the key is nowhere: not in a file the pair wrote, not in a log line
+    for path in fabric.root.rglob("*"):
+        if path.is_file():
+            assert KEY_VALUE.encode() not in path.read_bytes(), path
+    assert KEY_VALUE not in caplog.text
