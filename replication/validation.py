@@ -1,4 +1,4 @@
-"""Replication configuration validation: the nine checks of AMPS, run when a link starts.
+"""Replication configuration validation: the nine checks of AMPS and one of this engine, run when a link starts.
 
 "Replication Configuration Validation" (spec) compares the configs at the two
 ends of a link and refuses links that could lose messages or let instances
@@ -19,6 +19,9 @@ replicate_filter    a ``<Filter>`` here is used, identically, by the downstream
 queue_passthrough   for a queue here, the downstream passes through this group
 queue_underlying    a queue on both sides has the same underlying topic and
                     filter (cannot be excluded)
+entitlement         the downstream's ``<Entitlement>`` admits this instance and
+                    the topic (this engine's tenth check; rows it does not admit
+                    would be rejected there)
 ==================  ===========================================================
 
 Before the topics, the link itself: a destination that declares a ``<Group>``
@@ -411,6 +414,32 @@ def _check_queue_underlying(up, dest, topic, down):
             )
 
 
+def _check_entitlement(up, dest, topic, down):
+    rules = down.replication_transport.entitlements if down.replication_transport is not None else None
+    if rules is None:
+        return
+    mine = [r for r in rules if r.admits(up.name, up.group or up.name)]
+    if not mine:
+        yield (
+            f"{down.name}'s <Entitlement> does not admit {up.name} (group {up.group or up.name}): every row "
+            "this destination sends would be rejected there",
+            f"in {down.name}'s config add <Upstream><Name>{up.name}</Name><Topic>{_xml_escape(topic.name)}"
+            "</Topic></Upstream> to its incoming transport's <Entitlement>, or "
+            + _exclude_hint(up, dest, topic, "entitlement"),
+        )
+        return
+    allowed = [p for r in mine for p in r.topics]
+    if any(topic_covers(p, topic.name) for p in allowed):
+        return
+    yield (
+        f"{down.name}'s <Entitlement> lets {up.name} send {', '.join(repr(p) for p in allowed)}, which does not "
+        f"cover topic {topic.name!r}: its rows would be rejected there",
+        f"in {down.name}'s config add <Topic>{_xml_escape(topic.name)}</Topic> to the <Upstream> of {up.name} "
+        f"in its <Entitlement>, or narrow this destination's topics, or "
+        + _exclude_hint(up, dest, topic, "entitlement"),
+    )
+
+
 _CHECKS = {
     "txlog": _check_txlog,
     "replicate": _check_replicate,
@@ -421,5 +450,6 @@ _CHECKS = {
     "replicate_filter": _check_replicate_filter,
     "queue_passthrough": _check_queue_passthrough,
     "queue_underlying": _check_queue_underlying,
+    "entitlement": _check_entitlement,
 }
 assert tuple(_CHECKS) == VALIDATION_CHECKS

@@ -28,9 +28,12 @@ from replication.commands import status as status_command
 from replication.config.link_auth import check_link_keys
 from replication.config.parser import parse_string
 from replication.errors import ConfigError
+from replication.inbox.entitlement import Entitlements
 from replication.inbox.schema import INBOX_SCHEMA, create_inbox
 from replication.inbox.signing import SIGNATURE_KEY, CommitVerifier, rows_digest, sign
 from replication.inbox.versions import read_versions
+from replication.messages import BACKFILL_LINK
+from replication.validation import validate_link
 
 KEY = b"k" * 32
 KEY_VARIABLE = "TEST_LINK_KEY"
@@ -49,6 +52,11 @@ def inbox_rows(n: int, *, link: str = "amps-1", publisher: str = "pub", first: i
         "persist_time": pa.array([None] * n, pa.timestamp("us", tz="UTC")),
         "upstream_seq": seqs, "link": [link] * n, "link_group": [link] * n,
     }).cast(INBOX_SCHEMA)
+
+
+def with_column(rows: pa.Table, name: str, values: list) -> pa.Table:
+    index = INBOX_SCHEMA.get_field_index(name)
+    return rows.set_column(index, name, pa.array(values, INBOX_SCHEMA.field(name).type)).cast(INBOX_SCHEMA)
 
 
 def commit(inbox: Path, rows: pa.Table, *, signature: str | None = None, app: str | None = None,
@@ -183,7 +191,16 @@ def test_keys_come_from_the_environment_or_a_file_and_print_as_secret(tmp_path, 
     ("<Authentication><Module>amps-kerberos-authentication</Module></Authentication>", "",
      "'amps-kerberos-authentication' is not supported yet"),
     ("<Entitlement><Module>amps-simple-access-entitlements</Module></Entitlement>", "",
-     "entitling upstreams by name and topic is not built"),
+     "'amps-simple-access-entitlements' is not supported yet"),
+    ("<Entitlement><Module>replication-topic-entitlement</Module></Entitlement>", "", "none is listed"),
+    ("<Entitlement><Module>replication-topic-entitlement</Module><Upstream><Name>a</Name><Group>g</Group>"
+     "<Topic>.*</Topic></Upstream></Entitlement>", "", "names one instance (<Name>) or one group"),
+    ("<Entitlement><Module>replication-topic-entitlement</Module><Upstream><Name>a</Name></Upstream>"
+     "</Entitlement>", "", "<Topic>"),
+    ("<Entitlement><Module>replication-topic-entitlement</Module><Upstream><Name>a</Name><Topic>(</Topic>"
+     "</Upstream></Entitlement>", "", "("),
+    ("<Entitlement><Module>amps-default-entitlement-module</Module><Upstream><Name>a</Name><Topic>.*</Topic>"
+     "</Upstream></Entitlement>", "", "allows everything"),
     ("<Authentication><Module>replication-hmac-authentication</Module></Authentication>", "", "none is given"),
     ("<Authentication><Module>amps-default-authentication-module</Module>"
      "<Upstream><Name>amps-1</Name><KeyFile>k</KeyFile></Upstream></Authentication>", "", "admits every upstream"),
@@ -198,6 +215,47 @@ def test_refused_forms_name_file_line_and_fix(tmp_path, inbox, authenticator, sa
     assert says in text and "Fix:" in text
     assert exc.value.file.endswith("amps-2.xml") and exc.value.line
     assert "inline-secret-value" not in text
+
+
+_ENTITLED = ("<Entitlement><Module>replication-topic-entitlement</Module>"
+             "<Upstream><Name>amps-1</Name><Topic>^/orders/</Topic></Upstream>"
+             "<Upstream><Group>ny</Group><Topic>.*</Topic></Upstream></Entitlement>")
+
+
+def test_entitlements_refuse_unlisted_upstreams_and_topics(tmp_path):
+    cfg = load(tmp_path, inbox=_ENTITLED)
+    rules = Entitlements("amps-2", cfg.replication_transport.entitlements)
+    rows = pa.concat_tables([
+        with_column(inbox_rows(2, link="amps-1"), "topic", ["/orders/1", "/quotes/1"]),
+        inbox_rows(2, link="amps-7"),  # group amps-7: not listed
+        with_column(with_column(inbox_rows(1, link="amps-8"), "link_group", ["ny"]), "topic", ["/x"]),
+        inbox_rows(1, link=BACKFILL_LINK),
+    ])
+    reasons = rules.refusals(rows).to_pylist()
+    assert reasons[0] is None and reasons[4] is None and reasons[5] is None
+    assert reasons[1] == "topic '/quotes/1' from upstream amps-1 is not entitled in amps-2: it may send '^/orders/'"
+    assert reasons[2] == reasons[3] == ("upstream amps-7 (group amps-7) is not entitled to replicate into amps-2: "
+                                        "its <Entitlement> names neither")
+    assert rules.refusals(rows.slice(0, 1)) is None
+
+
+def test_validation_names_the_destination_and_the_topics_not_admitted(tmp_path):
+    down = load(tmp_path, inbox=_ENTITLED)
+    (tmp_path / "up").mkdir()
+    up_text = _CONFIG.format(root=tmp_path, inbox="", authenticator="").replace("amps-2", "amps-1").replace(
+        "<Name>.*</Name><MessageType>json</MessageType></Topic>\n  <Transport>",
+        "<Name>^/orders/</Name><MessageType>json</MessageType></Topic><Topic><Name>/quotes</Name>"
+        "<MessageType>json</MessageType></Topic>\n  <Transport>")
+    up = parse_string(up_text, filename=str(tmp_path / "up" / "amps-1.xml"), env={})
+    dest = up.destinations[0]
+    found = [(f.destination, f.topic, f.check) for f in validate_link(up, dest, down) if f.check == "entitlement"]
+    assert found == [("amps-3", "/quotes", "entitlement")]
+    text = next(str(f) for f in validate_link(up, dest, down) if f.check == "entitlement")
+    assert "does not cover topic '/quotes'" in text and "<Topic>/quotes</Topic>" in text
+    stranger = parse_string(up_text.replace("amps-1", "amps-5"), filename="amps-5.xml", env={})
+    found = [(f.topic, f.check) for f in validate_link(stranger, stranger.destinations[0], down)
+             if f.check == "entitlement"]
+    assert found == [("^/orders/", "entitlement"), ("/quotes", "entitlement")]
 
 
 # -- end to end ----------------------------------------------------------------
@@ -266,3 +324,46 @@ def test_signed_pair_takes_only_verified_commits(fabric, monkeypatch, caplog):
         if path.is_file():
             assert KEY_VALUE.encode() not in path.read_bytes(), path
     assert KEY_VALUE not in caplog.text
+
+
+def test_entitled_instance_rejects_rows_of_upstreams_and_topics_it_does_not_admit(fabric):
+    a_name, b_name = fabric.name("a"), fabric.name("b")
+    fabric.configure("b", inbox_auth="<Entitlement><Module>replication-topic-entitlement</Module>"
+                                     f"<Upstream><Name>{a_name}</Name><Topic>^/orders</Topic></Upstream>"
+                                     "</Entitlement>")
+    # A sends every topic, its entitlement check excluded: B is the one to refuse /quotes
+    sends_all = ("<Topic><Name>.*</Name><MessageType>json</MessageType>"
+                 "<ExcludeValidation>replicate,cascade,entitlement</ExcludeValidation></Topic>")
+    fabric.configure("a", replication=replication_xml(destination_xml(b_name, [fabric.storage("b")],
+                                                                      topics=sends_all)))
+    fabric.start("b")
+    fabric.start("a")
+    pub = fabric.publisher("entitled-pub", "a")
+    publish_orders(pub, 50)
+    publish_orders(pub, 20, topic="/quotes")
+    # sync: a row B refuses by entitlement was still sent by A and handled by B (rejected): acknowledged
+    assert pub.flush(timeout=240) == []
+    inbox = fabric.storage("b") / "inbox"
+    stranger = with_column(with_column(inbox_rows(3, link="stranger", publisher="stranger-pub"), "link_group",
+                                       ["strangers"] * 3), "topic", ["/orders"] * 3)
+    commit(inbox, stranger)
+    wait_until(lambda: len(rejected_rows(fabric.root, b_name)) >= 23, what="B to reject 23 rows")
+    rows = fabric.rows("b")
+    assert_exactly_once(rows, {"entitled-pub": 50})
+    assert set(rows["topic"].to_pylist()) == {"/orders"}
+    rejected = rejected_rows(fabric.root, b_name)
+    quotes = [r for r in rejected if r["topic"] == "/quotes"]
+    assert len(quotes) == 20
+    assert {r["reason"] for r in quotes} == {
+        f"topic '/quotes' from upstream {a_name} is not entitled in {b_name}: it may send '^/orders'"}
+    strangers = [r for r in rejected if r["publisher"] == "stranger-pub"]
+    assert {r["reason"] for r in strangers} == {
+        f"upstream stranger (group strangers) is not entitled to replicate into {b_name}: its <Entitlement> "
+        "names neither"}
+    assert len(strangers) == 3
+
+    def refusals():
+        return status_command.collect(config.load(str(fabric.paths["b"])))["refusals"]
+
+    wait_until(lambda: refusals().get("stranger", {}).get("rows") == 3, what="status to count the stranger's rows")
+    assert refusals()[a_name]["rows"] == 20

@@ -113,8 +113,8 @@ def check(statuses: list[dict], *, stall_after: float, max_lag: float, now: floa
         for upstream, seen in sorted((st.get("refusals") or {}).items()):
             if now - seen["at"] < CLASH_REPORT_S:
                 problems.append(Problem(name, None, "refused-commits",
-                                        f"{name}: {seen['commits']} inbox commits naming {upstream} refused "
-                                        f"since start; last: {seen['last']}"))
+                                        f"{name}: {seen['rows']:,} rows from {upstream} refused since start "
+                                        f"({seen['commits']} whole commits); last: {seen['last']}"))
         for dest, link in sorted(st["links"].items()):
             state = link.get("state")
             if state in EXPLAINED_STATES:
@@ -179,7 +179,7 @@ def _print_table(statuses: list[dict]) -> None:
             print(f"{'':<14}   CLASH: client name {client!r} used by two publishers at once "
                   f"(sessions {clash['earlier']} and {clash['later']})")
         for upstream, seen in sorted((st.get("refusals") or {}).items()):
-            print(f"{'':<14}   REFUSED from {upstream}: {seen['commits']} commits, {seen['rows']:,} rows "
+            print(f"{'':<14}   REFUSED from {upstream}: {seen['rows']:,} rows ({seen['commits']} whole commits) "
                   f"since start; last: {seen['last']}")
         for name, link in sorted(st["links"].items()):
             mode = link.get("sync_type", "")

@@ -21,6 +21,15 @@ downstream; the downstream takes only commits that verify (:mod:`replication.inb
       </Authenticator>
     </Transport></Destination>
 
+The same transport's ``<Entitlement>`` (module ``replication-topic-entitlement``) lists which upstream
+instances or groups may replicate which topics in (:mod:`replication.inbox.entitlement`)::
+
+    <Entitlement>
+      <Module>replication-topic-entitlement</Module>
+      <Upstream><Name>amps-1</Name><Topic>^/orders/</Topic></Upstream>
+      <Upstream><Group>ny-tier</Group><Topic>.*</Topic></Upstream>
+    </Entitlement>
+
 AMPS's default modules (``amps-default-authentication-module``, ``amps-default-authenticator-module``,
 ``amps-default-entitlement-module``) are accepted and do what they do in AMPS: admit everyone,
 present no credentials, allow everything. Keys come from the environment (exactly ``${VAR}``) or a
@@ -29,9 +38,10 @@ file, never from the config file itself, and are read at start.
 
 from __future__ import annotations
 
-from replication.config.model import InstanceConfig, Source
+from replication.config import values
+from replication.config.model import InstanceConfig, Source, UpstreamEntitlement
 from replication.config.security import secret
-from replication.config.xml_reader import MANY, OPT, Node, one
+from replication.config.xml_reader import MANY, OPT, Node, one, some
 from replication.connectors.kafka.security import Secret
 from replication.errors import ConfigError
 from replication.inbox.signing import check_key
@@ -43,16 +53,19 @@ HMAC_AUTHENTICATION = "replication-hmac-authentication"
 DEFAULT_AUTHENTICATOR = "amps-default-authenticator-module"
 HMAC_AUTHENTICATOR = "replication-hmac-authenticator"
 DEFAULT_ENTITLEMENT = "amps-default-entitlement-module"
+TOPIC_ENTITLEMENT = "replication-topic-entitlement"
 
 _KEY = "a replication link key"
 _AUTHENTICATION_SCHEMA = {"Module": one(f"<Module>{HMAC_AUTHENTICATION}</Module>"), "Upstream": MANY}
 _UPSTREAM_SCHEMA = {"Name": one("<Name>amps-1</Name>"), "Key": OPT, "KeyFile": OPT}
 _AUTHENTICATOR_SCHEMA = {"Module": one(f"<Module>{HMAC_AUTHENTICATOR}</Module>"), "Key": OPT, "KeyFile": OPT}
-_ENTITLEMENT_SCHEMA = {"Module": one(f"<Module>{DEFAULT_ENTITLEMENT}</Module>")}
+_ENTITLEMENT_SCHEMA = {"Module": one(f"<Module>{TOPIC_ENTITLEMENT}</Module>"), "Upstream": MANY}
+_ENTITLED_UPSTREAM_SCHEMA = {"Name": OPT, "Group": OPT, "Topic": some("<Topic>^/orders/</Topic>")}
 
 
 def _module(node: Node, known: tuple[str, ...], what: str) -> str:
-    module_node = node.children({"Module": OPT, "Upstream": MANY, "Key": OPT, "KeyFile": OPT}).one("Module")
+    module_node = node.children({"Module": one(f"<Module>{known[-1]}</Module>"), "Upstream": MANY, "Key": OPT,
+                                 "KeyFile": OPT}).one("Module")
     module = module_node.text()
     if module not in known:
         module_node.fail(f"the {what} module '{module}' is not supported yet: this engine implements "
@@ -112,15 +125,35 @@ def authenticator(node: Node | None) -> Secret | None:
     return key
 
 
-def entitlement(node: Node | None) -> None:
-    """``<Entitlement>`` of the incoming transport: AMPS's default module (allow everything) only, so far."""
+def entitlement(node: Node | None) -> tuple[UpstreamEntitlement, ...] | None:
+    """``<Entitlement>`` of the incoming transport: who may replicate which topics in; None: everything is
+    allowed (no element, or AMPS's default module)."""
     if node is None:
-        return
-    module = node.children(_ENTITLEMENT_SCHEMA).one("Module")
-    if module.text() != DEFAULT_ENTITLEMENT:
-        module.fail(f"the entitlement module '{module.text()}' is not supported yet: entitling upstreams by "
-                    f"name and topic is not built; this engine implements {DEFAULT_ENTITLEMENT} (allow all)",
-                    f"write <Module>{DEFAULT_ENTITLEMENT}</Module>, or remove <Entitlement>")
+        return None
+    module = _module(node, (DEFAULT_ENTITLEMENT, TOPIC_ENTITLEMENT), "entitlement")
+    upstreams = node.children(_ENTITLEMENT_SCHEMA).all("Upstream")
+    if module == DEFAULT_ENTITLEMENT:
+        if upstreams:
+            upstreams[0].fail(f"{DEFAULT_ENTITLEMENT} allows everything: <Upstream> rules are not used by it",
+                              f"write <Module>{TOPIC_ENTITLEMENT}</Module> to entitle upstreams by topic, or "
+                              "remove the <Upstream> elements")
+        return None
+    if not upstreams:
+        node.fail(f"{TOPIC_ENTITLEMENT} admits the upstreams it lists, and none is listed",
+                  "add <Upstream><Name>amps-1</Name><Topic>.*</Topic></Upstream> per upstream (or <Group> for a "
+                  "group of them)")
+    rules = []
+    for unode in upstreams:
+        kids = unode.children(_ENTITLED_UPSTREAM_SCHEMA)
+        name, group = kids.opt("Name"), kids.opt("Group")
+        if (name is None) == (group is None):
+            unode.fail("an entitled <Upstream> names one instance (<Name>) or one group (<Group>)",
+                       "keep exactly one of <Name> and <Group>")
+        topics = tuple(t.read(values.regex) for t in kids.all("Topic"))
+        rules.append(UpstreamEntitlement(name=name.text() if name is not None else None,
+                                         group=group.text() if group is not None else None,
+                                         topics=topics, source=unode.source()))
+    return tuple(rules)
 
 
 def check_link_keys(cfg: InstanceConfig) -> None:

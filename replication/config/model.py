@@ -31,7 +31,8 @@ DEFAULT_BATCH_ROWS = 200_000
 SyncType = Literal["sync", "async"]
 SYNC_TYPES: tuple[str, ...] = get_args(SyncType)
 
-#: Validation checks of "Replication Configuration Validation", in spec order.
+#: Validation checks of "Replication Configuration Validation", in spec order, then this engine's own
+#: (``entitlement``: the downstream's ``<Entitlement>`` admits what the destination sends).
 VALIDATION_CHECKS: tuple[str, ...] = (
     "txlog",
     "replicate",
@@ -42,6 +43,7 @@ VALIDATION_CHECKS: tuple[str, ...] = (
     "replicate_filter",
     "queue_passthrough",
     "queue_underlying",
+    "entitlement",
 )
 #: Checks the spec says can never be excluded.
 MANDATORY_CHECKS: frozenset[str] = frozenset({"queue", "queue_underlying"})
@@ -77,6 +79,24 @@ class KafkaTransport:
 
 
 @dataclass(frozen=True)
+class UpstreamEntitlement:
+    """One ``<Entitlement><Upstream>``: an upstream instance (by ``name``) or group (by ``group``) and the
+    topics (regexes) it may replicate into this instance."""
+
+    name: str | None
+    group: str | None
+    topics: tuple[str, ...]
+    source: Source = field(default_factory=Source, compare=False)
+
+    def admits(self, upstream: str, upstream_group: str | None) -> bool:
+        return upstream == self.name if self.name is not None else upstream_group == self.group
+
+    @property
+    def label(self) -> str:
+        return f"upstream {self.name}" if self.name is not None else f"group {self.group}"
+
+
+@dataclass(frozen=True)
 class ReplicationTransport:
     """Incoming replication (the inbox): where upstream instances push to."""
 
@@ -86,6 +106,9 @@ class ReplicationTransport:
     upstream_keys: tuple[tuple[str, Secret], ...] | None = None
     """``<Authentication>`` with signed commits: the upstreams admitted and each one's key
     (:mod:`replication.inbox.signing`); None: every inbox commit is taken, as AMPS's default module does."""
+    entitlements: tuple[UpstreamEntitlement, ...] | None = None
+    """``<Entitlement>`` by upstream and topic: who may replicate which topics in; None: everything is allowed,
+    as AMPS's default module does."""
     source: Source = field(default_factory=Source, compare=False)
 
 
@@ -268,5 +291,6 @@ __all__ = [
     "Source",
     "SowTopic",
     "TopicSpec",
+    "UpstreamEntitlement",
     "VALIDATION_CHECKS",
 ]

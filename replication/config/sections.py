@@ -150,9 +150,9 @@ def transports(
                 "heartbeat and acknowledgements under its storage root",
                 f"write <InetAddr>{storage}</InetAddr> (the <Storage> location), or leave <InetAddr> out",
             )
-        link_auth.entitlement(kids.opt("Entitlement"))
         inbox = ReplicationTransport(name=name, inet_addr=storage,
                                      upstream_keys=link_auth.authentication(kids.opt("Authentication")),
+                                     entitlements=link_auth.entitlement(kids.opt("Entitlement")),
                                      source=tnode.source())
     return tuple(kafka), inbox
 

@@ -24,6 +24,7 @@ from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.inbox import staged_parts as staged
 from replication.inbox import stream as inbox_stream
+from replication.inbox.entitlement import Entitlements
 from replication.inbox.read_ahead import InboxReadAhead
 from replication.inbox.schema import INBOX_SCHEMA
 from replication.inbox.signing import CommitVerifier, Refusal
@@ -163,6 +164,9 @@ class InboxRows:
         keys = link_auth.verifying_keys(cfg)
         self.verifier = CommitVerifier(inbox, keys) if keys is not None else None
         """Checks each commit's signature before its rows are taken (``<Authentication>``); None: all taken."""
+        rules = cfg.replication_transport.entitlements if cfg.replication_transport is not None else None
+        self.entitlements = Entitlements(cfg.name, rules) if rules is not None else None
+        """Who may replicate which topics in (``<Entitlement>``); None: everything is allowed."""
         self.refusals: dict[str, dict] = {}
         """Per upstream named: commits and rows refused since start, the last reason and when."""
 
@@ -187,10 +191,13 @@ class InboxRows:
         Rows a backfill wrote (link ``BACKFILL_LINK``) are this instance's own
         publishes: source ``backfill``, not received from anyone, no upstream position.
         """
-        refused = None
+        unverified = refused = None
         if self.verifier is not None:
-            refused, parts = self._verify(rows, parts or [])
-        out = self._candidates(rows, refused)
+            unverified, parts = self._verify(rows, parts or [])
+        refused = unverified
+        if self.entitlements is not None:
+            refused = self._entitle(rows, unverified)
+        out = self._candidates(rows, refused, unverified)
         if not parts:
             return out
         # a staged part's version adds no rows: its marker goes after the rows of the versions before it
@@ -226,12 +233,29 @@ class InboxRows:
             pieces.append(pa.repeat(pa.scalar(refusal.reason if refusal else None, pa.string()), end - start))
         return (pa.concat_arrays(pieces) if any_refused else None), []
 
-    def _refuse(self, refusal: Refusal, rows: int) -> None:
+    def _entitle(self, rows: pa.Table, refused: pa.Array | None) -> pa.Array | None:
+        """``refused`` with the rows the entitlements refuse added (each one counted for its upstream)."""
+        assert self.entitlements is not None
+        denied = self.entitlements.refusals(rows)
+        if denied is None:
+            return refused
+        if refused is not None:
+            denied = pc.if_else(pc.is_valid(refused), pa.scalar(None, pa.string()), denied)
+        for (upstream, reason), count in _counts(rows["link"], denied).items():
+            self._refuse(Refusal(upstream, reason), count, commits=0)
+        return denied if refused is None else pc.coalesce(refused, denied)
+
+    def _refuse(self, refusal: Refusal, rows: int, *, commits: int = 1) -> None:
         log.error("%s: %s (%d rows to rejected/)", self.instance, refusal.reason, rows)
         seen = self.refusals.setdefault(refusal.upstream, {"commits": 0, "rows": 0})
-        seen.update(commits=seen["commits"] + 1, rows=seen["rows"] + rows, last=refusal.reason, at=time.time())
+        seen.update(commits=seen["commits"] + commits, rows=seen["rows"] + rows, last=refusal.reason,
+                    at=time.time())
 
-    def _candidates(self, rows: pa.Table, refused: pa.Array | None = None) -> pa.Table:
+    def _candidates(self, rows: pa.Table, refused: pa.Array | None = None,
+                    unverified: pa.Array | None = None) -> pa.Table:
+        """``refused``: why each row is refused (null: not); ``unverified``: those of them whose commit did not
+        verify, which move no upstream's acknowledgement (a row not entitled was still sent by its upstream,
+        and is handled: rejected here)."""
         n = rows.num_rows
         link = rows["link"]
         backfilled = pc.fill_null(pc.equal(link, BACKFILL_LINK), False)
@@ -255,14 +279,22 @@ class InboxRows:
                 "received_from": upstream,
                 "received_from_group": pc.if_else(backfilled, pa.scalar(None, pa.string()), rows["link_group"]),
                 "path": routing.received_paths(rows["path"], self.instance),
-                # (a refused row moves no upstream's acknowledgement)
-                "upstream_seq": pc.if_else(pc.or_(backfilled, pc.is_valid(columns["refused"])),
-                                           pa.scalar(None, pa.int64()), rows["upstream_seq"]),
+                "upstream_seq": pc.if_else(backfilled if unverified is None else pc.or_(backfilled, pc.is_valid(
+                    unverified)), pa.scalar(None, pa.int64()), rows["upstream_seq"]),
             })
         return pa.table(
             {name: columns[name] if name in columns else rows[name] for name in CANDIDATE_SCHEMA.names},
             schema=CANDIDATE_SCHEMA,
         )
+
+
+def _counts(links: pa.ChunkedArray, reasons: pa.Array) -> dict[tuple[str, str], int]:
+    """Rows per (link, reason) among those with a reason."""
+    keep = pc.is_valid(reasons)
+    pairs = pa.table({"link": pc.filter(links, keep), "reason": pc.filter(reasons, keep)})
+    counted = pairs.group_by(["link", "reason"]).aggregate([([], "count_all")])
+    return {(link, reason): count for link, reason, count in zip(
+        counted["link"].to_pylist(), counted["reason"].to_pylist(), counted["count_all"].to_pylist(), strict=True)}
 
 
 #: A read in the driver that gets no records for this long gives the batch to Spark's tasks.
