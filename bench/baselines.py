@@ -14,7 +14,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import data_batches, offsets_moved, poll_for, tree_cpu_seconds, wait_until
+from common import (
+    data_batches,
+    kafka_client_kwargs,
+    kafka_security,
+    offsets_moved,
+    poll_for,
+    tree_cpu_seconds,
+    wait_until,
+)
 
 
 @dataclass
@@ -89,6 +97,7 @@ def plain_baseline(bootstrap: str, topic: str, rows: int, partitions: int, batch
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5,
         max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024, max_poll_records=20_000,
+        **kafka_client_kwargs(),
     )
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer.assign(tps)
@@ -157,6 +166,7 @@ def spark_kafka_delta_baseline(spark, bootstrap: str, topic: str, rows: int, wor
     trigger and batch cap."""
     target, checkpoint = workdir / "baseline-c", workdir / "baseline-c-checkpoint"
     source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+              .options(**kafka_security().spark_kafka())
               .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")
               .option("maxOffsetsPerTrigger", max_offsets).load()
               .selectExpr("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",

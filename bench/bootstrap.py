@@ -37,7 +37,15 @@ from pathlib import Path
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import build_txlog, format_table, run_benchmark, tree_cpu_seconds, wait_until  # noqa: E402
+from common import (  # noqa: E402
+    add_kafka_arguments,
+    build_txlog,
+    format_table,
+    run_benchmark,
+    tree_cpu_seconds,
+    use_kafka_security,
+    wait_until,
+)
 
 PHASES = ("bootstrap", "backfill", "memory", "command")
 
@@ -241,9 +249,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4, help="backfills and baselines taking turns")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=",".join(PHASES))
-    parser.add_argument("--bootstrap")
+    add_kafka_arguments(parser)
     parser.add_argument("--workdir")
     args = parser.parse_args(argv)
+    use_kafka_security(parser, args)
     if args.quick:
         args.rows, args.backfill_rows, args.memory_rows = 400_000, 200_000, 200_000
     args.conf = []

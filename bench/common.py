@@ -17,6 +17,59 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+#: The environment variable naming the ``--kafka-security`` file (children started with ``spawn`` read it too).
+SECURITY_FILE_VARIABLE = "REPLICATION_BENCH_KAFKA_SECURITY"
+
+
+def add_kafka_arguments(parser, help_bootstrap: str = "use this Kafka instead of a broker started by the "
+                        "benchmark") -> None:
+    """``--bootstrap`` and ``--kafka-security`` (a file holding a ``<Security>`` element, as in a Kafka
+    transport of a config: TLS and SASL toward that Kafka)."""
+    parser.add_argument("--bootstrap", help=help_bootstrap)
+    parser.add_argument("--kafka-security", metavar="FILE",
+                        help="with --bootstrap: a file holding the <Security> element of a Kafka <Transport> "
+                             "(TLS, SASL) used by every client of the benchmark and by its instances")
+
+
+def use_kafka_security(parser, args) -> None:
+    """Check ``--kafka-security`` and hand it to this process and its children (by the environment)."""
+    import os
+
+    if not getattr(args, "kafka_security", None):
+        return
+    if not args.bootstrap:
+        parser.error("--kafka-security goes with --bootstrap (the benchmark's own broker is plain text)")
+    from replication.config.security import load_security_file
+    from replication.errors import ConfigError
+
+    try:
+        load_security_file(args.kafka_security).check()
+    except (ConfigError, ValueError) as exc:
+        parser.error(f"--kafka-security: {exc}")
+    os.environ[SECURITY_FILE_VARIABLE] = str(Path(args.kafka_security).resolve())
+    kafka_security.cache_clear()
+
+
+@functools.cache
+def kafka_security():
+    """The benchmark's Kafka security (``--kafka-security``; plain text without it)."""
+    import os
+
+    from replication.connectors.kafka.security import PLAINTEXT
+
+    path = os.environ.get(SECURITY_FILE_VARIABLE)
+    if not path:
+        return PLAINTEXT
+    from replication.config.security import load_security_file
+
+    return load_security_file(path)
+
+
+def kafka_client_kwargs() -> dict[str, Any]:
+    """kafka-python keyword arguments for the benchmark's Kafka (``--kafka-security``)."""
+    return kafka_security().kafka_python()
+
+
 #: Producer settings for bulk pre-publishing: big zstd batches, as a real feed would send.
 BULK_PRODUCER = dict(compression_type="zstd", linger_ms=20, batch_size=512 * 1024, max_request_size=16 * 1024 * 1024)
 
@@ -68,7 +121,7 @@ def _publish_feed(bootstrap: str, topic: str, feed: Feed) -> None:
     """DESIGN §7 wire format: key and amps-client = client, amps-seq, amps-topic."""
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, **BULK_PRODUCER)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, **BULK_PRODUCER, **kafka_client_kwargs())
     client = feed.client.encode()
     for seq in range(feed.first_seq, feed.first_seq + feed.count):
         producer.send(
@@ -101,6 +154,8 @@ def write_instance_config(workdir: Path, name: str, bootstrap: str, *, topic: st
     ``replication``: a ``<Replication>`` element, as XML text. ``inbox_auth``: the incoming transport's
     ``<Authentication>``, as XML text.
     """
+    from replication.config.security import security_xml
+
     topic = topic or f"{name}.publish"
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
     incoming = (f"<Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
@@ -113,7 +168,7 @@ def write_instance_config(workdir: Path, name: str, bootstrap: str, *, topic: st
   <Transports>
     <Transport>
       <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
-      <Topic>{topic}</Topic><MessageType>json</MessageType>{limit}
+      <Topic>{topic}</Topic><MessageType>json</MessageType>{limit}{security_xml(kafka_security())}
     </Transport>
     {incoming}
   </Transports>
@@ -418,7 +473,8 @@ def steady_publisher(bootstrap: str, topic: str, instance: str, rate: float, sec
     """
     from replication.client import Publisher
 
-    pub = Publisher(STEADY_CLIENT, bootstrap=bootstrap, topic=topic, instance=instance, store_path=store)
+    pub = Publisher(STEADY_CLIENT, bootstrap=bootstrap, topic=topic, instance=instance, store_path=store,
+                    security=kafka_security())
     acks: list[tuple[int, float]] = []
     done = threading.Event()
     total = int(rate * seconds)

@@ -44,17 +44,20 @@ from baselines import Run, plain_baseline, spark_baseline, spark_batch_seconds, 
 from common import (  # noqa: E402
     PhaseTimer,
     PySpy,
+    add_kafka_arguments,
     build_txlog,
     data_batches,
     feeds,
     format_table,
     instance_config,
+    kafka_security,
     offsets_moved,
     percentile,
     prepublish,
     run_benchmark,
     steady_publisher,
     tree_cpu_seconds,
+    use_kafka_security,
     wait_until,
 )
 
@@ -146,7 +149,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> di
 
     cfg = instance_config(workdir, f"bench-lat-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
     topic = f"{cfg.name}.publish"
-    ensure_topics(bootstrap, [topic])
+    ensure_topics(bootstrap, [topic], security=kafka_security())
     out = workdir / "steady-publisher.json"
     inst = Instance(cfg, spark).start()
     try:
@@ -223,7 +226,7 @@ def _prepared_log(workdir: Path, bootstrap: str, size: int, args) -> dict:
 
     cfg = instance_config(workdir, f"bench-log{size}-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
     topic = f"{cfg.name}.publish"
-    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    ensure_topics(bootstrap, [topic], partitions=args.partitions, security=kafka_security())
     started = time.perf_counter()
     build_txlog(cfg, size, args.publishers, args.txlog_batch)
     print(f"  built a txlog of {size:,} rows in {time.perf_counter() - started:.1f}s", flush=True)
@@ -238,7 +241,7 @@ def warm_up(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> No
     from replication.connectors.kafka.broker import ensure_topics
 
     cfg = instance_config(workdir, f"bench-warm-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
-    ensure_topics(bootstrap, [f"{cfg.name}.publish"], partitions=args.partitions)
+    ensure_topics(bootstrap, [f"{cfg.name}.publish"], partitions=args.partitions, security=kafka_security())
     prepublish(bootstrap, f"{cfg.name}.publish", feeds(5000, args.publishers, args.partitions))
     run_instance(spark, cfg, 5000, timer, label="warm-up")
     spark_baseline(spark, cfg, 5000, workdir)
@@ -254,7 +257,7 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer, ph
     from replication.connectors.kafka.broker import ensure_topics
 
     topic = f"bench-ingest-{uuid.uuid4().hex[:6]}.publish"
-    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    ensure_topics(bootstrap, [topic], partitions=args.partitions, security=kafka_security())
     rate = prepublish(bootstrap, topic, feeds(args.messages, args.publishers, args.partitions))
     print(f"published {args.messages:,} messages ({args.publishers} producers, {args.partitions} partitions, "
           f"zstd): {rate:,.0f} msg/s", flush=True)
@@ -401,11 +404,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting to try (repeatable)")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of a broker started by the benchmark")
+    add_kafka_arguments(parser)
     parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy the ingest and latency runs into DIR/<phase>.txt "
                         "(collapsed stacks of the driver and Spark's Python workers)")
     args = parser.parse_args(argv)
+    use_kafka_security(parser, args)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
     args.latency_seconds = args.latency_seconds or (8.0 if args.quick else 25.0)
     args.big_txlog = args.big_txlog or (1_000_000 if args.quick else 5_000_000)

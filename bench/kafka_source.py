@@ -19,20 +19,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import add_kafka_arguments, kafka_client_kwargs, kafka_security, use_kafka_security  # noqa: E402
+
+from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics  # noqa: E402
 
 
 def publish(bootstrap: str, topic: str, count: int, partitions: int) -> float:
     """Publish ``count`` messages; return the publish rate (msg/s)."""
     producer = KafkaProducer(
         bootstrap_servers=bootstrap, compression_type="zstd", linger_ms=20, batch_size=512 * 1024,
-        max_request_size=16 * 1024 * 1024,
+        max_request_size=16 * 1024 * 1024, **kafka_client_kwargs(),
     )
     started = time.perf_counter()
     for seq in range(1, count + 1):
@@ -57,6 +63,7 @@ def plain_consumer(bootstrap: str, topic: str, count: int, partitions: int) -> f
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=5,
         max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024, max_poll_records=20_000,
+        **kafka_client_kwargs(),
     )
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer.assign(tps)
@@ -79,7 +86,8 @@ def source_read_alone(bootstrap: str, topic: str, count: int, partitions: int) -
     from replication.connectors.kafka.ranges import read_partition
     from replication.connectors.kafka.source import KafkaSourceOptions
 
-    options = KafkaSourceOptions.parse({"bootstrap.servers": bootstrap, "topics": topic})
+    options = KafkaSourceOptions.parse({"bootstrap.servers": bootstrap, "topics": topic,
+                                        **kafka_security().to_options()})
     per_partition = [count // partitions + (1 if p < count % partitions else 0) for p in range(partitions)]
     started = time.perf_counter()
     seen = sum(
@@ -97,7 +105,8 @@ def spark_source(spark, bootstrap: str, topic: str, count: int, **options: int |
     from replication.connectors.kafka.source import FORMAT, register
 
     register(spark)
-    reader = spark.readStream.format(FORMAT).option("bootstrap.servers", bootstrap).option("topics", topic)
+    reader = (spark.readStream.format(FORMAT).option("bootstrap.servers", bootstrap).option("topics", topic)
+              .options(**kafka_security().to_options()))
     for name, value in options.items():
         if value:
             reader = reader.option(name, value)
@@ -124,8 +133,9 @@ def main() -> None:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
     parser.add_argument("--min-partitions", type=int, default=None,
                         help="also measure the source with this minPartitions (Spark tasks per batch)")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of a broker started by the benchmark")
+    add_kafka_arguments(parser)
     args = parser.parse_args()
+    use_kafka_security(parser, args)
 
     from replication.connectors.spark.session import session
 
@@ -135,12 +145,12 @@ def main() -> None:
         spark = session("bench-kafka-source")
         # Warm up the JVM and the Python workers so the measurement is the source, not start-up.
         warm = f"bench-warm-{uuid.uuid4().hex[:6]}"
-        ensure_topics(bootstrap, [warm], partitions=args.partitions)
+        ensure_topics(bootstrap, [warm], partitions=args.partitions, security=kafka_security())
         publish(bootstrap, warm, 1000, args.partitions)
         spark_source(spark, bootstrap, warm, 1000, minPartitions=2)
 
         topic = f"bench-{uuid.uuid4().hex[:6]}"
-        ensure_topics(bootstrap, [topic], partitions=args.partitions)
+        ensure_topics(bootstrap, [topic], partitions=args.partitions, security=kafka_security())
         rate = publish(bootstrap, topic, args.messages, args.partitions)
         print(f"published {args.messages} msgs to {args.partitions} partition(s): {rate:,.0f} msg/s")
 

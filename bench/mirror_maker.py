@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replication.connectors import jvm
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 
 #: Settings of the mm2.properties written for a run (the clusters and the topic are added).
 MM2_PROPERTIES = {
@@ -86,15 +87,20 @@ class TargetCount:
 
 
 def mirror(source: str, target: str, topic: str, rows: int, partitions: int, workdir: Path, *,
-           cpu_by_kind, timeout: float = 900.0) -> MirrorRun:
+           cpu_by_kind, timeout: float = 900.0, source_security: KafkaSecurity = PLAINTEXT) -> MirrorRun:
     """Copy ``topic`` (``rows`` records) from ``source`` to ``target`` with MM2; time it.
 
     ``cpu_by_kind``: the benchmark's CPU accounting (a dict of CPU seconds by process kind so far).
+    ``source_security``: TLS and SASL toward ``source`` (its password is written to the run's mm2.properties,
+    under the run's own folder).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     props = {**MM2_PROPERTIES, "source.bootstrap.servers": source, "target.bootstrap.servers": target,
-             "source->target.topics": topic, "tasks.max": str(partitions)}
+             "source->target.topics": topic, "tasks.max": str(partitions),
+             # the source is the benchmark's Kafka (--kafka-security); the target, MM2's own broker, is plain
+             **{f"source.{key.removeprefix('kafka.')}": value for key, value in source_security.spark_kafka().items()}}
     config = workdir / "mm2.properties"
+    config.touch(mode=0o600)  # (it may hold the source's password: readable by this user only)
     config.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
     log4j = workdir / "log4j2.properties"
     log4j.write_text("status = warn\nappender.f.type = File\nappender.f.name = f\n"

@@ -65,14 +65,17 @@ from common import (  # noqa: E402
     Labeler,
     PhaseTimer,
     PySpy,
+    add_kafka_arguments,
     data_batches,
     feeds,
     format_table,
+    kafka_security,
     offsets_moved,
     percentile,
     prepublish,
     run_benchmark,
     steady_publisher,
+    use_kafka_security,
     wait_until,
     write_instance_config,
 )
@@ -139,7 +142,7 @@ def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, m
     a, b = f"{label}-a-{tag}", f"{label}-b-{tag}"
     timer.roles.update({a: "A", b: "B"})
     topic = topic or f"{a}.publish"
-    ensure_topics(bootstrap, [topic, f"{b}.publish"])
+    ensure_topics(bootstrap, [topic, f"{b}.publish"], security=kafka_security())
     b_path = write_instance(workdir, b, bootstrap, topic=f"{b}.publish", max_offsets=max_offsets, signed=signed,
                             upstream=a) if replicate else None
     a_path = write_instance(workdir, a, bootstrap, topic=topic, max_offsets=max_offsets,
@@ -442,7 +445,7 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
     from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
 
     topic = f"bench-repl-{uuid.uuid4().hex[:6]}.publish"
-    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    ensure_topics(bootstrap, [topic], partitions=args.partitions, security=kafka_security())
     rate = prepublish(bootstrap, topic, feeds(args.messages, args.publishers, args.partitions))
     print(f"published {args.messages:,} messages ({args.publishers} producers, {args.partitions} partitions, "
           f"zstd): {rate:,.0f} msg/s", flush=True)
@@ -457,7 +460,8 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
                 if key == "mm2":
                     assert target is not None
                     mirrored = mirror(bootstrap, target.bootstrap, topic, args.messages, args.partitions,
-                                      workdir / f"mm2-{rep}", cpu_by_kind=cpu_by_kind)
+                                      workdir / f"mm2-{rep}", cpu_by_kind=cpu_by_kind,
+                                      source_security=kafka_security())
                     target_topic_cleanup(target.bootstrap, topic)
                     print(f"  MirrorMaker 2: {mirrored.rate:,.0f} rows/s in {mirrored.seconds:.1f}s from its start, "
                           f"{mirrored.copy_rate:,.0f} rows/s copying, {mirrored.cpu_seconds:.0f} CPU-s "
@@ -832,7 +836,7 @@ def warm_up(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> No
     from replication.connectors.kafka.broker import ensure_topics
 
     topic = f"bench-warm-{uuid.uuid4().hex[:6]}.publish"
-    ensure_topics(bootstrap, [topic], partitions=args.partitions)
+    ensure_topics(bootstrap, [topic], partitions=args.partitions, security=kafka_security())
     prepublish(bootstrap, topic, feeds(5000, args.publishers, args.partitions))
     pair = make_pair(workdir, bootstrap, "warm", topic=topic, max_offsets=args.max_offsets, replicate=True,
                      timer=timer)
@@ -853,11 +857,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-rate", type=float, default=2000.0, help="msg/s of the steady publisher")
     parser.add_argument("--latency-seconds", type=float, default=None, help="(30; --quick: 10)")
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
-    parser.add_argument("--bootstrap", help="use this Kafka instead of a broker started by the benchmark")
+    add_kafka_arguments(parser)
     parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy the measured runs into DIR/<run>.txt "
                         "(collapsed stacks of the driver and Spark's Python workers)")
     args = parser.parse_args(argv)
+    use_kafka_security(parser, args)
     args.messages = args.messages or (100_000 if args.quick else 1_000_000)
     args.latency_seconds = args.latency_seconds or (10.0 if args.quick else 30.0)
     bad = [c for c in args.conf if "=" not in c]

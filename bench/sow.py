@@ -42,11 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     BULK_PRODUCER,
+    add_kafka_arguments,
     format_table,
+    kafka_client_kwargs,
+    kafka_security,
     percentile,
     run_benchmark,
     steady_publisher,
     tree_cpu_seconds,
+    use_kafka_security,
     wait_until,
 )
 
@@ -80,7 +84,7 @@ def message(rng: random.Random, n: int, keys: int) -> tuple[str, bytes, list[tup
 def _publish_share(bootstrap: str, topic: str, client: str, partition: int, count: int, keys: int, seed: int) -> None:
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, **BULK_PRODUCER)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, **BULK_PRODUCER, **kafka_client_kwargs())
     rng = random.Random(seed)
     name = client.encode()
     for seq in range(1, count + 1):
@@ -95,7 +99,7 @@ def _publish_share(bootstrap: str, topic: str, client: str, partition: int, coun
 def prepublish(bootstrap: str, topic: str, messages: int, keys: int, publishers: int, partitions: int) -> None:
     from replication.connectors.kafka.broker import ensure_topics
 
-    ensure_topics(bootstrap, [topic], partitions=partitions)
+    ensure_topics(bootstrap, [topic], partitions=partitions, security=kafka_security())
     ctx = multiprocessing.get_context("spawn")
     share = messages // publishers
     procs = [ctx.Process(target=_publish_share, args=(bootstrap, topic, f"pub-{p}", p % partitions, share, keys, p))
@@ -109,10 +113,12 @@ def prepublish(bootstrap: str, topic: str, messages: int, keys: int, publishers:
 
 
 def write_config(workdir: Path, name: str, bootstrap: str, topic: str, *, sow: bool) -> Path:
+    from replication.config.security import security_xml
+
     path = workdir / f"{name}.xml"
     path.write_text(f"""<AMPSConfig><Name>{name}</Name><Storage>{workdir / name}</Storage>
   <Transports><Transport><Name>k</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr><Topic>{topic}</Topic>
-    <MessageType>json</MessageType></Transport></Transports>
+    <MessageType>json</MessageType>{security_xml(kafka_security())}</Transport></Transports>
   <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
   {SOW if sow else ""}</AMPSConfig>""")
     return path
@@ -334,7 +340,7 @@ def latency(spark, workdir: Path, bootstrap: str, args) -> list[str]:
     topic = f"{name}.publish"
     from replication.connectors.kafka.broker import ensure_topics
 
-    ensure_topics(bootstrap, [topic])
+    ensure_topics(bootstrap, [topic], security=kafka_security())
     config_path = write_config(workdir, name, bootstrap, topic, sow=True)
     inst = Instance(config.load(str(config_path)), spark).start()
     out_file, seen_file = workdir / f"{name}-sent.json", workdir / f"{name}-seen.json"
@@ -441,9 +447,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--query-records", type=int, default=1_000_000)
     parser.add_argument("--only", default=",".join(PHASES))
-    parser.add_argument("--bootstrap")
+    add_kafka_arguments(parser)
     parser.add_argument("--workdir")
     args = parser.parse_args(argv)
+    use_kafka_security(parser, args)
     if args.quick:
         args.messages, args.keys, args.seconds = 200_000, 20_000, 10.0
     args.conf = []

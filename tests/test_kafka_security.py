@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+from pathlib import Path
 
 import pytest
 from support.cli import run_cli
@@ -179,3 +180,52 @@ def test_a_wrong_password_stops_start_up_naming_the_transport_and_not_the_passwo
     assert f"(SASL_SSL, SCRAM-SHA-512 as {KAFKA_USER}) could not be reached or refused this client" in text, text
     assert "<Security>" in text and str(path) in text
     assert wrong not in text + caplog.text
+
+
+def test_security_file_round_trips_through_generated_configs(tmp_path, monkeypatch):
+    from replication.config.security import load_security_file, security_xml
+
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    path = tmp_path / "security.xml"
+    path.write_text(sasl_ssl_xml(Path("ca.pem")))  # relative: to the file
+    security = load_security_file(path)
+    assert security.ca_file == str(tmp_path / "ca.pem") and security.password == Secret.from_env(PASSWORD_VARIABLE)
+    again = parse_string(transport_xml(security_xml(security))).kafka_transports[0].security
+    assert again == security
+    assert KAFKA_PASSWORD not in security_xml(security)
+    path.write_text("<AMPSConfig/>")
+    with pytest.raises(ConfigError, match="the root element is <AMPSConfig>, expected <Security>"):
+        load_security_file(path)
+
+
+def test_benchmarks_reach_a_sasl_ssl_kafka_with_kafka_security(broker, tmp_path, monkeypatch):
+    """``--kafka-security``: the benchmarks' producers (in their own processes), their instances' configs and
+    their topics reach a broker that demands TLS and SCRAM."""
+    import sys
+    import uuid
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import common
+
+    from replication.connectors.kafka.broker import ensure_topics
+
+    path = tmp_path / "security.xml"
+    path.write_text(sasl_ssl_xml(broker.ca_file))
+    monkeypatch.setenv(PASSWORD_VARIABLE, KAFKA_PASSWORD)
+    monkeypatch.setenv(common.SECURITY_FILE_VARIABLE, str(path))
+    common.kafka_security.cache_clear()
+    try:
+        topic = f"bench-secure-{uuid.uuid4().hex[:6]}"
+        ensure_topics(broker.sasl_ssl_bootstrap, [topic], security=common.kafka_security())
+        common.prepublish(broker.sasl_ssl_bootstrap, topic, common.feeds(300, 2, 1))
+        consumer = KafkaConsumer(bootstrap_servers=broker.sasl_ssl_bootstrap, **common.kafka_client_kwargs())
+        assert consumer.end_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)] == 300
+        consumer.close()
+        cfg = config.load(str(common.write_instance_config(tmp_path, "bench-a", broker.sasl_ssl_bootstrap)))
+        assert cfg.kafka_transports[0].security == common.kafka_security()
+        assert KAFKA_PASSWORD not in (tmp_path / "bench-a.xml").read_text()
+    finally:
+        monkeypatch.delenv(common.SECURITY_FILE_VARIABLE)
+        common.kafka_security.cache_clear()

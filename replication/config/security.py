@@ -25,12 +25,14 @@ secret's value.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 from replication.config import values
 from replication.config.model import KafkaTransport
-from replication.config.xml_reader import OPT, Node, one
+from replication.config.xml_reader import OPT, Ctx, Node, one, read_root
 from replication.connectors.kafka.security import (
     PLAINTEXT,
     PROTOCOLS,
@@ -41,7 +43,7 @@ from replication.connectors.kafka.security import (
 )
 from replication.errors import ConfigError
 
-__all__ = ["SECURITY_SCHEMA", "check_security", "secret", "security"]
+__all__ = ["SECURITY_SCHEMA", "check_security", "load_security_file", "secret", "security", "security_xml"]
 
 SECURITY_SCHEMA = {
     "Protocol": one("<Protocol>SASL_SSL</Protocol>"),
@@ -144,3 +146,33 @@ def secret(inline: Node | None, file_node: Node | None, tag: str, what: str = "a
     if file_node is not None:
         return Secret.from_file(str(Path(file_node.ctx.base_dir, file_node.text())), what)
     return None
+
+
+def load_security_file(path: str | os.PathLike[str]) -> KafkaSecurity:
+    """A file holding one ``<Security>`` element (as in a Kafka transport): for tools that take a Kafka
+    address on their command line (the benchmarks' ``--kafka-security``). Paths in it are relative to it."""
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror}). Fix: give a file holding a <Security> element",
+                          file=str(path)) from None
+    ctx = Ctx(str(path), str(file.resolve().parent), os.environ)
+    return security(read_root(data, ctx, "Security"))
+
+
+def security_xml(sec: KafkaSecurity) -> str:
+    """``sec`` as a ``<Security>`` element for a generated config: paths as they are, secrets as the
+    ``${VAR}`` or file they come from (ValueError for a secret given as a value)."""
+    if sec == PLAINTEXT:
+        return ""
+    parts = [f"<Protocol>{sec.protocol}</Protocol>"]
+    for tag, value in (("CAFile", sec.ca_file), ("CertificateFile", sec.certificate_file), ("KeyFile", sec.key_file),
+                       ("SASLMechanism", sec.sasl_mechanism), ("Username", sec.username)):
+        if value is not None:
+            parts.append(f"<{tag}>{escape(value)}</{tag}>")
+    for tag, hidden in (("KeyPassword", sec.key_password), ("Password", sec.password)):
+        if hidden is not None:
+            kind, ref = hidden.origin()
+            parts.append(f"<{tag}>${{{ref}}}</{tag}>" if kind == "env" else f"<{tag}File>{escape(ref)}</{tag}File>")
+    return f"<Security>{''.join(parts)}</Security>"

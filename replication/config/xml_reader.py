@@ -58,8 +58,9 @@ _SYNTAX_FIXES: tuple[tuple[str, str], ...] = (
 )
 
 
-def read_root(data: bytes, ctx: Ctx) -> Node:
-    """Parse ``data`` without DTDs, entities or network; return the checked ``<AMPSConfig>`` root."""
+def read_root(data: bytes, ctx: Ctx, expected: str = ROOT) -> Node:
+    """Parse ``data`` without DTDs, entities or network; return the checked root (``<AMPSConfig>``, or the
+    ``expected`` element of a file holding one section)."""
     parser = etree.XMLParser(
         resolve_entities=False,
         no_network=True,
@@ -87,12 +88,12 @@ def read_root(data: bytes, ctx: Ctx) -> Node:
             "remove the <!DOCTYPE ...> declaration and write values directly; "
             "use ${VAR} to take a value from the environment",
         )
-    root = Node(root_el, root_el.tag if isinstance(root_el.tag, str) else ROOT, ctx)
-    if root_el.tag != ROOT:
+    root = Node(root_el, root_el.tag if isinstance(root_el.tag, str) else expected, ctx)
+    if root_el.tag != expected:
         tag = str(root_el.tag)
-        if tag.endswith("}" + ROOT):
-            root.fail(f"<{ROOT}> has an XML namespace ({tag})", "remove the xmlns=... declaration")
-        root.fail(f"the root element is <{tag}>, expected <{ROOT}>", f"rename <{tag}> to <{ROOT}>")
+        if tag.endswith("}" + expected):
+            root.fail(f"<{expected}> has an XML namespace ({tag})", "remove the xmlns=... declaration")
+        root.fail(f"the root element is <{tag}>, expected <{expected}>", f"rename <{tag}> to <{expected}>")
     for attr in root_el.attrib:
         # xsi:noNamespaceSchemaLocation lets editors validate against conf/replication.xsd.
         if not attr.startswith("{http://www.w3.org/2001/XMLSchema-instance}"):

@@ -82,6 +82,13 @@ class Secret:
                 return f"the file {self._ref} ({self._what}) cannot be read ({exc.strerror})"
         return None
 
+    def origin(self) -> tuple[str, str]:
+        """Where it comes from, without it: ``("env", VARIABLE)`` or ``("file", path)``; ValueError for a
+        secret given as a value (it has nowhere to be written but itself)."""
+        if self._kind not in ("env", "file"):
+            raise ValueError(f"{self._what} given as a value has no variable or file to name")
+        return self._kind, self._ref
+
     def reveal(self) -> str:
         """The secret itself; ValueError (without it) when it cannot be found."""
         problem = self.problem()
