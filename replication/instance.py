@@ -44,6 +44,7 @@ from replication.storage.control import Heartbeat, write_instance_config
 from replication.storage.layout import INGEST_QUERY, StorageLayout
 from replication.txlog.files import TxlogFiles, read_range
 from replication.txlog.publishers import recover_state
+from replication.txlog.retention import Retention, retention_policy
 from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class Instance:
         self.links: dict[str, Link] = {}
         self.managers: list[DestinationManager] = []
         self.controller: DowngradeController | None = None
+        self.retention: Retention | None = None
         self.sow: SowState | None = None
         """Current records of the SOW topics (None: no SOW topics)."""
         self.compactor: Compactor | None = None
@@ -184,10 +186,23 @@ class Instance:
                                                           started=self.started_at)
         if self.controller is not None:
             self.controller.start()
+        policy = retention_policy(self.cfg)
+        if policy is not None:
+            self.retention = Retention(self.layout, policy, self._retention_limit, txlog)
+            self.retention.start()
         self.status().write(self.layout.heartbeat_json)
         self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
         self._heartbeat.start()
         return self
+
+    def _retention_limit(self) -> tuple[int, str]:
+        """The highest seq retention may remove through, and what holds it there: every destination's
+        acknowledgement, durability, each SOW table's compaction."""
+        held = [(self.durability.durable_seq if self.durability is not None else 0, "durability")]
+        held += [(link.acked_seq, f"destination {name}") for name, link in self.links.items()]
+        if self.compactor is not None:
+            held += [(table.compacted_through, f"SOW topic {table.sow.name}") for table in self.compactor.tables]
+        return min(held)
 
     def _log_bootstrap(self, done: int, total: int) -> None:
         now = time.monotonic()
@@ -397,6 +412,8 @@ class Instance:
         self._stop.set()
         if self.controller is not None:
             self.controller.stop()
+        if self.retention is not None:
+            self.retention.stop()
         for manager in self.managers:
             manager.stop()
         if self.query is not None:

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from replication import config
 from replication.config.model import InstanceConfig
 from replication.destination.resync import HEARTBEAT_STALE_S
-from replication.storage.control import Heartbeat, LinkState
+from replication.storage.control import Heartbeat, LinkState, RetentionState
 from replication.storage.layout import StorageLayout
 
 #: Link states whose ``detail`` is printed under the link: what the operator must fix.
-EXPLAINED_STATES = ("validation failed", "config error")
+EXPLAINED_STATES = ("validation failed", "config error", "resync impossible")
 #: ``--check`` defaults: a link stalled this long, or this far behind, is a problem.
 DEFAULT_STALL_AFTER_S = 60.0
 DEFAULT_MAX_LAG_S = 300.0
@@ -78,8 +78,19 @@ def collect(cfg: InstanceConfig, *, now: float | None = None) -> dict:
         "stalled": beat.stalled if alive else {},
         "clashes": beat.clashes if alive else {},
         "refusals": beat.refusals if alive else {},
+        "retention": _retention(layout),
         "links": links,
     }
+
+
+def _retention(layout: StorageLayout) -> dict | None:
+    """What txlog retention removed: the first retained seq and bookmark, rows and files removed (None: it
+    never ran)."""
+    state = RetentionState.read(layout.retention_json)
+    if state is None:
+        return None
+    return {"first_seq": state.first_seq, "first_bookmark": state.first_bookmark,
+            "removed_rows": state.removed_rows, "removed_files": state.removed_files, "last_run": state.last_run}
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,10 @@ def _print_table(statuses: list[dict]) -> None:
         for client, clash in sorted((st.get("clashes") or {}).items()):
             print(f"{'':<14}   CLASH: client name {client!r} used by two publishers at once "
                   f"(sessions {clash['earlier']} and {clash['later']})")
+        if st.get("retention"):
+            kept = st["retention"]
+            print(f"{'':<14}   retention: first retained seq {kept['first_seq']:,} (bookmark "
+                  f"{kept['first_bookmark']}), {kept['removed_rows']:,} rows removed")
         for upstream, seen in sorted((st.get("refusals") or {}).items()):
             print(f"{'':<14}   REFUSED from {upstream}: {seen['rows']:,} rows ({seen['commits']} whole commits) "
                   f"since start; last: {seen['last']}")

@@ -44,9 +44,11 @@ from replication.config.security import secret
 from replication.config.xml_reader import MANY, OPT, Node, one, some
 from replication.connectors.kafka.security import Secret
 from replication.errors import ConfigError
-from replication.inbox.signing import check_key
 
 __all__ = ["authentication", "authenticator", "check_link_keys", "entitlement"]
+
+#: Shortest key accepted: HMAC-SHA256 keys shorter than this are guessable.
+MIN_KEY_BYTES = 16
 
 DEFAULT_AUTHENTICATION = "amps-default-authentication-module"
 HMAC_AUTHENTICATION = "replication-hmac-authentication"
@@ -173,6 +175,12 @@ def check_link_keys(cfg: InstanceConfig) -> None:
             raise ConfigError(f"{source}: {what}: {exc}. Fix: export the variable or write the key file "
                               "(a random key of 32 bytes or more, e.g. `openssl rand -hex 32`)",
                               file=source.file, line=source.line or None) from None
+
+
+def check_key(key: bytes, what: str) -> None:
+    """ValueError when ``key`` is too short to sign with."""
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"{what} is {len(key)} bytes long; a signing key needs at least {MIN_KEY_BYTES}")
 
 
 def verifying_keys(cfg: InstanceConfig) -> dict[str, bytes] | None:

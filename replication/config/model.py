@@ -231,7 +231,8 @@ class ActionStep:
     every: float | None = None
     """``<Every>`` of ``amps-action-on-schedule``: how often the action runs."""
     age: float | None = None
-    """``<Age>`` of the downgrade (oldest unacknowledged message) and upgrade (behind by less) modules."""
+    """``<Age>`` of the downgrade (oldest unacknowledged message), upgrade (behind by less) and remove-journal
+    (rows older than this may go) modules."""
     grace_period: float | None = None
     """``<GracePeriod>`` of the downgrade module: no downgrade in the first this many seconds after start,
     while the other instances start and links connect (AMPS)."""

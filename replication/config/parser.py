@@ -127,6 +127,8 @@ _DO_MODULES: dict[str, dict[str, _Option]] = {
         "MinimumSyncDestinations": _Option("", "moved"),
     },
     "amps-action-do-upgrade-replication": {"Age": _Option("age", "interval", required=True)},
+    # txlog retention (replication.txlog.retention): rows older than Age that every destination has
+    "amps-action-do-remove-journal": {"Age": _Option("age", "interval", required=True)},
 }
 
 

@@ -37,6 +37,7 @@ from replication.config.model import Destination, InstanceConfig
 from replication.destination import replicator
 from replication.destination.link import Link
 from replication.destination.resync import (
+    ResyncGapError,
     downstream_ack,
     heartbeat_fresh,
     read_ack,
@@ -45,7 +46,7 @@ from replication.destination.resync import (
     txlog_id,
 )
 from replication.errors import ReplicationError
-from replication.storage.control import read_instance_config
+from replication.storage.control import RetentionState, read_instance_config
 from replication.storage.layout import StorageLayout, link_name
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class DestinationManager:
                 break
             if not connected:
                 state = self.link.snapshot().state
-                if state != "validation failed":
+                if state not in ("validation failed", "resync impossible"):
                     self.link.set(state="waiting", detail=f"no usable address; retrying in {backoff:.1f}s")
                 if self._stop.wait(backoff):
                     return
@@ -165,8 +166,16 @@ class DestinationManager:
             and self._checkpoint(state.incarnation).exists()
         )
         if not resume:
-            start = resync_start(self.layout.txlog, stored_per_publisher(down),
-                                 after=downstream_ack(down, self.cfg.name))
+            kept = RetentionState.read(self.layout.retention_json)
+            try:
+                start = resync_start(self.layout.txlog, stored_per_publisher(down),
+                                     after=downstream_ack(down, self.cfg.name),
+                                     first_seq=kept.first_seq if kept else 1,
+                                     first_bookmark=kept.first_bookmark if kept else None)
+            except ResyncGapError as exc:
+                log.error("%s at %s: resync impossible: %s", self.name, address, exc)
+                self.link.set(state="resync impossible", address=address, downstream=down_cfg.name, detail=str(exc))
+                return False
             log.warning("%s: resync toward %s (%s) from local seq %d",
                         self.name, down_cfg.name, address, start)
             self.link.reset(start_seq=start, epoch=state.epoch + 1, address=address, downstream=down_cfg.name,

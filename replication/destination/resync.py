@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from replication.errors import ReplicationError
 from replication.storage.control import Ack, Heartbeat, PublishersSnapshot
 from replication.storage.layout import StorageLayout
 
@@ -56,12 +57,19 @@ def txlog_id(layout: StorageLayout) -> str | None:
         return None
 
 
-def resync_start(txlog_path: Path, have: dict[str, int], *, after: int) -> int:
+class ResyncGapError(ReplicationError):
+    """The downstream lacks rows that retention removed here: no resync can give them."""
+
+
+def resync_start(txlog_path: Path, have: dict[str, int], *, after: int, first_seq: int = 1,
+                 first_bookmark: str | None = None) -> int:
     """Local seq to replicate after so that the downstream gets every row it lacks.
 
     ``have`` is the downstream's highest stored sequence per publisher; rows at
     or below it are skipped by the downstream anyway. ``after`` is a position
     the downstream is known to have everything through (its ack to us).
+    ``first_seq``: the first row retention kept (:mod:`replication.txlog.retention`); a downstream that
+    lacks a publisher's rows from before it raises :class:`ResyncGapError`, naming ``first_bookmark``.
     """
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
@@ -73,6 +81,8 @@ def resync_start(txlog_path: Path, have: dict[str, int], *, after: int) -> int:
     )
     if rows.num_rows == 0:
         return after
+    if first_seq > after + 1:
+        _check_nothing_removed_is_lacking(rows, have, first_seq, first_bookmark)
     lacking = None
     grouped = rows.group_by("publisher").aggregate([("publisher_seq", "max")])
     for publisher, top in zip(grouped["publisher"].to_pylist(), grouped["publisher_seq_max"].to_pylist(), strict=True):
@@ -85,3 +95,17 @@ def resync_start(txlog_path: Path, have: dict[str, int], *, after: int) -> int:
     if lacking is None:
         return int(pc.max(rows["seq"]).as_py())
     return lacking - 1
+
+
+def _check_nothing_removed_is_lacking(rows, have: dict[str, int], first_seq: int, first_bookmark: str | None) -> None:
+    """Each publisher's rows before its first retained one were removed here: the downstream must hold them."""
+    lowest = rows.group_by("publisher").aggregate([("publisher_seq", "min")])
+    short = [(p, low) for p, low in zip(lowest["publisher"].to_pylist(), lowest["publisher_seq_min"].to_pylist(),
+                                         strict=True) if have.get(p, 0) < low - 1]
+    if short:
+        named = ", ".join(f"{p} (holds through {have.get(p, 0)}, kept here from {low})" for p, low in short[:5])
+        raise ResyncGapError(
+            f"the destination lacks messages that retention removed from this txlog (rows before seq {first_seq:,}; "
+            f"first retained bookmark {first_bookmark}): {named}{' ...' if len(short) > 5 else ''}. Fix: bootstrap "
+            "the destination from an instance that still holds them (or from this one, accepting the loss), "
+            "then restart the link")

@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 
 #: ``commitInfo`` key of an inbox commit's signature.
 SIGNATURE_KEY = "replication.signature"
-#: Shortest key accepted: HMAC-SHA256 keys shorter than this are guessable.
-MIN_KEY_BYTES = 16
 _VERSION = 1
 
 
@@ -199,9 +197,3 @@ def _named_upstream(rows: pa.Table, info: Mapping[str, object]) -> str | None:
         return str(json.loads(str(batch))["link"]) if batch else None
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def check_key(key: bytes, what: str) -> None:
-    """ValueError when ``key`` is too short to sign with."""
-    if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"{what} is {len(key)} bytes long; a signing key needs at least {MIN_KEY_BYTES}")

@@ -104,6 +104,23 @@ class ControlFile:
 
 
 @dataclass(frozen=True)
+class RetentionState(ControlFile):
+    """``retention.json``: what retention removed from the txlog (:mod:`replication.txlog.retention`)."""
+
+    first_seq: int = 1
+    """The txlog's first retained seq."""
+    first_bookmark: str | None = None
+    """Its bookmark: a replay or resync from before it is an error that names it."""
+    first_persisted: float | None = None
+    """When that row was persisted (epoch seconds)."""
+    removed_rows: int = 0
+    removed_files: int = 0
+    last_run: float = 0.0
+    pending: list = field(default_factory=list)
+    """``[path, removed_at]`` of data files removed from the table and not yet deleted from storage."""
+
+
+@dataclass(frozen=True)
 class Heartbeat(ControlFile):
     """``heartbeat.json``: liveness, positions and counters, rewritten every second."""
 

@@ -92,6 +92,11 @@ class StorageLayout:
         return self.control / "durable.json"
 
     @property
+    def retention_json(self) -> Path:
+        """What retention removed from the txlog (:mod:`replication.txlog.retention`)."""
+        return self.control / "retention.json"
+
+    @property
     def bootstrap_json(self) -> Path:
         return self.control / "bootstrap.json"
 

@@ -21,7 +21,7 @@ from replication import config
 from replication.config.model import InstanceConfig
 from replication.errors import InputError
 from replication.messages import BOOKMARK_FORMS, Epoch, MessageBookmark, Now, PersistedAt, parse_bookmarks
-from replication.storage.control import DurableState
+from replication.storage.control import DurableState, RetentionState
 from replication.storage.layout import StorageLayout
 from replication.txlog.files import TxlogFiles, local_or_uri
 from replication.txlog.schema import TXLOG_SCHEMA
@@ -149,9 +149,16 @@ class TxlogReader:
             yield rows.cast(TXLOG_SCHEMA)
             position = int(got[-1])
 
+    def first_retained(self) -> tuple[int, str | None]:
+        """The first seq the txlog still holds and its bookmark (``(1, None)``: retention never removed rows)."""
+        state = RetentionState.read(self.layout.retention_json)
+        if state is None or state.first_seq <= 1:
+            return 1, None
+        return state.first_seq, state.first_bookmark
+
     def _position(self, point) -> int:
         if isinstance(point, Epoch):
-            return 0
+            return self.first_retained()[0] - 1  # (the oldest message still held)
         if isinstance(point, Now):
             return self.committed_seq()
         if isinstance(point, PersistedAt):
@@ -159,6 +166,13 @@ class TxlogReader:
             return first - 1 if first is not None else self.committed_seq()
         assert isinstance(point, MessageBookmark)
         seq = self._seeker().seq_of_bookmark(point.text, point.publisher_seq) if self.exists() else None
+        first, first_bookmark = self.first_retained()
+        if seq is None and first > 1:
+            raise InputError(
+                f"bookmark {point.text!r} is not in the txlog of {self.name}: retention removed the rows before "
+                f"seq {first:,}, and it is not among the rows kept. The first retained bookmark is "
+                f"{first_bookmark}: replay from it (or from 0, the oldest message kept)"
+            )
         if seq is None:
             raise InputError(
                 f"bookmark {point.text!r} is not in the txlog of {self.name} ({self.path}): no message has it. "

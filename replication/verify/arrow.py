@@ -17,11 +17,11 @@ from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
 from replication.storage.layout import StorageLayout
-from replication.verify.report import LISTED, Outcome, ranges_of
+from replication.verify.report import LISTED, Outcome, ranges_of, retained_since
 
 #: The txlog columns the checks read (routing's, the message's identity, its body).
 COLUMNS = ["seq", "bookmark", "publisher", "publisher_seq", "topic", "message_type", "received_from",
-           "received_from_group", "path", "origin", "data"]
+           "received_from_group", "path", "origin", "data", "persist_time"]
 
 
 class ArrowTxlogs:
@@ -38,7 +38,7 @@ class ArrowTxlogs:
         """The messages of ``up``'s txlog through seq ``acked`` that routing sends ``dest`` (reaching
         ``down``), looked up by bookmark in ``down``'s txlog."""
         rows = self.rows(up.name)
-        window = rows.filter(pc.less_equal(rows["seq"], acked))
+        window = _still_held(rows.filter(pc.less_equal(rows["seq"], acked)), self.fabric[down])
         routed = window.filter(pa.array(routing.route_mask(up, dest, window, target=down))) if window.num_rows \
             else window
         missing, differ = _compare(routed, self.rows(down))
@@ -53,6 +53,7 @@ class ArrowTxlogs:
         rows = self.rows(here)
         window = rows.filter(pc.less_equal(rows["seq"], acked))
         window = window.filter(pa.array(_on(window, shared), pa.bool_()))
+        window = _still_held(window, self.fabric[there])
         missing, _ = _compare(window, self.rows(there))
         for upstream, upstream_acked in in_flight:
             if not missing.num_rows:
@@ -84,6 +85,16 @@ class ArrowTxlogs:
             keep = [t for t in topics if self.pattern.search(t)]
             table = table.filter(pc.is_in(table["topic"], pa.array(keep, pa.string())))
         return table
+
+
+def _still_held(rows: pa.Table, holder: InstanceConfig) -> pa.Table:
+    """``rows`` less those ``holder``'s retention may have removed: persisted (here) before its first
+    retained row was persisted (there, later than here)."""
+    since = retained_since(holder)
+    if since is None or not rows.num_rows:
+        return rows
+    stamp = pa.scalar(int(since * 1_000_000), pa.int64())
+    return rows.filter(pc.fill_null(pc.greater_equal(pc.cast(rows["persist_time"], pa.int64()), stamp), True))
 
 
 def _on(rows: pa.Table, shared: Callable[[str, str], bool]) -> np.ndarray:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from replication.storage.control import RetentionState
+from replication.storage.layout import StorageLayout
 from replication.txlog.runs import run_bounds
+
+if TYPE_CHECKING:
+    from replication.config.model import InstanceConfig
 
 Kind = Literal["missing", "body", "group", "sow", "unreadable"]
 
@@ -119,3 +125,12 @@ def listed(items: tuple[str, ...] | list[str], total: int, limit: int = 5) -> st
     """The first few ``items``, and how many more of ``total`` there are."""
     shown = ", ".join(items[:limit])
     return shown + (f" and {total - limit:,} more" if total > limit else "")
+
+
+def retained_since(cfg: InstanceConfig) -> float | None:
+    """When the first row ``cfg``'s txlog still holds was persisted (epoch s), if retention removed rows: a
+    message persisted elsewhere before then may be gone there, and is not looked for."""
+    state = RetentionState.read(StorageLayout.of(cfg.storage).retention_json)
+    if state is None or state.first_seq <= 1:
+        return None
+    return state.first_persisted if state.first_persisted is not None else time.time()

@@ -21,7 +21,7 @@ from replication.config.model import Destination, InstanceConfig
 from replication.replay import snapshot
 from replication.storage.layout import StorageLayout
 from replication.txlog.reader import TxlogReader
-from replication.verify.report import LISTED, Outcome
+from replication.verify.report import LISTED, Outcome, retained_since
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -41,7 +41,7 @@ class SparkTxlogs:
     def link(self, up: InstanceConfig, dest: Destination, down: str, acked: int) -> Outcome:
         from pyspark.sql import functions as F
 
-        routed = (self.rows(up.name).where(F.col("seq") <= acked)
+        routed = (_still_held(self.rows(up.name).where(F.col("seq") <= acked), self.fabric[down])
                   .where(routing.spark_condition(up, dest, target=down))
                   .select("bookmark", "publisher", "publisher_seq", "data"))
         # presence by a marker column: a sow_delete by keys or filter has no body (data is null)
@@ -64,7 +64,7 @@ class SparkTxlogs:
               in_flight: list[tuple[str, int]]) -> Outcome:
         from pyspark.sql import functions as F
 
-        window = self.rows(here).where(F.col("seq") <= acked)
+        window = _still_held(self.rows(here).where(F.col("seq") <= acked), self.fabric[there])
         pairs = [(r["topic"], r["message_type"]) for r in window.select("topic", "message_type").distinct().collect()]
         wanted = [p for p in pairs if shared(*p)]
         if not wanted:
@@ -90,6 +90,18 @@ class SparkTxlogs:
                 frame = frame.where(F.col("topic").rlike(self.pattern.pattern))
             self._frames[name] = frame
         return self._frames[name]
+
+
+def _still_held(rows: DataFrame, holder: InstanceConfig) -> DataFrame:
+    """``rows`` less those ``holder``'s retention may have removed (see
+    :func:`~replication.verify.report.retained_since`)."""
+    from pyspark.sql import functions as F
+
+    since = retained_since(holder)
+    if since is None:
+        return rows
+    return rows.where(F.col("persist_time").isNull()
+                      | (F.col("persist_time") >= F.lit(since).cast("timestamp")))
 
 
 def _ranges_by_publisher(rows: DataFrame) -> dict[str, tuple[tuple[int, int], ...]]:

@@ -10,6 +10,7 @@ is sound because each table has exactly one writer per app id.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -92,7 +93,10 @@ class IdempotentAppender:
 
     Other app ids may write the same table concurrently (several upstreams
     appending to one inbox): blind appends do not conflict, and delta-rs
-    retries a commit that lost the race.
+    retries a commit that lost the race. A removal of old rows would make a
+    concurrent append fail (delta-rs takes an append for a read of the whole
+    table), so this instance's own removals go through :meth:`delete`, one at
+    a time with its appends.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class IdempotentAppender:
         self.table = open_or_create(path, schema, name=name, configuration=configuration)
         self._committed = self.table.transaction_version(app_id)
         self._commits = 0
+        self._lock = threading.Lock()
 
     @property
     def committed_version(self) -> int | None:
@@ -138,6 +143,19 @@ class IdempotentAppender:
         in the txlog, their rows have the commit's first seqs. ``commit_info``: more ``commitInfo`` entries
         (an inbox commit's signature).
         """
+        with self._lock:
+            return self._append(rows, version, metadata, files, commit_info)
+
+    def delete(self, predicate: str) -> dict[str, Any]:
+        """Delete the rows matching ``predicate`` (Delta's DELETE), between appends; its metrics."""
+        with self._lock:
+            self.table.update_incremental()
+            metrics = self.table.delete(predicate)
+            self.table.update_incremental()
+            return metrics
+
+    def _append(self, rows: pa.Table, version: int, metadata: dict[str, Any] | None,
+                files: list[AddAction] | None, commit_info: dict[str, str] | None) -> bool:
         if self.is_committed(version):
             return False
         custom = {COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))} if metadata else {}

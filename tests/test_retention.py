@@ -1,0 +1,135 @@
+"""Txlog retention tied to replication (issue 38 part 2): ``amps-action-do-remove-journal``.
+
+The end-to-end test runs a pair whose async destination goes down under steady publishing, with a
+retention shortened to seconds: nothing the destination lacks goes; once it is back and caught up, old
+rows go; replay, verify, bootstrap and the status agree; the txlog's data stays bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from support.fabric import ONE_WAY, PacedPublisher, link_of
+from support.factories import destination_xml, replication_xml, wait_until
+
+from replication import config
+from replication.commands import status as status_command
+from replication.config.fabric import Fabric
+from replication.config.parser import parse_string
+from replication.destination.resync import ResyncGapError, resync_start
+from replication.errors import ConfigError, InputError
+from replication.storage.layout import StorageLayout
+from replication.txlog.reader import TxlogReader
+from replication.txlog.retention import RetentionPolicy, _removable_prefix, retention_policy
+from replication.verify import verify
+
+AGE_S, EVERY_S = 6, 1
+
+
+def retention_xml(age: str = f"{AGE_S}s", every: str = f"{EVERY_S}s") -> str:
+    return ("<Actions><Action><On><Module>amps-action-on-schedule</Module><Options><Every>" + every
+            + "</Every></Options></On><Do><Module>amps-action-do-remove-journal</Module><Options><Age>" + age
+            + "</Age></Options></Do></Action></Actions>")
+
+
+def test_the_remove_journal_action_loads_as_amps_users_write_it():
+    cfg = parse_string("<AMPSConfig><Name>a</Name><Storage>/s</Storage>" + retention_xml("7d", "1h")
+                       + "</AMPSConfig>")
+    assert retention_policy(cfg) == RetentionPolicy(every=3600.0, age=7 * 86400.0)
+    with pytest.raises(ConfigError, match="needs the option <Age>") as exc:
+        parse_string("<AMPSConfig><Name>a</Name><Storage>/s</Storage><Actions><Action><On><Module>"
+                     "amps-action-on-schedule</Module><Options><Every>1h</Every></Options></On><Do><Module>"
+                     "amps-action-do-remove-journal</Module></Do></Action></Actions></AMPSConfig>",
+                     filename="a.xml")
+    assert "a.xml:1" in str(exc.value) and "Fix:" in str(exc.value)
+
+
+def test_only_a_prefix_of_old_acknowledged_files_is_removable():
+    files = pa.table({"path": ["f1", "f2", "f3", "f4"], "lo": [1, 11, 21, 31], "hi": [10, 20, 30, 40],
+                      "newest": [1_000_000, 2_000_000, 9_000_000, 3_000_000], "rows": [10, 10, 10, 10]})
+    assert _removable_prefix(files, limit=40, older_than=5.0) == (20, ["f1", "f2"], 20)  # f3 is young
+    assert _removable_prefix(files, limit=15, older_than=5.0) == (10, ["f1"], 10)  # f2 not acknowledged
+    assert _removable_prefix(files, limit=0, older_than=5.0) == (0, [], 0)
+
+
+def data_bytes(storage: Path) -> int:
+    """Bytes of the txlog's data files (the Delta log aside)."""
+    return sum(p.stat().st_size for p in (storage / "txlog").glob("*.parquet"))
+
+
+def test_retention_keeps_what_a_down_destination_lacks_then_bounds_the_txlog(fabric, tmp_path):
+    a_name, b_name = fabric.name("a"), fabric.name("b")
+    fabric.configure("b")
+    fabric.configure("a", replication=replication_xml(
+        destination_xml(b_name, [fabric.storage("b")], sync="async", topics=ONE_WAY), actions=retention_xml()))
+    fabric.start("b")
+    fabric.start("a")
+    a_layout = StorageLayout.of(str(fabric.storage("a")))
+    log = TxlogReader(a_layout, a_name)
+    paced = PacedPublisher(fabric.publisher("steady", "a"), rate=150)
+    try:
+        wait_until(lambda: fabric.count("b") >= 300, what="B to receive the first rows")
+        first_bookmark = fabric.rows("a")["bookmark"][0].as_py()
+        fabric.stop("b")
+        time.sleep(2)  # (acknowledgements in flight arrive)
+        acked_when_down = link_of(fabric, "a", b_name)["acked_seq"]
+        # B is down for two retention periods: rows it lacks all stay, whatever their age
+        time.sleep(2 * AGE_S)
+        held = fabric.rows("a")["seq"].to_numpy()
+        assert held.min() <= acked_when_down + 1, (held.min(), acked_when_down)
+        assert len(held) == held.max() - held.min() + 1, "what stays has no hole"
+        assert fabric.count("a") > acked_when_down, "A kept publishing"
+
+        # B back: it catches up, and then old rows go
+        fabric.start("b")
+        caught_up = log.committed_seq()
+        wait_until(lambda: link_of(fabric, "a", b_name)["acked_seq"] >= caught_up, timeout=180,
+                   what="B to catch up")
+        wait_until(lambda: log.first_retained()[0] > acked_when_down + 1, timeout=60,
+                   what="retention to remove rows B has now")
+        # a 3x retention run: the data kept stops growing
+        samples = []
+        for _ in range(3 * AGE_S):
+            time.sleep(1)
+            samples.append(data_bytes(fabric.storage("a")))
+    finally:
+        published = paced.stop()
+    second, third = max(samples[AGE_S:2 * AGE_S]), max(samples[2 * AGE_S:])
+    assert third <= 1.25 * second, samples
+    assert fabric.count("a") < 0.6 * published, (fabric.count("a"), published)
+
+    assert fabric.running["a"].restarts == 0, "retention's commits never made the ingest query fail"
+
+    # what Delta readers, replay, status and verify see
+    first_seq, first_kept = log.first_retained()
+    rows = fabric.rows("a")
+    assert rows["seq"][0].as_py() == first_seq and rows["bookmark"][0].as_py() == first_kept
+    assert DeltaTable(str(a_layout.txlog)).to_pyarrow_table(columns=["seq"]).num_rows == rows.num_rows
+    start, end = log.range("0")
+    assert start == first_seq - 1
+    replayed = pa.concat_tables(list(log.read(start, log.committed_seq())))
+    assert replayed["seq"].to_pylist() == list(range(first_seq, log.committed_seq() + 1))
+    with pytest.raises(InputError, match=f"retention removed the rows before seq {first_seq:,}.*first retained "
+                                         f"bookmark is {first_kept}"):
+        log.range(first_bookmark)
+    status = status_command.collect(config.load(str(fabric.paths["a"])))
+    assert status["retention"]["first_seq"] == first_seq and status["retention"]["removed_rows"] >= first_seq - 1
+    wait_until(lambda: fabric.count("b") == published, timeout=120, what="B to hold every message")
+    report = verify(Fabric.load([str(fabric.paths["a"]), str(fabric.paths["b"])]))
+    assert report.ok, [f.message for f in report.findings]
+
+    # a new instance bootstrapped from A gets what A kept
+    fabric.configure("c", replication=(
+        f"<Bootstrap><Topic><Name>.*</Name><MessageType>json</MessageType></Topic><Transport>"
+        f"<Type>amps-replication</Type><InetAddr>{fabric.storage('a')}</InetAddr></Transport></Bootstrap>"))
+    fabric.start("c")
+    wait_until(lambda: fabric.count("c") >= fabric.count("a") - 200, timeout=120, what="C to bootstrap")
+    assert fabric.rows("c")["bookmark"][0].as_py() in set(rows["bookmark"].to_pylist())
+
+    # a resync that would need removed rows is refused, naming the first retained bookmark
+    with pytest.raises(ResyncGapError, match=f"first retained bookmark {first_kept}"):
+        resync_start(a_layout.txlog, {}, after=0, first_seq=first_seq, first_bookmark=first_kept)
