@@ -23,7 +23,7 @@ and exits 0 only when all holds::
     .venv/bin/python bench/soak.py --minutes 10
     .venv/bin/python bench/soak.py --minutes 60 --kill-every 20 --rate 100
 
-``tests/test_soak.py`` runs a short variant (about 2 minutes) in the suite.
+``tests/test_soak.py`` runs a short variant (1 minute of publishing) in the suite.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MESH = REPO / "conf" / "mesh"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import add_kafka_arguments, kafka_security, use_kafka_security  # noqa: E402
+
 GROUPS = {
     "incoming": ("Incoming-A", "Incoming-B"),
     "side-A": ("Live-A", "Dev-A", "Archive-A"),
@@ -84,8 +88,8 @@ class SoakResult:
 class _Group:
     """One ``replication run`` process in its own process group (kill -9 takes its JVM too)."""
 
-    def __init__(self, name: str, workdir: Path, env: dict[str, str]) -> None:
-        self.name, self.workdir, self.env = name, workdir, env
+    def __init__(self, name: str, workdir: Path, env: dict[str, str], conf: Path = MESH) -> None:
+        self.name, self.workdir, self.env, self.conf = name, workdir, env, conf
         self.starts = 0
         self.proc: subprocess.Popen | None = None
         self.start()
@@ -93,7 +97,7 @@ class _Group:
     def start(self) -> None:
         self.starts += 1
         log = open(self.workdir / f"{self.name}.{self.starts}.log", "wb")
-        configs = [str(MESH / f"{n}.xml") for n in GROUPS[self.name]]
+        configs = [str(self.conf / f"{n}.xml") for n in GROUPS[self.name]]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "replication.cli", "run", *configs, "--trigger", TRIGGER, "--log-level", "WARNING"],
             stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
@@ -115,9 +119,27 @@ class _Group:
                 self.kill9()
 
 
+def mesh_configs(workdir: Path) -> Path:
+    """The mesh's configs: ``conf/mesh/`` itself, or, with ``--kafka-security``, copies whose Kafka transports
+    carry its ``<Security>`` element."""
+    from replication.config.security import security_xml
+
+    element = security_xml(kafka_security())
+    if not element:
+        return MESH
+    folder = workdir / "mesh-conf"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ALL:
+        text = (MESH / f"{name}.xml").read_text()
+        topic = f"<Topic>{name}.publish</Topic>"  # (the Kafka transport of the tiers that have one)
+        (folder / f"{name}.xml").write_text(text.replace(topic, topic + element, 1))
+    return folder
+
+
 def soak(workdir: Path, bootstrap: str, *, minutes: float, kill_every: float = 30.0, rate: float = 20.0,
          seed: int | None = None, say=print) -> SoakResult:
-    """Run the soak with storage under ``workdir`` and the Kafka broker at ``bootstrap``."""
+    """Run the soak with storage under ``workdir`` and the Kafka broker at ``bootstrap`` (with the benchmark's
+    ``--kafka-security``, if given)."""
     from replication import config
     from replication.client import Publisher
     from replication.config.fabric import Fabric
@@ -128,7 +150,8 @@ def soak(workdir: Path, bootstrap: str, *, minutes: float, kill_every: float = 3
     env = dict(os.environ, REPLICATION_HOME=str(workdir), KAFKA_BOOTSTRAP=bootstrap)
     env.pop("REPLICATION_FAILPOINTS", None)
     os.environ.update(REPLICATION_HOME=str(workdir), KAFKA_BOOTSTRAP=bootstrap)  # for the configs read here
-    cfgs = {name: config.load(str(MESH / f"{name}.xml")) for name in ALL}
+    conf = mesh_configs(workdir)
+    cfgs = {name: config.load(str(conf / f"{name}.xml")) for name in ALL}
     layouts = {name: StorageLayout.of(cfg.storage) for name, cfg in cfgs.items()}
     rng = random.Random(seed)
     result = SoakResult(minutes)
@@ -146,11 +169,12 @@ def soak(workdir: Path, bootstrap: str, *, minutes: float, kill_every: float = 3
     stop = threading.Event()
     try:
         for name in ("side-A", "side-B", "incoming"):  # lower tiers first: the upper ones find them up
-            groups[name] = _Group(name, workdir, env)
+            groups[name] = _Group(name, workdir, env, conf)
             wait_running(GROUPS[name], timeout=300)
         say(f"mesh running ({', '.join(ALL)})")
         pubs = [Publisher(f"soak-{n}", bootstrap=bootstrap, topic=f"{n}.publish", instance=n,
-                          store_path=workdir / f"soak-{n}.store", resend_after=10, logon_timeout=120)
+                          store_path=workdir / f"soak-{n}.store", resend_after=10, logon_timeout=120,
+                          security=kafka_security())
                 for n in GROUPS["incoming"]]
         counts = {pub.name: 0 for pub in pubs}
 
@@ -242,11 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills, ±30%% (default 30)")
     parser.add_argument("--rate", type=float, default=20.0, help="messages per second per publisher (default 20)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (which side is killed when)")
-    parser.add_argument("--bootstrap", default=None,
-                        help="Kafka bootstrap servers whose Incoming-A/B.publish topics are empty "
-                             "(default: an embedded broker)")
+    add_kafka_arguments(parser, "Kafka bootstrap servers whose Incoming-A/B.publish topics are empty "
+                                "(default: an embedded broker)")
     parser.add_argument("--workdir", default=None, help="storage root (default: a temporary directory)")
     args = parser.parse_args(argv)
+    use_kafka_security(parser, args)
     from replication.connectors.kafka.broker import EmbeddedBroker
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="soak-"))

@@ -226,6 +226,13 @@ def test_benchmarks_reach_a_sasl_ssl_kafka_with_kafka_security(broker, tmp_path,
         cfg = config.load(str(common.write_instance_config(tmp_path, "bench-a", broker.sasl_ssl_bootstrap)))
         assert cfg.kafka_transports[0].security == common.kafka_security()
         assert KAFKA_PASSWORD not in (tmp_path / "bench-a.xml").read_text()
+        # the soak's mesh, from copies of conf/mesh/ with the <Security> element
+        import soak
+
+        monkeypatch.setenv("REPLICATION_HOME", str(tmp_path))
+        monkeypatch.setenv("KAFKA_BOOTSTRAP", broker.sasl_ssl_bootstrap)
+        meshed = [config.load(str(soak.mesh_configs(tmp_path) / f"{name}.xml")) for name in soak.ALL]
+        assert {m.kafka_transports[0].security for m in meshed if m.kafka_transports} == {common.kafka_security()}
     finally:
         monkeypatch.delenv(common.SECURITY_FILE_VARIABLE)
         common.kafka_security.cache_clear()

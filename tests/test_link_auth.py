@@ -11,12 +11,10 @@ import logging
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from support.fabric import ONE_WAY, publish_orders
+from support.fabric import publish_orders
 from support.factories import (
-    assert_exactly_once,
     destination_xml,
     rejected_rows,
     replication_xml,
@@ -261,25 +259,39 @@ def test_validation_names_the_destination_and_the_topics_not_admitted(tmp_path):
 # -- end to end ----------------------------------------------------------------
 
 
-def test_signed_pair_takes_only_verified_commits(fabric, monkeypatch, caplog):
+STRANGER_KEY_VARIABLE = "TEST_STRANGER_LINK_KEY"
+STRANGER_KEY = b"s" * 32
+
+
+def test_a_signed_entitled_pair_takes_only_verified_commits_of_admitted_topics(fabric, monkeypatch, caplog):
     monkeypatch.setenv(KEY_VARIABLE, KEY_VALUE)
+    monkeypatch.setenv(STRANGER_KEY_VARIABLE, STRANGER_KEY.decode())
     a_name, b_name = fabric.name("a"), fabric.name("b")
-    fabric.configure("b", inbox_auth="<Authentication><Module>replication-hmac-authentication</Module>"
-                                     f"<Upstream><Name>{a_name}</Name><Key>${{{KEY_VARIABLE}}}</Key></Upstream>"
-                                     "</Authentication>")
+    fabric.configure("b", inbox_auth=(
+        "<Authentication><Module>replication-hmac-authentication</Module>"
+        f"<Upstream><Name>{a_name}</Name><Key>${{{KEY_VARIABLE}}}</Key></Upstream>"
+        f"<Upstream><Name>stranger</Name><Key>${{{STRANGER_KEY_VARIABLE}}}</Key></Upstream></Authentication>"
+        "<Entitlement><Module>replication-topic-entitlement</Module>"
+        f"<Upstream><Name>{a_name}</Name><Topic>^/orders</Topic></Upstream></Entitlement>"))
+    # A sends every topic, its entitlement check excluded: B is the one to refuse /quotes
+    sends_all = ("<Topic><Name>.*</Name><MessageType>json</MessageType>"
+                 "<ExcludeValidation>replicate,cascade,entitlement</ExcludeValidation></Topic>")
     fabric.configure("a", replication=replication_xml(destination_xml(
-        b_name, [fabric.storage("b")], topics=ONE_WAY,
+        b_name, [fabric.storage("b")], topics=sends_all,
         authenticator=f"<Authenticator><Module>replication-hmac-authenticator</Module><Key>${{{KEY_VARIABLE}}}</Key>"
                       "</Authenticator>")))
     with caplog.at_level(logging.INFO, logger="replication.instance"):
         fabric.start("b")
         fabric.start("a")
-    assert any("incoming replication is authenticated: only commits signed by " + a_name in r.getMessage()
-               for r in caplog.records)
+    assert any(f"incoming replication is authenticated: only commits signed by {a_name}, stranger are taken"
+               in r.getMessage() for r in caplog.records)
     assert any(f"{a_name}: incoming replication is not authenticated" in r.getMessage() for r in caplog.records)
     pub = fabric.publisher("signed-pub", "a")
     publish_orders(pub, 200)
-    assert pub.flush(timeout=240) == []  # sync: B took A's signed commits and acknowledged them
+    # sync: B took A's signed commits and acknowledged them, the /quotes B refuses by entitlement too (A sent
+    # them and B handled them: rejected)
+    publish_orders(pub, 20, topic="/quotes")
+    assert pub.flush(timeout=240) == []
     inbox = fabric.storage("b") / "inbox"
     valid_version = DeltaTable(str(inbox)).version()
     valid_info = DeltaTable(str(inbox)).history(limit=1)[0]
@@ -288,7 +300,7 @@ def test_signed_pair_takes_only_verified_commits(fabric, monkeypatch, caplog):
 
     def forged_rows(client: str) -> pa.Table:
         rows = valid_rows.slice(0, 3)
-        return rows.set_column(rows.schema.get_field_index("publisher"), "publisher", pa.array([client] * 3))
+        return with_column(rows, "publisher", [client] * 3)
 
     app = json.loads(valid_info[SIGNATURE_KEY])["app"]
     commit(inbox, forged_rows("by-hand"))  # deltalake, no signature
@@ -298,72 +310,43 @@ def test_signed_pair_takes_only_verified_commits(fabric, monkeypatch, caplog):
                                                           rows=forged_rows("wrong-key")))
     commit(inbox, forged_rows("tampered"), signature=valid_info[SIGNATURE_KEY])  # A's signature, other rows
     commit(inbox, valid_rows, signature=valid_info[SIGNATURE_KEY])  # a valid commit copied again
+    # an upstream that authenticates but is not entitled to replicate here at all
+    stranger = with_column(with_column(with_column(inbox_rows(3, link="stranger", publisher="stranger-pub"),
+                                                   "link_group", ["strangers"] * 3), "topic", ["/orders"] * 3),
+                           "origin", ["stranger"] * 3)
+    signed_commit(inbox, stranger, STRANGER_KEY, app="stranger->b#1", batch=1, upstream="stranger")
     publish_orders(pub, 200)
     assert pub.flush(timeout=240) == []  # the valid upstream's rows keep flowing
-    wait_until(lambda: fabric.count("b") >= 400, what="B to hold A's 400 rows")
+    wait_until(lambda: fabric.count("b") >= 400, what="B to hold A's 400 orders")
+    wait_until(lambda: len(rejected_rows(fabric.root, b_name)) >= 32 + valid_rows.num_rows,
+               what="B to reject what it refuses")
     rows = fabric.rows("b")
-    assert_exactly_once(rows, {"signed-pub": 400})
-    assert not pc.any(pc.is_in(rows["publisher"], pa.array(["by-hand", "wrong-key", "tampered"]))).as_py()
+    # once each, in order: the orders (seqs 1-200 and 221-420), not the /quotes between them
+    assert rows["publisher_seq"].to_pylist() == [*range(1, 201), *range(221, 421)]
+    assert set(rows["topic"].to_pylist()) == {"/orders"}
     rejected = rejected_rows(fabric.root, b_name)
-    reasons = {r["publisher"]: r["reason"] for r in rejected}
+    reasons = {r["publisher"]: r["reason"] for r in rejected if r["topic"] != "/quotes"}
     assert "unsigned" in reasons["by-hand"] and f"upstream {a_name}" in reasons["by-hand"]
     assert "forged" in reasons["wrong-key"] and f"upstream {a_name}" in reasons["wrong-key"]
     assert "tampered" in reasons["tampered"]
     assert "replayed" in reasons["signed-pub"]
-    assert sum(1 for r in rejected if r["publisher"] == "signed-pub") == valid_rows.num_rows
-    assert all(r["source"] == f"inbox:{a_name}" for r in rejected)
-
-    def refusals():
-        return status_command.collect(config.load(str(fabric.paths["b"])))["refusals"].get(a_name, {})
-
-    wait_until(lambda: refusals().get("commits") == 4, what="status to show B's 4 refused commits")
-    assert refusals()["rows"] == 9 + valid_rows.num_rows
-    assert fabric.running["b"].query.isActive
-    # the key is nowhere: not in a file the pair wrote, not in a log line
-    for path in fabric.root.rglob("*"):
-        if path.is_file():
-            assert KEY_VALUE.encode() not in path.read_bytes(), path
-    assert KEY_VALUE not in caplog.text
-
-
-def test_entitled_instance_rejects_rows_of_upstreams_and_topics_it_does_not_admit(fabric):
-    a_name, b_name = fabric.name("a"), fabric.name("b")
-    fabric.configure("b", inbox_auth="<Entitlement><Module>replication-topic-entitlement</Module>"
-                                     f"<Upstream><Name>{a_name}</Name><Topic>^/orders</Topic></Upstream>"
-                                     "</Entitlement>")
-    # A sends every topic, its entitlement check excluded: B is the one to refuse /quotes
-    sends_all = ("<Topic><Name>.*</Name><MessageType>json</MessageType>"
-                 "<ExcludeValidation>replicate,cascade,entitlement</ExcludeValidation></Topic>")
-    fabric.configure("a", replication=replication_xml(destination_xml(b_name, [fabric.storage("b")],
-                                                                      topics=sends_all)))
-    fabric.start("b")
-    fabric.start("a")
-    pub = fabric.publisher("entitled-pub", "a")
-    publish_orders(pub, 50)
-    publish_orders(pub, 20, topic="/quotes")
-    # sync: a row B refuses by entitlement was still sent by A and handled by B (rejected): acknowledged
-    assert pub.flush(timeout=240) == []
-    inbox = fabric.storage("b") / "inbox"
-    stranger = with_column(with_column(inbox_rows(3, link="stranger", publisher="stranger-pub"), "link_group",
-                                       ["strangers"] * 3), "topic", ["/orders"] * 3)
-    commit(inbox, stranger)
-    wait_until(lambda: len(rejected_rows(fabric.root, b_name)) >= 23, what="B to reject 23 rows")
-    rows = fabric.rows("b")
-    assert_exactly_once(rows, {"entitled-pub": 50})
-    assert set(rows["topic"].to_pylist()) == {"/orders"}
-    rejected = rejected_rows(fabric.root, b_name)
-    quotes = [r for r in rejected if r["topic"] == "/quotes"]
-    assert len(quotes) == 20
-    assert {r["reason"] for r in quotes} == {
+    assert reasons["stranger-pub"] == (f"upstream stranger (group strangers) is not entitled to replicate into "
+                                       f"{b_name}: its <Entitlement> names neither")
+    assert sum(1 for r in rejected if "replayed" in r["reason"]) == valid_rows.num_rows
+    quotes = [r for r in rejected if r["topic"] == "/quotes" and "replayed" not in r["reason"]]
+    assert len(quotes) == 20 and {r["reason"] for r in quotes} == {
         f"topic '/quotes' from upstream {a_name} is not entitled in {b_name}: it may send '^/orders'"}
-    strangers = [r for r in rejected if r["publisher"] == "stranger-pub"]
-    assert {r["reason"] for r in strangers} == {
-        f"upstream stranger (group strangers) is not entitled to replicate into {b_name}: its <Entitlement> "
-        "names neither"}
-    assert len(strangers) == 3
 
     def refusals():
         return status_command.collect(config.load(str(fabric.paths["b"])))["refusals"]
 
-    wait_until(lambda: refusals().get("stranger", {}).get("rows") == 3, what="status to count the stranger's rows")
-    assert refusals()[a_name]["rows"] == 20
+    wait_until(lambda: refusals().get(a_name, {}).get("commits") == 4, what="status to show B's 4 refused commits")
+    assert refusals()[a_name]["rows"] == 9 + valid_rows.num_rows + 20
+    assert refusals()["stranger"]["rows"] == 3
+    assert fabric.running["b"].query.isActive
+    # the keys are nowhere: not in a file the pair wrote, not in a log line
+    for path in fabric.root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert KEY_VALUE.encode() not in data and STRANGER_KEY not in data, path
+    assert KEY_VALUE not in caplog.text
