@@ -67,8 +67,9 @@ def commit(inbox: Path, rows: pa.Table, *, signature: str | None = None, app: st
     return DeltaTable(str(inbox)).version()
 
 
-def signed_commit(inbox: Path, rows: pa.Table, key: bytes, *, app: str, batch: int, upstream: str = "amps-1") -> int:
-    return commit(inbox, rows, signature=sign(key, upstream=upstream, app_id=app, batch=batch, rows=rows),
+def signed_commit(inbox: Path, rows: pa.Table, key: bytes, *, app: str, batch: int, upstream: str = "amps-1",
+                  to: str = "amps-2") -> int:
+    return commit(inbox, rows, signature=sign(key, upstream=upstream, to=to, app_id=app, batch=batch, rows=rows),
                   app=app, batch=batch)
 
 
@@ -94,7 +95,7 @@ def test_digest_is_of_the_values_not_their_chunking_or_encoding():
 def test_verifier_refuses_unsigned_forged_tampered_replayed_and_unknown(tmp_path):
     inbox = tmp_path / "inbox"
     create_inbox(inbox)
-    verifier = CommitVerifier(str(inbox), {"amps-1": KEY})
+    verifier = CommitVerifier(str(inbox), {"amps-1": KEY}, "amps-2")
 
     def verdict(version: int):
         rows = read_versions(str(inbox), version, version).select(INBOX_SCHEMA.names)
@@ -107,7 +108,7 @@ def test_verifier_refuses_unsigned_forged_tampered_replayed_and_unknown(tmp_path
     assert "unsigned" in verdict(unsigned).reason and verdict(unsigned).upstream == "amps-1"
     forged = signed_commit(inbox, inbox_rows(3, first=9), b"w" * 32, app="amps-1->b#x", batch=2)
     assert "forged" in verdict(forged).reason
-    signature = sign(KEY, upstream="amps-1", app_id="amps-1->b#x", batch=3, rows=inbox_rows(3, first=12))
+    signature = sign(KEY, upstream="amps-1", to="amps-2", app_id="amps-1->b#x", batch=3, rows=inbox_rows(3, first=12))
     tampered = commit(inbox, inbox_rows(3, first=12, publisher="evil"), signature=signature, app="amps-1->b#x",
                       batch=3)
     assert "tampered" in verdict(tampered).reason
@@ -119,10 +120,14 @@ def test_verifier_refuses_unsigned_forged_tampered_replayed_and_unknown(tmp_path
     assert "not admitted" in refusal.reason and refusal.upstream == "amps-9"
     nxt = signed_commit(inbox, inbox_rows(2, first=20), KEY, app="amps-1->b#x", batch=4)
     assert verdict(nxt) is None
+    # a valid commit of the same upstream (and key) to another instance, copied here
+    elsewhere = signed_commit(inbox, inbox_rows(2, first=30), KEY, app="amps-1->c#z", batch=1, to="amps-3")
+    assert "replayed: signed for the inbox of amps-3, not of amps-2" in verdict(elsewhere).reason
     # a verifier started later (a restart) knows what was committed before from the inbox itself
-    fresh = CommitVerifier(str(inbox), {"amps-1": KEY})
+    fresh = CommitVerifier(str(inbox), {"amps-1": KEY}, "amps-2")
     rows = read_versions(str(inbox), again, again).select(INBOX_SCHEMA.names)
-    info = {SIGNATURE_KEY: sign(KEY, upstream="amps-1", app_id="amps-1->b#x", batch=1, rows=inbox_rows(5))}
+    info = {SIGNATURE_KEY: sign(KEY, upstream="amps-1", to="amps-2", app_id="amps-1->b#x", batch=1,
+                                rows=inbox_rows(5))}
     assert "replayed" in fresh.check(again, rows, info).reason
 
 
@@ -306,15 +311,15 @@ def test_a_signed_entitled_pair_takes_only_verified_commits_of_admitted_topics(f
     commit(inbox, forged_rows("by-hand"))  # deltalake, no signature
     # (no app transaction of A's in it: one would make A take its later batches for committed ones, a denial
     # of service open to anyone who can write the inbox, which signing does not claim to prevent)
-    commit(inbox, forged_rows("wrong-key"), signature=sign(b"w" * 32, upstream=a_name, app_id=app, batch=10**6,
-                                                          rows=forged_rows("wrong-key")))
+    commit(inbox, forged_rows("wrong-key"), signature=sign(b"w" * 32, upstream=a_name, to=b_name, app_id=app,
+                                                          batch=10**6, rows=forged_rows("wrong-key")))
     commit(inbox, forged_rows("tampered"), signature=valid_info[SIGNATURE_KEY])  # A's signature, other rows
     commit(inbox, valid_rows, signature=valid_info[SIGNATURE_KEY])  # a valid commit copied again
     # an upstream that authenticates but is not entitled to replicate here at all
     stranger = with_column(with_column(with_column(inbox_rows(3, link="stranger", publisher="stranger-pub"),
                                                    "link_group", ["strangers"] * 3), "topic", ["/orders"] * 3),
                            "origin", ["stranger"] * 3)
-    signed_commit(inbox, stranger, STRANGER_KEY, app="stranger->b#1", batch=1, upstream="stranger")
+    signed_commit(inbox, stranger, STRANGER_KEY, app="stranger->b#1", batch=1, upstream="stranger", to=b_name)
     publish_orders(pub, 200)
     assert pub.flush(timeout=240) == []  # the valid upstream's rows keep flowing
     wait_until(lambda: fabric.count("b") >= 400, what="B to hold A's 400 orders")

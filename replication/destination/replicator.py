@@ -146,7 +146,7 @@ class ReplicatorWriter:
         """The commit's signature with the destination's ``<Authenticator>`` key (none without one)."""
         if self.signing_key is None:
             return None
-        return {signing.SIGNATURE_KEY: signing.sign(self.signing_key, upstream=self.cfg.name,
+        return {signing.SIGNATURE_KEY: signing.sign(self.signing_key, upstream=self.cfg.name, to=self.target,
                                                     app_id=self.inbox.app_id, batch=batch_id, rows=rows)}
 
     def _inbox_rows(self, routed: pa.Table) -> pa.Table:

@@ -3,13 +3,14 @@
 An upstream replicator with a key (its destination's ``<Authenticator>``) puts a signature in the
 ``commitInfo`` of every commit it appends to a downstream inbox (key :data:`SIGNATURE_KEY`)::
 
-    {"v": 1, "upstream": "amps-1", "app": "amps-1->amps-2#<incarnation>", "batch": 17,
+    {"v": 1, "upstream": "amps-1", "to": "amps-2", "app": "amps-1->amps-2#<incarnation>", "batch": 17,
      "rows": 5000, "digest": "<sha256 of the rows>", "mac": "<HMAC-SHA256 of the rest>"}
 
 The downstream (its incoming transport's ``<Authentication>``) checks each commit before it takes
 its rows (:class:`CommitVerifier`): the MAC with the key it holds for the named upstream, the
 digest against the rows it read, and that the batch is newer than any the same replicator
-committed before (Delta's app transaction of that replicator just before the commit). So a commit
+committed before (Delta's app transaction of that replicator just before the commit), for this instance's
+inbox (``to``: a commit copied from another instance's inbox is refused too). So a commit
 written by anyone without the key is refused as unsigned or forged, one changed after signing as
 tampered, and a valid commit copied again as replayed.
 
@@ -92,10 +93,10 @@ def _mac(key: bytes, fields: Mapping[str, object]) -> str:
     return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
 
 
-def sign(key: bytes, *, upstream: str, app_id: str, batch: int, rows: pa.Table) -> str:
+def sign(key: bytes, *, upstream: str, to: str, app_id: str, batch: int, rows: pa.Table) -> str:
     """The signature (JSON, for ``commitInfo[SIGNATURE_KEY]``) of the commit ``app_id`` version ``batch``
-    appending ``rows`` to a downstream inbox, by ``upstream``."""
-    fields: dict[str, object] = {"v": _VERSION, "upstream": upstream, "app": app_id, "batch": int(batch),
+    appending ``rows`` to the inbox of instance ``to``, by ``upstream``."""
+    fields: dict[str, object] = {"v": _VERSION, "upstream": upstream, "to": to, "app": app_id, "batch": int(batch),
                                  "rows": rows.num_rows, "digest": rows_digest(rows)}
     fields["mac"] = _mac(key, fields)
     return json.dumps(fields, separators=(",", ":"))
@@ -119,9 +120,11 @@ class CommitVerifier:
     #: Verdicts remembered for a retried batch.
     REMEMBER = 4096
 
-    def __init__(self, path: str, keys: Mapping[str, bytes]) -> None:
+    def __init__(self, path: str, keys: Mapping[str, bytes], instance: str) -> None:
+        """``instance``: the name of the instance whose inbox this is (a commit signed for another is refused)."""
         self.path = path
         self.keys = dict(keys)
+        self.instance = instance
         self._newest: dict[str, int] = {}
         """Per replicator (app id): the newest batch taken."""
         self._verdicts: dict[int, Refusal | None] = {}
@@ -155,6 +158,7 @@ class CommitVerifier:
             fields = json.loads(str(raw))
             upstream, app, batch = str(fields["upstream"]), str(fields["app"]), int(fields["batch"])
             mac, digest, count = str(fields["mac"]), str(fields["digest"]), int(fields["rows"])
+            to = str(fields["to"])
         except (ValueError, KeyError, TypeError):
             return None, f"{where}: the signature cannot be read"
         where = f"inbox commit {version} (upstream {upstream})"
@@ -164,6 +168,8 @@ class CommitVerifier:
                               "transport holds no key for it")
         if not hmac.compare_digest(mac, _mac(key, fields)):
             return upstream, f"{where}: forged: the signature does not verify with the key held for {upstream}"
+        if to != self.instance:
+            return upstream, f"{where}: replayed: signed for the inbox of {to}, not of {self.instance}"
         if named and named != upstream:
             return upstream, f"{where}: tampered: its rows name upstream {named}, the signature {upstream}"
         if count != rows.num_rows or digest != rows_digest(rows):

@@ -162,13 +162,15 @@ class InboxRows:
         self.instance = cfg.name
         self.inbox = inbox
         keys = link_auth.verifying_keys(cfg)
-        self.verifier = CommitVerifier(inbox, keys) if keys is not None else None
+        self.verifier = CommitVerifier(inbox, keys, cfg.name) if keys is not None else None
         """Checks each commit's signature before its rows are taken (``<Authentication>``); None: all taken."""
         rules = cfg.replication_transport.entitlements if cfg.replication_transport is not None else None
         self.entitlements = Entitlements(cfg.name, rules) if rules is not None else None
         """Who may replicate which topics in (``<Entitlement>``); None: everything is allowed."""
         self.refusals: dict[str, dict] = {}
         """Per upstream named: commits and rows refused since start, the last reason and when."""
+        self._counted_through = -1
+        """Inbox versions through this one are in ``refusals`` (a retried batch is not counted twice)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         marks = pc.equal(batch["source"], INBOX_MARK)
@@ -198,6 +200,8 @@ class InboxRows:
         if self.entitlements is not None:
             refused = self._entitle(rows, unverified)
         out = self._candidates(rows, refused, unverified)
+        if rows.num_rows:
+            self._counted_through = max(self._counted_through, int(pc.max(rows["inbox_version"]).as_py()))
         if not parts:
             return out
         # a staged part's version adds no rows: its marker goes after the rows of the versions before it
@@ -214,8 +218,9 @@ class InboxRows:
         none (a backfill's staged part is not signed)."""
         assert self.verifier is not None
         for version, _descriptor in parts:
-            self._refuse(Refusal("backfill", f"inbox commit {version}: a staged backfill part is not signed, "
-                                             "and this instance takes only signed commits"), 0)
+            if version > self._counted_through:
+                self._refuse(Refusal("backfill", f"inbox commit {version}: a staged backfill part is not signed, "
+                                                 "and this instance takes only signed commits"), 0)
         n = rows.num_rows
         if n == 0:
             return None, []
@@ -228,7 +233,8 @@ class InboxRows:
             refusal = self.verifier.check(version, rows.slice(start, end - start).select(INBOX_SCHEMA.names),
                                           commit_info(self.inbox, version))
             if refusal is not None:
-                self._refuse(refusal, end - start)
+                if version > self._counted_through:
+                    self._refuse(refusal, end - start)
                 any_refused = True
             pieces.append(pa.repeat(pa.scalar(refusal.reason if refusal else None, pa.string()), end - start))
         return (pa.concat_arrays(pieces) if any_refused else None), []
@@ -241,7 +247,8 @@ class InboxRows:
             return refused
         if refused is not None:
             denied = pc.if_else(pc.is_valid(refused), pa.scalar(None, pa.string()), denied)
-        for (upstream, reason), count in _counts(rows["link"], denied).items():
+        new = pc.greater(rows["inbox_version"], self._counted_through)
+        for (upstream, reason), count in _counts(pc.filter(rows["link"], new), pc.filter(denied, new)).items():
             self._refuse(Refusal(upstream, reason), count, commits=0)
         return denied if refused is None else pc.coalesce(refused, denied)
 
