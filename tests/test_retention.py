@@ -104,7 +104,10 @@ def test_retention_keeps_what_a_down_destination_lacks_then_bounds_the_txlog(fab
 
     assert fabric.running["a"].restarts == 0, "retention's commits never made the ingest query fail"
 
-    # what Delta readers, replay, status and verify see
+    # what Delta readers, replay, status and verify see, once A holds every message and retention has
+    # stopped moving (its runs, every second, would change the answers between two reads)
+    wait_until(lambda: log.committed_seq() == published, timeout=120, what="A to store every message")
+    fabric.running["a"].retention.stop()
     first_seq, first_kept = log.first_retained()
     rows = fabric.rows("a")
     assert rows["seq"][0].as_py() == first_seq and rows["bookmark"][0].as_py() == first_kept
