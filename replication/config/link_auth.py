@@ -76,23 +76,35 @@ def _module(node: Node, known: tuple[str, ...], what: str) -> str:
     return module
 
 
+def _upstreams(node: Node, what: str, schema: dict, default: str, custom: str, *, default_does: str,
+               custom_use: str, none_given: str, example: str) -> list[Node] | None:
+    """The ``<Upstream>`` elements of an ``<Authentication>`` or ``<Entitlement>`` whose module is ``custom``
+    (at least one); None for AMPS's ``default`` module, which takes none."""
+    module = _module(node, (default, custom), what)
+    upstreams = node.children(schema).all("Upstream")
+    if module == default:
+        if upstreams:
+            upstreams[0].fail(f"{default} {default_does}",
+                              f"write <Module>{custom}</Module> {custom_use}, or remove the <Upstream> elements")
+        return None
+    if not upstreams:
+        node.fail(f"{custom} {none_given}", example)
+    return upstreams
+
+
 def authentication(node: Node | None) -> tuple[tuple[str, Secret], ...] | None:
     """``<Authentication>`` of the incoming transport: the upstreams admitted and their keys; None: every
     inbox commit is taken (no element, or AMPS's default module)."""
     if node is None:
         return None
-    module = _module(node, (DEFAULT_AUTHENTICATION, HMAC_AUTHENTICATION), "authentication")
-    kids = node.children(_AUTHENTICATION_SCHEMA)
-    upstreams = kids.all("Upstream")
-    if module == DEFAULT_AUTHENTICATION:
-        if upstreams:
-            upstreams[0].fail(f"{DEFAULT_AUTHENTICATION} admits every upstream: <Upstream> keys are not used by it",
-                              f"write <Module>{HMAC_AUTHENTICATION}</Module> to verify signed commits, or remove "
-                              "the <Upstream> elements")
+    upstreams = _upstreams(
+        node, "authentication", _AUTHENTICATION_SCHEMA, DEFAULT_AUTHENTICATION, HMAC_AUTHENTICATION,
+        default_does="admits every upstream: <Upstream> keys are not used by it",
+        custom_use="to verify signed commits",
+        none_given="admits the upstreams it holds keys for, and none is given",
+        example="add <Upstream><Name>amps-1</Name><Key>${AMPS1_LINK_KEY}</Key></Upstream> per upstream instance")
+    if upstreams is None:
         return None
-    if not upstreams:
-        node.fail(f"{HMAC_AUTHENTICATION} admits the upstreams it holds keys for, and none is given",
-                  "add <Upstream><Name>amps-1</Name><Key>${AMPS1_LINK_KEY}</Key></Upstream> per upstream instance")
     keys: dict[str, Secret] = {}
     lines: dict[str, int] = {}
     for unode in upstreams:
@@ -132,18 +144,15 @@ def entitlement(node: Node | None) -> tuple[UpstreamEntitlement, ...] | None:
     allowed (no element, or AMPS's default module)."""
     if node is None:
         return None
-    module = _module(node, (DEFAULT_ENTITLEMENT, TOPIC_ENTITLEMENT), "entitlement")
-    upstreams = node.children(_ENTITLEMENT_SCHEMA).all("Upstream")
-    if module == DEFAULT_ENTITLEMENT:
-        if upstreams:
-            upstreams[0].fail(f"{DEFAULT_ENTITLEMENT} allows everything: <Upstream> rules are not used by it",
-                              f"write <Module>{TOPIC_ENTITLEMENT}</Module> to entitle upstreams by topic, or "
-                              "remove the <Upstream> elements")
+    upstreams = _upstreams(
+        node, "entitlement", _ENTITLEMENT_SCHEMA, DEFAULT_ENTITLEMENT, TOPIC_ENTITLEMENT,
+        default_does="allows everything: <Upstream> rules are not used by it",
+        custom_use="to entitle upstreams by topic",
+        none_given="admits the upstreams it lists, and none is listed",
+        example="add <Upstream><Name>amps-1</Name><Topic>.*</Topic></Upstream> per upstream (or <Group> for a "
+                "group of them)")
+    if upstreams is None:
         return None
-    if not upstreams:
-        node.fail(f"{TOPIC_ENTITLEMENT} admits the upstreams it lists, and none is listed",
-                  "add <Upstream><Name>amps-1</Name><Topic>.*</Topic></Upstream> per upstream (or <Group> for a "
-                  "group of them)")
     rules = []
     for unode in upstreams:
         kids = unode.children(_ENTITLED_UPSTREAM_SCHEMA)

@@ -41,6 +41,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replication.actions import ON_SCHEDULE
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.storage.control import RetentionState
@@ -49,7 +50,6 @@ from replication.txlog.files import TxlogFiles
 
 log = logging.getLogger(__name__)
 
-ON_SCHEDULE = "amps-action-on-schedule"
 DO_REMOVE_JOURNAL = "amps-action-do-remove-journal"
 
 
@@ -116,7 +116,7 @@ class Retention:
             if holder != self._held_by and limit < _first_young_seq(files, now - self.policy.age):
                 log.info("txlog retention: rows after seq %d stay: %s has not acknowledged them", limit, holder)
             self._held_by = holder
-            replace_state(self.layout, replace(state, last_run=now))
+            replace(state, last_run=now).write(self.layout.retention_json)
             return 0
         metrics = self.txlog.delete(f"seq <= {cut}")
         if metrics.get("num_added_files"):
@@ -126,7 +126,7 @@ class Retention:
         state = replace(state, first_seq=cut + 1, first_bookmark=first[0], first_persisted=first[1],
                         removed_rows=state.removed_rows + rows, removed_files=state.removed_files + len(paths),
                         last_run=now, pending=[*state.pending, *([p, now] for p in paths)])
-        replace_state(self.layout, state)
+        state.write(self.layout.retention_json)
         log.info("txlog retention: removed %d rows in %d files, through seq %d (older than %.0fs, acknowledged "
                  "by every destination); first retained bookmark %s", rows, len(paths), cut, self.policy.age,
                  first[0])
@@ -141,15 +141,6 @@ class Retention:
                 continue
             _delete_file(str(self.layout.txlog), str(path))
         return replace(state, pending=keep) if len(keep) != len(state.pending) else state
-
-
-def replace_state(layout: StorageLayout, state: RetentionState) -> None:
-    state.write(layout.retention_json)
-
-
-def first_retained(layout: StorageLayout) -> RetentionState | None:
-    """What retention removed (None: it never ran)."""
-    return RetentionState.read(layout.retention_json)
 
 
 def _files_in_seq_order(txlog: str) -> pa.Table:
