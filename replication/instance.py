@@ -188,7 +188,8 @@ class Instance:
             self.controller.start()
         policy = retention_policy(self.cfg)
         if policy is not None:
-            self.retention = Retention(self.layout, policy, self._retention_limit, txlog)
+            self.retention = Retention(self.layout, policy, self._retention_limit, txlog,
+                                       self._inbox_stored if self.inbox_rows is not None else None)
             self.retention.start()
         self.status().write(self.layout.heartbeat_json)
         self._heartbeat = threading.Thread(target=self._beat, name=f"{self.name}-heartbeat", daemon=True)
@@ -203,6 +204,11 @@ class Instance:
         if self.compactor is not None:
             held += [(table.compacted_through, f"SOW topic {table.sow.name}") for table in self.compactor.tables]
         return min(held)
+
+    def _inbox_stored(self) -> tuple[int, dict[str, int]]:
+        """The inbox version stored through, and what was acknowledged to each upstream (inbox cleanup)."""
+        stored = self.writer.state.inbox_version if self.writer is not None else -1
+        return stored, dict(self.durability.upstream_acks) if self.durability is not None else {}
 
     def _log_bootstrap(self, done: int, total: int) -> None:
         now = time.monotonic()

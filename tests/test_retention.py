@@ -20,8 +20,12 @@ from replication import config
 from replication.commands import status as status_command
 from replication.config.fabric import Fabric
 from replication.config.parser import parse_string
+from replication.connectors.delta.tables import IdempotentAppender
 from replication.destination.resync import ResyncGapError, resync_start
 from replication.errors import ConfigError, InputError
+from replication.inbox import cleanup as inbox_cleanup
+from replication.inbox.schema import INBOX_SCHEMA, create_inbox
+from replication.inbox.versions import read_versions
 from replication.storage.layout import StorageLayout
 from replication.txlog.reader import TxlogReader
 from replication.txlog.retention import RetentionPolicy, _removable_prefix, retention_policy
@@ -56,6 +60,57 @@ def test_only_a_prefix_of_old_acknowledged_files_is_removable():
     assert _removable_prefix(files, limit=0, older_than=5.0) == (0, [], 0)
 
 
+def inbox_rows(link: str, first: int, last: int) -> pa.Table:
+    """Rows ``link`` replicated with upstream seqs ``first..last``, as an upstream appends them to an inbox."""
+    n = last - first + 1
+    values = {"upstream_seq": pa.array(range(first, last + 1), pa.int64()), "link": pa.array([link] * n),
+              "link_group": pa.array(["g"] * n), "bookmark": pa.array([f"{link}|{s}" for s in range(first, last + 1)]),
+              "publisher": pa.array([link] * n), "publisher_seq": pa.array(range(first, last + 1), pa.int64()),
+              "topic": pa.array(["orders"] * n), "message_type": pa.array(["json"] * n),
+              "command": pa.array(["publish"] * n), "origin": pa.array([link] * n)}
+    return pa.table({f.name: values.get(f.name, pa.nulls(n, f.type)) for f in INBOX_SCHEMA}, schema=INBOX_SCHEMA)
+
+
+def test_inbox_cleanup_takes_whole_files_stored_and_acknowledged_and_upstreams_keep_appending(tmp_path):
+    create_inbox(tmp_path)
+    a = IdempotentAppender(tmp_path, INBOX_SCHEMA, app_id="a", name="inbox")
+    b = IdempotentAppender(tmp_path, INBOX_SCHEMA, app_id="b", name="inbox")
+    for batch in range(4):  # versions 1..8: A's 10 rows, then B's, four times
+        a.append(inbox_rows("A", batch * 10 + 1, batch * 10 + 10), batch)
+        b.append(inbox_rows("B", batch * 10 + 1, batch * 10 + 10), batch)
+    # stored through version 6 (A and B through 30); A acknowledged through 25, B through 40
+    removal = inbox_cleanup.clean(str(tmp_path), 6, {"A": 25, "B": 40})
+    assert removal is not None and removal.version == 9 and removal.rows == 50 and len(removal.files) == 5
+    left = DeltaTable(str(tmp_path)).to_pyarrow_table(columns=["link", "upstream_seq"])
+    assert sorted(zip(left["link"].to_pylist(), left["upstream_seq"].to_pylist(), strict=True)) == (
+        [("A", s) for s in range(21, 41)] + [("B", s) for s in range(31, 41)])  # A's 21-30 not acknowledged whole
+    # A's appender still holds the snapshot from before the DELETE: its append goes in on a retry
+    assert a.append(inbox_rows("A", 41, 50), 4)
+    # the ingest reads the removal as adding nothing, and the append after it
+    assert read_versions(str(tmp_path), 7, 10)["upstream_seq"].to_pylist() == [*range(31, 41), *range(31, 41),
+                                                                              *range(41, 51)]
+    assert inbox_cleanup.clean(str(tmp_path), 10, {"A": 0}) is None
+
+
+def test_inbox_cleanup_cuts_only_where_no_file_straddles():
+    live = pa.table({"path": ["f1", "f2", "f3", "g1"], "first": ["A", "A", "A", "B"], "last": ["A", "A", "A", "B"],
+                     "lo": [1, 5, 21, 1], "hi": [10, 20, 30, 9], "rows": [10, 16, 20, 9]})
+    # f2 overlaps f1 (a resend): A's ack at 15 would split f2, and a cut below it f1, so A keeps everything
+    assert inbox_cleanup.cuts(live, {"f1", "f2", "g1"}, {"A": 15, "B": 9}) == {"B": (9, ["g1"], 9)}
+    assert inbox_cleanup.cuts(live, {"f1", "f2", "g1"}, {"A": 25}) == {"A": (20, ["f1", "f2"], 26)}
+    assert inbox_cleanup.cuts(live, {"f1"}, {"A": 25}) == {}  # f2 not stored yet: it holds f1 too
+    mixed = pa.concat_tables([live, pa.table({"path": ["m"], "first": ["A"], "last": ["B"], "lo": [3], "hi": [3],
+                                              "rows": [2]})])
+    assert inbox_cleanup.cuts(mixed, {"f1", "f2", "g1", "m"}, {"A": 25, "B": 9}) == {}
+    assert inbox_cleanup.predicate({"it's": (4, ["x"], 1), "B": (9, ["g1"], 9)}) == (
+        "(link = 'B' AND upstream_seq <= 9) OR (link = 'it''s' AND upstream_seq <= 4)")
+
+
+def live_rows(table: Path) -> int:
+    """Rows in the Delta table's current snapshot, from its files' statistics."""
+    return sum(DeltaTable(str(table)).get_add_actions(flatten=True).column("num_records").to_pylist())
+
+
 def data_bytes(storage: Path) -> int:
     """Bytes of the txlog's data files (the Delta log aside); retention may delete one while we count."""
     total = 0
@@ -69,7 +124,8 @@ def data_bytes(storage: Path) -> int:
 
 def test_retention_keeps_what_a_down_destination_lacks_then_bounds_the_txlog(fabric, tmp_path):
     a_name, b_name = fabric.name("a"), fabric.name("b")
-    fabric.configure("b")
+    # B's retention keeps its txlog an hour, and cleans its inbox of what it stored on every run
+    fabric.configure("b", replication=retention_xml(age="1h"))
     fabric.configure("a", replication=replication_xml(
         destination_xml(b_name, [fabric.storage("b")], sync="async", topics=ONE_WAY), actions=retention_xml()))
     fabric.start("b")
@@ -95,18 +151,25 @@ def test_retention_keeps_what_a_down_destination_lacks_then_bounds_the_txlog(fab
         caught_up = log.committed_seq()
         wait_until(lambda: link_of(fabric, "a", b_name)["acked_seq"] >= caught_up, timeout=180,
                    what="B to catch up")
+        epoch = link_of(fabric, "a", b_name)["epoch"]
         wait_until(lambda: log.first_retained()[0] > acked_when_down + 1, timeout=60,
                    what="retention to remove rows B has now")
         # a 3x retention run: the data kept stops growing
-        samples = []
+        samples, inbox_samples = [], []
         for _ in range(3 * AGE_S):
             time.sleep(1)
             samples.append(data_bytes(fabric.storage("a")))
+            inbox_samples.append((live_rows(fabric.storage("b") / "inbox"), live_rows(fabric.storage("b") / "txlog")))
     finally:
         published = paced.stop()
     second, third = max(samples[AGE_S:2 * AGE_S]), max(samples[2 * AGE_S:])
     assert third <= 1.25 * second, samples
     assert fabric.count("a") < 0.6 * published, (fabric.count("a"), published)
+    # B's inbox keeps only what is not stored and acknowledged yet, while A keeps appending to it: A's appends
+    # that met a cleanup commit went in on a retry, with no failed replicator (which would have resynced: a
+    # new epoch)
+    assert all(inbox < 0.3 * stored for inbox, stored in inbox_samples), inbox_samples
+    assert link_of(fabric, "a", b_name)["epoch"] == epoch
 
     assert fabric.running["a"].restarts == 0, "retention's commits never made the ingest query fail"
 
@@ -128,6 +191,10 @@ def test_retention_keeps_what_a_down_destination_lacks_then_bounds_the_txlog(fab
     status = status_command.collect(config.load(str(fabric.paths["a"])))
     assert status["retention"]["first_seq"] == first_seq and status["retention"]["removed_rows"] >= first_seq - 1
     wait_until(lambda: fabric.count("b") == published, timeout=120, what="B to hold every message")
+    b_status = status_command.collect(config.load(str(fabric.paths["b"])))["retention"]
+    b_inbox = DeltaTable(str(fabric.storage("b") / "inbox")).to_pyarrow_table(columns=["upstream_seq"])
+    assert b_status["inbox_removed_rows"] > published // 2 and b_status["removed_rows"] == 0, b_status
+    assert b_inbox.num_rows < published // 2, (b_inbox.num_rows, published)
     report = verify(Fabric.load([str(fabric.paths["a"]), str(fabric.paths["b"])]))
     assert report.ok, [f.message for f in report.findings]
 

@@ -90,7 +90,8 @@ def _retention(layout: StorageLayout) -> dict | None:
     if state is None:
         return None
     return {"first_seq": state.first_seq, "first_bookmark": state.first_bookmark,
-            "removed_rows": state.removed_rows, "removed_files": state.removed_files, "last_run": state.last_run}
+            "removed_rows": state.removed_rows, "removed_files": state.removed_files, "last_run": state.last_run,
+            "inbox_removed_rows": state.inbox_removed_rows, "inbox_removed_files": state.inbox_removed_files}
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ def _print_table(statuses: list[dict]) -> None:
         if st.get("retention"):
             kept = st["retention"]
             print(f"{'':<14}   retention: first retained seq {kept['first_seq']:,} (bookmark "
-                  f"{kept['first_bookmark']}), {kept['removed_rows']:,} rows removed")
+                  f"{kept['first_bookmark']}), {kept['removed_rows']:,} rows removed; inbox: "
+                  f"{kept['inbox_removed_rows']:,} stored rows removed")
         for upstream, seen in sorted((st.get("refusals") or {}).items()):
             print(f"{'':<14}   REFUSED from {upstream}: {seen['rows']:,} rows ({seen['commits']} whole commits) "
                   f"since start; last: {seen['last']}")

@@ -237,7 +237,7 @@ def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
     log_dir = local_log_dir(path)
     if log_dir is None or last < first:
         return None
-    appended = appends_after(log_dir, first - 1, column=None, through=last)
+    appended = appends_after(log_dir, first - 1, column=None, through=last, removals=True)
     if appended is None:
         return None
     parts = []

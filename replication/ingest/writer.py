@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from replication import failpoints
 from replication.config.model import InstanceConfig
@@ -154,6 +155,7 @@ class IngestWriter:
             log.info("%s: ingest batch %d already committed; replay skipped", self.cfg.name, batch_id)
             self.on_commit(self.state.max_seq, Classified.empty(logons_in(batch)))
             return
+        inbox_version = _newest_inbox_version(batch)
         if self.expand is not None:
             batch = self.expand(batch)
         for clash in self.sessions.observe(batch, batch_id):
@@ -194,6 +196,8 @@ class IngestWriter:
             "publishers": result.publishers,
             "links": result.links,
         }
+        if inbox_version is not None:  # (inbox cleanup removes what is stored: versions through this one)
+            metadata["inbox_version"] = inbox_version
         self._enter(batch_id, "committing to the txlog")
         files = taken.actions(self.txlog.path, now) if taken is not None and taken.stored else None
         appended = self.txlog.append(result.txlog_rows, batch_id, metadata, files)
@@ -238,3 +242,11 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _newest_inbox_version(batch: pa.Table) -> int | None:
+    """The newest inbox version the batch reads (its versions are all those after the previous batch's)."""
+    if "inbox_version" not in batch.column_names:
+        return None
+    newest = pc.max(batch["inbox_version"]).as_py()
+    return int(newest) if newest is not None else None

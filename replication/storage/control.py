@@ -118,6 +118,10 @@ class RetentionState(ControlFile):
     last_run: float = 0.0
     pending: list = field(default_factory=list)
     """``[path, removed_at]`` of data files removed from the table and not yet deleted from storage."""
+    inbox_removed_rows: int = 0
+    inbox_removed_files: int = 0
+    inbox_pending: list = field(default_factory=list)
+    """As ``pending``, for the inbox (:mod:`replication.inbox.cleanup`)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,8 @@ class PublishersSnapshot(ControlFile):
     links: dict[str, int] = field(default_factory=dict)
     """Upstream instance -> highest upstream ``seq`` stored from it."""
     format: int = 1
+    inbox_version: int = -1
+    """Every inbox version through this one is stored (what inbox cleanup may remove, with its acks)."""
 
 
 @dataclass(frozen=True)

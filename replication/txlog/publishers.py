@@ -34,6 +34,8 @@ class PublisherState:
     """client name -> highest ``publisher_seq`` stored."""
     links: dict[str, int] = field(default_factory=dict)
     """upstream instance -> highest upstream ``seq`` stored from it."""
+    inbox_version: int = -1
+    """Every inbox version through this one is stored (-1: none yet)."""
 
     def apply(self, version: int, record: dict) -> None:
         """Fold one commit's metadata record into the state."""
@@ -45,9 +47,11 @@ class PublisherState:
         for link, seq in record.get("links", {}).items():
             if seq > self.links.get(link, 0):
                 self.links[link] = seq
+        self.inbox_version = max(self.inbox_version, int(record.get("inbox_version", -1)))
 
     def snapshot(self) -> PublishersSnapshot:
-        return PublishersSnapshot(self.txlog_version, self.max_seq, dict(self.publishers), dict(self.links))
+        return PublishersSnapshot(self.txlog_version, self.max_seq, dict(self.publishers), dict(self.links),
+                                  inbox_version=self.inbox_version)
 
     @classmethod
     def from_snapshot(cls, saved: PublishersSnapshot) -> PublisherState:
@@ -56,6 +60,7 @@ class PublisherState:
             max_seq=int(saved.max_seq),
             publishers={k: int(v) for k, v in saved.publishers.items()},
             links={k: int(v) for k, v in saved.links.items()},
+            inbox_version=int(saved.inbox_version),
         )
 
     def save(self, path: Path) -> None:

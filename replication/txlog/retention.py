@@ -23,6 +23,8 @@ files (Delta readers, delta-spark included, see the smaller table), then, one ``
 themselves are deleted from storage, exactly those (a reader still on an older snapshot has had that long
 to finish; a general VACUUM with no retention could also take files a writer has not committed yet).
 
+The same runs clean the inbox of the rows the instance has stored (:mod:`replication.inbox.cleanup`).
+
 What was removed is kept in ``_control/retention.json`` (:class:`~replication.storage.control.RetentionState`):
 the first retained seq, its bookmark and time, the rows and files removed. ``replication status`` shows it; a
 bookmark replay or a resync from before it is an error that names that bookmark.
@@ -44,6 +46,7 @@ import pyarrow.compute as pc
 from replication.actions import ON_SCHEDULE
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
+from replication.inbox import cleanup as inbox_cleanup
 from replication.storage.control import RetentionState
 from replication.storage.layout import StorageLayout
 from replication.txlog.files import TxlogFiles
@@ -79,12 +82,16 @@ class Retention:
     """
 
     def __init__(self, layout: StorageLayout, policy: RetentionPolicy,
-                 kept_through: Callable[[], tuple[int, str]], txlog: IdempotentAppender) -> None:
-        """``txlog``: the ingest writer's appender, through which the removal is committed between its appends."""
+                 kept_through: Callable[[], tuple[int, str]], txlog: IdempotentAppender,
+                 inbox_stored: Callable[[], tuple[int, dict[str, int]]] | None = None) -> None:
+        """``txlog``: the ingest writer's appender, through which the removal is committed between its appends.
+        ``inbox_stored``: the inbox version stored through, and the seq acknowledged to each upstream (None: no
+        inbox; see :mod:`replication.inbox.cleanup`)."""
         self.layout = layout
         self.txlog = txlog
         self.policy = policy
         self.kept_through = kept_through
+        self.inbox_stored = inbox_stored
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="retention", daemon=True)
         self._held_by = ""
@@ -109,6 +116,8 @@ class Retention:
         now = time.time() if now is None else now
         state = RetentionState.read(self.layout.retention_json) or RetentionState()
         state = self._delete_removed_files(state, now)
+        if self.inbox_stored is not None:
+            state = self._clean_inbox(state, now)
         limit, holder = self.kept_through()
         files = _files_in_seq_order(str(self.layout.txlog))
         cut, paths, rows = _removable_prefix(files, limit, now - self.policy.age)
@@ -141,6 +150,31 @@ class Retention:
                 continue
             _delete_file(str(self.layout.txlog), str(path))
         return replace(state, pending=keep) if len(keep) != len(state.pending) else state
+
+
+    def _clean_inbox(self, state: RetentionState, now: float) -> RetentionState:
+        """Delete the inbox files removed a period ago (once the ingest read past their removal), then remove
+        the files whose rows are stored and acknowledged upstream."""
+        assert self.inbox_stored is not None
+        stored_version, acked = self.inbox_stored()
+        keep = []
+        for path, removed_at, version in state.inbox_pending:
+            if now - float(removed_at) < self.policy.every or stored_version < int(version):
+                keep.append([path, removed_at, version])
+            else:
+                _delete_file(str(self.layout.inbox), str(path))
+        state = replace(state, inbox_pending=keep)
+        removal = inbox_cleanup.clean(str(self.layout.inbox), stored_version, acked)
+        if removal is None:
+            return state
+        log.info("inbox cleanup: removed %d stored and acknowledged rows in %d files (inbox version %d)",
+                 removal.rows, len(removal.files), removal.version)
+        pending = [[p, now, removal.version] for p in removal.files + removal.change_files]
+        state = replace(state, inbox_removed_rows=state.inbox_removed_rows + removal.rows,
+                        inbox_removed_files=state.inbox_removed_files + len(removal.files),
+                        inbox_pending=[*state.inbox_pending, *pending])
+        state.write(self.layout.retention_json)  # (before the txlog's run: what is pending must not be lost)
+        return state
 
 
 def _files_in_seq_order(txlog: str) -> pa.Table:

@@ -49,12 +49,13 @@ def local_log_dir(table_uri: str) -> Path | None:
 
 
 def appends_after(log_dir: Path, since: int, *, column: str | None = "seq",
-                  through: int | None = None) -> Appends | None:
+                  through: int | None = None, removals: bool = False) -> Appends | None:
     """The files that versions after ``since`` (through ``through``, default: the newest) appended,
     from their commit files; None when they are not all plain appends.
 
     ``column``: the statistics column whose minimum and maximum each file must
-    carry (None: statistics are not needed).
+    carry (None: statistics are not needed). ``removals``: a commit that only
+    removes files (inbox cleanup) counts, as appending nothing.
     """
     out = Appends(since)
     while through is None or out.version < through:
@@ -65,7 +66,7 @@ def appends_after(log_dir: Path, since: int, *, column: str | None = "seq",
             return out if through is None else None
         except (OSError, UnicodeDecodeError):
             return None
-        if out.version - since >= MAX_COMMITS or not _apply(text, column, out.version + 1, out):
+        if out.version - since >= MAX_COMMITS or not _apply(text, column, out.version + 1, out, removals):
             return None
         out.version += 1
     return out
@@ -79,8 +80,10 @@ def newest_version(log_dir: Path, known: int) -> int:
     return version
 
 
-def _apply(text: str, column: str | None, version: int, out: Appends) -> bool:
-    """Fold one commit file into ``out``; False when it is anything but a plain append."""
+def _apply(text: str, column: str | None, version: int, out: Appends, removals: bool = False) -> bool:
+    """Fold one commit file into ``out``; False when it is anything but a plain append (or, with
+    ``removals``, a commit that only removes files)."""
+    added, removed = len(out.paths), False
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -108,9 +111,11 @@ def _apply(text: str, column: str | None, version: int, out: Appends) -> bool:
                     return False  # no statistics: the caller's snapshot knows how to place the file
             out.paths.append(add["path"])
             out.versions.append(version)
+        elif removals and action.keys() <= {"remove", "cdc"}:
+            removed = True
         elif not action.keys() <= {"txn"}:
             return False  # remove, metaData, protocol, cdc, domainMetadata...: not a plain append
-    return True
+    return not (removed and len(out.paths) > added)  # (a removal that rewrote files re-adds rows seen before)
 
 
 def commit_info(table_uri: str, version: int) -> dict | None:

@@ -26,7 +26,7 @@ from deltalake import (
     WriterProperties,
     write_deltalake,
 )
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
@@ -39,6 +39,10 @@ COMMIT_METADATA_KEY = "replication.batch"
 #: per commit, 23 ms -> 163 ms over 1,000 commits); re-opening it from the
 #: latest checkpoint resets that. Same cadence as ``delta.checkpointInterval``.
 REOPEN_EVERY_COMMITS = 50
+#: Times an append is tried when a concurrent removal of rows (a DELETE commit) made it fail.
+APPEND_ATTEMPTS = 5
+#: What delta-rs says when a commit lost to a concurrent removal of rows.
+CONCURRENT_DELETE = "concurrent transaction deleted data"
 #: Columns of the txlog and the inbox whose values differ row by row: a dictionary would only be built and dropped.
 DISTINCT_PER_ROW = ("seq", "bookmark", "publisher_seq", "upstream_seq", "data")
 
@@ -93,10 +97,11 @@ class IdempotentAppender:
 
     Other app ids may write the same table concurrently (several upstreams
     appending to one inbox): blind appends do not conflict, and delta-rs
-    retries a commit that lost the race. A removal of old rows would make a
+    retries a commit that lost the race. A removal of old rows makes a
     concurrent append fail (delta-rs takes an append for a read of the whole
-    table), so this instance's own removals go through :meth:`delete`, one at
-    a time with its appends.
+    table): the append is tried again on the new snapshot (another process's
+    removal: inbox cleanup), and this instance's own removals go through
+    :meth:`delete`, one at a time with its appends.
     """
 
     def __init__(
@@ -144,7 +149,16 @@ class IdempotentAppender:
         (an inbox commit's signature).
         """
         with self._lock:
-            return self._append(rows, version, metadata, files, commit_info)
+            for attempt in range(1, APPEND_ATTEMPTS + 1):
+                try:
+                    return self._append(rows, version, metadata, files, commit_info)
+                except CommitFailedError as exc:
+                    # another process's removal of old rows (inbox cleanup) committed after our snapshot:
+                    # delta-rs takes a blind append for a read of the whole table. The append is still right.
+                    if CONCURRENT_DELETE not in str(exc) or attempt == APPEND_ATTEMPTS:
+                        raise
+                    self.table.update_incremental()
+            raise AssertionError("unreachable")
 
     def delete(self, predicate: str) -> dict[str, Any]:
         """Delete the rows matching ``predicate`` (Delta's DELETE), between appends; its metrics."""
