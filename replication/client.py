@@ -61,8 +61,10 @@ from replication.messages import (
 
 log = logging.getLogger(__name__)
 
-#: The ack consumer's fetch wait (short: acks are awaited at the log's end).
-ACK_FETCH_WAIT_MS = 5
+#: The ack consumer's fetch wait: Kafka answers a waiting fetch as soon as an ack arrives, so this is only
+#: how long an idle fetch is held. Kafka's default; 5 ms (a workaround for a broker that held fetches the
+#: whole wait) had each idle publisher cost 0.18 of a core and the broker 0.37 for the same ack latency.
+ACK_FETCH_WAIT_MS = 500
 #: How long the producer keeps retrying a send while the broker is away (a week: it gives up only on an error
 #: no retry mends, which ``flush()`` raises).
 SEND_TIMEOUT_MS = 7 * 24 * 3600 * 1000
