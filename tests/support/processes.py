@@ -16,9 +16,10 @@ class InstanceProcess:
     """``replication run CONFIG`` in its own process group (so kill -9 takes its JVM too)."""
 
     def __init__(self, config_path: Path | list[Path], log_path: Path, *, failpoints: str | None = None,
-                 command: list[str] | None = None) -> None:
-        """``command``: what runs the configs (default ``replication run ... --log-level INFO``)."""
-        env = dict(os.environ)
+                 command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        """``command``: what runs the configs (default ``replication run ... --log-level INFO``); ``env``: more
+        environment variables."""
+        env = dict(os.environ, **(env or {}))
         env.pop("REPLICATION_FAILPOINTS", None)
         if failpoints:
             env["REPLICATION_FAILPOINTS"] = failpoints
