@@ -167,8 +167,8 @@ def test_retention_keeps_what_a_down_destination_lacks_then_bounds_the_txlog(fab
     assert fabric.count("a") < 0.6 * published, (fabric.count("a"), published)
     # B's inbox keeps only what is not stored and acknowledged yet, while A keeps appending to it: A's appends
     # that met a cleanup commit went in on a retry, with no failed replicator (which would have resynced: a
-    # new epoch)
-    assert all(inbox < 0.3 * stored for inbox, stored in inbox_samples), inbox_samples
+    # new epoch). (From the second retention period on: the first samples may see B's catch-up before a run.)
+    assert all(inbox < 0.3 * stored for inbox, stored in inbox_samples[AGE_S:]), inbox_samples
     assert link_of(fabric, "a", b_name)["epoch"] == epoch
 
     assert fabric.running["a"].restarts == 0, "retention's commits never made the ingest query fail"
