@@ -151,7 +151,6 @@ class Retention:
             _delete_file(str(self.layout.txlog), str(path))
         return replace(state, pending=keep) if len(keep) != len(state.pending) else state
 
-
     def _clean_inbox(self, state: RetentionState, now: float) -> RetentionState:
         """Delete the inbox files removed a period ago (once the ingest read past their removal), then remove
         the files whose rows are stored and acknowledged upstream."""
