@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replication.connectors.delta.log import commit_text
+
 log = logging.getLogger(__name__)
 
 
@@ -125,12 +127,5 @@ def clean(inbox: str, stored_version: int, acked: dict[str, int]) -> Removal | N
 
 def _change_files(table_uri: str, version: int) -> list[str]:
     """The change-data files commit ``version`` wrote (its ``cdc`` actions)."""
-    from pyarrow import fs
-
-    try:
-        filesystem, path = fs.FileSystem.from_uri(f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json")
-        with filesystem.open_input_stream(path) as stream:
-            text = stream.read().decode("utf-8")
-    except (FileNotFoundError, OSError):
-        return []
+    text = commit_text(table_uri, version) or ""
     return [json.loads(line)["cdc"]["path"] for line in text.splitlines() if line.startswith('{"cdc"')]

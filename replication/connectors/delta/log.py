@@ -118,16 +118,23 @@ def _apply(text: str, column: str | None, version: int, out: Appends, removals: 
     return not (removed and len(out.paths) > added)  # (a removal that rewrote files re-adds rows seen before)
 
 
-def commit_info(table_uri: str, version: int) -> dict | None:
-    """The ``commitInfo`` of commit ``version`` of the table at ``table_uri`` (local or object storage);
-    None when the commit file is gone or has none."""
+def commit_text(table_uri: str, version: int) -> str | None:
+    """The commit file of ``version`` of the table at ``table_uri`` (local or object storage); None when gone."""
     from pyarrow import fs
 
     try:
         filesystem, path = fs.FileSystem.from_uri(f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json")
         with filesystem.open_input_stream(path) as stream:
-            text = stream.read().decode("utf-8")
+            return stream.read().decode("utf-8")
     except (FileNotFoundError, OSError):
+        return None
+
+
+def commit_info(table_uri: str, version: int) -> dict | None:
+    """The ``commitInfo`` of commit ``version`` of the table at ``table_uri`` (local or object storage);
+    None when the commit file is gone or has none."""
+    text = commit_text(table_uri, version)
+    if text is None:
         return None
     for line in text.splitlines():
         if '"commitInfo"' in line:
