@@ -1,4 +1,4 @@
-"""Shared fixtures (one SparkSession, one broker, a fabric of instances per test) and the ``e2e`` marker.
+"""Shared fixtures (one SparkSession, one broker, one S3 server, a fabric of instances per test) and the ``e2e`` marker.
 
 ``pytest_collection_modifyitems`` marks ``e2e`` every test whose fixtures include the services."""
 
@@ -28,6 +28,15 @@ def broker():
         yield b
 
 
+@pytest.fixture(scope="session")
+def s3():
+    """A local S3-compatible server (:mod:`replication.connectors.s3.server`) for the whole test session."""
+    from replication.connectors.s3.server import LocalS3Server
+
+    with LocalS3Server() as server:
+        yield server
+
+
 @pytest.fixture
 def fabric(spark, broker, tmp_path):
     """Instances in this test session's Spark application, stopped at the end of the test."""
@@ -50,12 +59,12 @@ def read_path(request, monkeypatch):
 
 
 #: The fixtures that start services: a test using any of them, directly or through another fixture, is ``e2e``.
-SERVICE_FIXTURES = frozenset({"spark", "broker", "fabric"})
+SERVICE_FIXTURES = frozenset({"spark", "broker", "fabric", "s3"})
 
 
 def pytest_collection_modifyitems(config, items):
     """Mark ``e2e`` every test that needs services: one whose fixtures (with those they use) include
-    ``spark``, ``broker`` or ``fabric``. Tests that start instance or CLI processes of their own are marked
+    ``spark``, ``broker``, ``fabric`` or ``s3``. Tests that start instance or CLI processes of their own are marked
     ``e2e`` in their modules; ``-m "not slow and not e2e"`` then runs the pure-logic tests alone."""
     for item in items:
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):

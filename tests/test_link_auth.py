@@ -20,6 +20,7 @@ from support.factories import (
     replication_xml,
     wait_until,
 )
+from support.inbox import inbox_rows
 
 from replication import config
 from replication.commands import status as status_command
@@ -36,20 +37,6 @@ from replication.validation import validate_link
 KEY = b"k" * 32
 KEY_VARIABLE = "TEST_LINK_KEY"
 KEY_VALUE = "link-key-4f1d7c2a9b8e6d5c3b2a1f0e"
-
-
-def inbox_rows(n: int, *, link: str = "amps-1", publisher: str = "pub", first: int = 1) -> pa.Table:
-    seqs = list(range(first, first + n))
-    return pa.table({
-        "bookmark": [f"1|{s}" for s in seqs], "publisher": [publisher] * n, "publisher_seq": seqs,
-        "topic": ["/orders"] * n, "message_type": ["json"] * n, "command": ["publish"] * n,
-        "sow_key": [None] * n, "sow_keys": [None] * n, "filter": [None] * n,
-        "data": [json.dumps({"i": s}).encode() for s in seqs], "origin": [link] * n,
-        "received_from": [None] * n, "received_from_group": [None] * n, "path": [[link]] * n,
-        "publish_time": pa.array([None] * n, pa.timestamp("us", tz="UTC")),
-        "persist_time": pa.array([None] * n, pa.timestamp("us", tz="UTC")),
-        "upstream_seq": seqs, "link": [link] * n, "link_group": [link] * n,
-    }).cast(INBOX_SCHEMA)
 
 
 def with_column(rows: pa.Table, name: str, values: list) -> pa.Table:

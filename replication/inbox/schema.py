@@ -39,6 +39,8 @@ INBOX_TABLE_CONFIGURATION: dict[str, str] = {"delta.enableChangeDataFeed": "true
 STAGED_PART_KEY = "replication.staged_part"
 
 
-def create_inbox(path: Path) -> DeltaTable:
-    """Open the inbox at ``path``, creating it (with the change data feed on) if absent."""
-    return open_or_create(path, INBOX_SCHEMA, name="inbox", configuration=INBOX_TABLE_CONFIGURATION)
+def create_inbox(path: Path | str, storage_options: dict[str, str] | None = None) -> DeltaTable:
+    """Open the inbox at ``path`` (a local path or an object-store URI), creating it (with the change data feed
+    on) if absent."""
+    return open_or_create(path, INBOX_SCHEMA, name="inbox", configuration=INBOX_TABLE_CONFIGURATION,
+                          storage_options=storage_options)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -199,7 +200,9 @@ class IngestWriter:
         if inbox_version is not None:  # (inbox cleanup removes what is stored: versions through this one)
             metadata["inbox_version"] = inbox_version
         self._enter(batch_id, "committing to the txlog")
-        files = taken.actions(self.txlog.path, now) if taken is not None and taken.stored else None
+        txlog_dir = self.txlog.path
+        assert isinstance(txlog_dir, Path), "staged parts are moved in place on local disks only"
+        files = taken.actions(txlog_dir, now) if taken is not None and taken.stored else None
         appended = self.txlog.append(result.txlog_rows, batch_id, metadata, files)
         failpoints.hit("ingest.after_txlog_commit")
         if taken is not None:

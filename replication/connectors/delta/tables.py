@@ -66,24 +66,28 @@ def log_file_options(columns: list[str]) -> dict:
 
 
 def open_or_create(
-    path: Path, schema: pa.Schema, *, name: str, configuration: dict[str, str] | None = None
+    path: Path | str, schema: pa.Schema, *, name: str, configuration: dict[str, str] | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> DeltaTable:
-    """Open the Delta table at ``path``, creating it empty with ``schema`` if absent.
+    """Open the Delta table at ``path`` (a local path, or an object-store URI with its ``storage_options``),
+    creating it empty with ``schema`` if absent.
 
     ``configuration`` adds table properties at creation (e.g. change data feed).
     A table written by an earlier version that lacks nullable columns of
     ``schema`` gets them added (one schema-change commit); old rows read them as null.
     """
     try:
-        table = DeltaTable(str(path))
+        table = DeltaTable(str(path), storage_options=storage_options)
     except TableNotFoundError:
-        path.mkdir(parents=True, exist_ok=True)
+        if isinstance(path, Path):
+            path.mkdir(parents=True, exist_ok=True)
         return DeltaTable.create(
             str(path),
             schema,
             mode="ignore",
             name=name,
             configuration={"delta.checkpointInterval": "50", **(configuration or {})},
+            storage_options=storage_options,
         )
     have = set(table.schema().to_arrow().names)
     missing = [f for f in schema if f.name not in have and f.nullable]
@@ -106,20 +110,24 @@ class IdempotentAppender:
 
     def __init__(
         self,
-        path: Path,
+        path: Path | str,
         schema: pa.Schema,
         *,
         app_id: str,
         name: str,
         configuration: dict[str, str] | None = None,
         writer_properties: WriterProperties | None = None,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
-        """``writer_properties``: default :func:`log_writer_properties`."""
+        """``writer_properties``: default :func:`log_writer_properties`. ``path``: a local path, or an
+        object-store URI (``s3://...``) reached with ``storage_options``."""
         self.path = path
+        self.storage_options = storage_options
         self.schema = schema
         self.app_id = app_id
         self.writer_properties = writer_properties or log_writer_properties()
-        self.table = open_or_create(path, schema, name=name, configuration=configuration)
+        self.table = open_or_create(path, schema, name=name, configuration=configuration,
+                                    storage_options=storage_options)
         self._committed = self.table.transaction_version(app_id)
         self._commits = 0
         self._lock = threading.Lock()
@@ -178,6 +186,8 @@ class IdempotentAppender:
                                   custom_metadata=custom or None)
         rows = rows.cast(self.schema) if rows.schema != self.schema else rows
         if files:
+            if not isinstance(self.path, Path):
+                raise ValueError(f"files written in place are local-disk only; {self.path} is not local")
             adds = list(files) + ([write_file(self.path, rows)] if rows.num_rows else [])
             self.table.create_write_transaction(adds, mode="append", schema=self.schema, commit_properties=commit)
             self.table.update_incremental()  # (unlike write_deltalake, this leaves the object at its old version)
@@ -187,7 +197,7 @@ class IdempotentAppender:
         self._committed = version
         self._commits += 1
         if self._commits % REOPEN_EVERY_COMMITS == 0:
-            self.table = DeltaTable(str(self.path))
+            self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
         return True
 
 

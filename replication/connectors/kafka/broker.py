@@ -20,7 +20,6 @@ import base64
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from replication.connectors import jvm
 from replication.connectors.kafka import tls
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
+from replication.connectors.ports import free_loopback_port
 from replication.errors import BrokerError
 
 #: How many bytes of the broker's log an error message quotes.
@@ -164,11 +164,11 @@ class EmbeddedBroker:
         attempts = 1 if fixed else 3
         for attempt in range(attempts):
             if not fixed:
-                self.port, self.controller_port = _free_port(), _free_port()
+                self.port, self.controller_port = free_loopback_port(), free_loopback_port()
             elif self.port is None:
-                self.port, self.controller_port = self._requested_port, _free_port()
+                self.port, self.controller_port = self._requested_port, free_loopback_port()
             if self._users and (self._secure_ports is None or not fixed):
-                self._secure_ports = (_free_port(), _free_port())
+                self._secure_ports = (free_loopback_port(), free_loopback_port())
                 tls.make_ca(self.home / "tls")
             self._write_config()
             if not (self.data_dir / "meta.properties").exists():
@@ -424,8 +424,3 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float = 30.0, sig: int = 
             proc.kill()
             proc.wait(timeout)
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

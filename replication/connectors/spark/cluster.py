@@ -17,13 +17,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+from replication.connectors.ports import free_loopback_port
 from replication.errors import ReplicationError
 
 
@@ -61,14 +61,14 @@ class StandaloneCluster:
         return self.home / f"worker-{index}"
 
     def start(self) -> StandaloneCluster:
-        self.port, self.ui_port = _free_port(), _free_port()
+        self.port, self.ui_port = free_loopback_port(), free_loopback_port()
         self._launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                      "--port", str(self.port), "--webui-port", str(self.ui_port))
         for index in range(self.workers):
             self.worker_dir(index).mkdir(parents=True, exist_ok=True)
             self._launch(f"worker-{index}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                          "--cores", str(self.cores), "--memory", self.memory, "--work-dir",
-                         str(self.worker_dir(index)), "--webui-port", str(_free_port()), self.master_url)
+                         str(self.worker_dir(index)), "--webui-port", str(free_loopback_port()), self.master_url)
         deadline = time.monotonic() + self.startup_timeout
         while self.alive_workers() < self.workers:
             failed = [p for p in self._procs if p.poll() is not None]
@@ -118,8 +118,3 @@ class StandaloneCluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

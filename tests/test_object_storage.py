@@ -1,0 +1,144 @@
+"""Delta tables on S3: the local S3 server's conditional writes, writers racing for one inbox, and the one-line
+errors for an address that cannot be used."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import uuid
+
+import pyarrow.compute as pc
+import pytest
+from botocore.exceptions import ClientError
+from deltalake import DeltaTable
+from support.inbox import inbox_rows
+
+from replication.connectors.delta.tables import IdempotentAppender
+from replication.connectors.s3.access import S3Access, S3Address, StorageAccessError, check_reachable
+from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION, create_inbox
+
+#: Commits each racing writer makes, of ``ROWS`` rows each.
+COMMITS = 12
+ROWS = 10
+
+
+def test_s3_addresses_parse_and_name_no_secret():
+    assert S3Address.parse("s3://bkt/a/b/") == S3Address("bkt", "a/b")
+    assert S3Address.parse("s3a://bkt") == S3Address("bkt", "")
+    assert S3Address.parse("/tmp/x") is None and S3Address.parse("file:///tmp/x") is None
+    assert S3Address("bkt", "a").child("txlog", "/_delta_log/").uri == "s3://bkt/a/txlog/_delta_log"
+    with pytest.raises(StorageAccessError, match="names no bucket"):
+        S3Address.parse("s3:///prefix")
+    access = S3Access.from_environment({"AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "very-secret",
+                                        "AWS_REGION": "eu-west-3", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    assert "very-secret" not in repr(access) and "AKIDTEST" not in repr(access)
+    assert access.region == "eu-west-3" and access.where == "http://127.0.0.1:9"
+    assert access.delta_options()["AWS_ALLOW_HTTP"] == "true"
+
+
+def test_the_local_s3_server_lets_one_of_racing_creates_of_an_object_win(s3):
+    """Delta's commit is a put-if-absent of ``_delta_log/N.json``: of writers racing for one version, exactly one
+    may create it. The server's lock makes moto's check-then-store one step."""
+    bucket = f"race-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    won, refused = [], []
+    start = threading.Barrier(8)
+
+    def create(i: int) -> None:
+        client = s3.access.client()
+        start.wait()
+        try:
+            client.put_object(Bucket=bucket, Key="_delta_log/00000000000000000001.json", Body=str(i).encode(),
+                              IfNoneMatch="*")
+            won.append(i)
+        except ClientError as exc:
+            refused.append(exc.response["ResponseMetadata"]["HTTPStatusCode"])
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and sorted(refused) == [412] * 7
+    body = s3.access.client().get_object(Bucket=bucket, Key="_delta_log/00000000000000000001.json")["Body"].read()
+    assert body == str(won[0]).encode()
+
+
+def _race(uri: str, options: dict, app_id: str, link: str, start, deleted) -> None:
+    """One writer of the race, in its own process: ``COMMITS`` idempotent appends as ``app_id``."""
+    appender = IdempotentAppender(uri, INBOX_SCHEMA, app_id=app_id, name="inbox",
+                                  configuration=INBOX_TABLE_CONFIGURATION, storage_options=options)
+    start.wait()
+    for version in range(1, COMMITS + 1):
+        appender.append(inbox_rows(ROWS, link=link, publisher=f"pub-{link}", first=(version - 1) * ROWS + 1), version)
+        if link == "amps-a" and version == COMMITS // 2:
+            deleted.wait(60)  # the cleanup's DELETE lands while the others keep appending
+
+
+def _clean(uri: str, options: dict, start, deleted) -> None:
+    """Inbox cleanup's removal of amps-a's first rows, racing the appends."""
+    appender = IdempotentAppender(uri, INBOX_SCHEMA, app_id="cleanup", name="inbox",
+                                  configuration=INBOX_TABLE_CONFIGURATION, storage_options=options)
+    start.wait()
+    while (appender.table.update_incremental() or True) and \
+            (appender.table.transaction_version("amps-a->amps-x#1") or 0) < COMMITS // 2:
+        pass
+    appender.delete(f"link = 'amps-a' AND upstream_seq <= {3 * ROWS}")
+    deleted.set()
+
+
+def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(s3):
+    """Part 3 of the object-storage issue: two upstreams' replicators and a backfill append to one inbox on S3
+    at once, each from its own process, while inbox cleanup deletes rows: every commit lands once, and the
+    delete removes exactly what it names."""
+    bucket = f"inbox-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    uri = f"s3://{bucket}/amps-x/inbox"
+    options = s3.access.delta_options()
+    create_inbox(uri, options)
+    spawn = multiprocessing.get_context("spawn")
+    start, deleted = spawn.Barrier(4), spawn.Event()
+    writers = [("amps-a->amps-x#1", "amps-a"), ("amps-b->amps-x#1", "amps-b"), ("backfill-seq:loader", "loader")]
+    procs = [spawn.Process(target=_race, args=(uri, options, app, link, start, deleted)) for app, link in writers]
+    procs.append(spawn.Process(target=_clean, args=(uri, options, start, deleted)))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+
+    table = DeltaTable(uri, storage_options=options)
+    assert table.version() == 3 * COMMITS + 1  # the creation (0), every append, the delete: none lost
+    for app, _link in writers:
+        assert table.transaction_version(app) == COMMITS
+    rows = table.to_pyarrow_table(columns=["link", "upstream_seq"])
+    for _app, link in writers:
+        seqs = sorted(rows.filter(pc.equal(rows["link"], link))["upstream_seq"].to_pylist())
+        first = 3 * ROWS + 1 if link == "amps-a" else 1
+        assert seqs == list(range(first, COMMITS * ROWS + 1)), link  # each row once; the deleted ones gone
+    operations = [h["operation"] for h in table.history()]
+    assert operations.count("DELETE") == 1 and operations.count("WRITE") == 3 * COMMITS
+
+
+@pytest.mark.parametrize("problem", ["unreachable endpoint", "wrong credentials", "missing bucket"])
+def test_an_s3_address_that_cannot_be_used_is_one_line_naming_it_and_the_fix(s3, problem):
+    bucket = f"errs-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    access, address = s3.access, S3Address(bucket, "amps-1")
+    if problem == "unreachable endpoint":
+        from replication.connectors.ports import free_loopback_port
+
+        access = S3Access(access.region, f"http://127.0.0.1:{free_loopback_port()}", "k", "s3cr3t-value")
+        expected = "cannot reach http://127.0.0.1:"
+    elif problem == "wrong credentials":
+        access = S3Access(access.region, access.endpoint, "someone-else", "s3cr3t-value")
+        expected = "refused the credentials (InvalidAccessKeyId)"
+    else:
+        address = S3Address(f"{bucket}-missing", "amps-1")
+        expected = f"bucket '{bucket}-missing' does not exist"
+    with pytest.raises(StorageAccessError) as caught:
+        check_reachable(address, access)
+    message = str(caught.value)
+    assert expected in message and str(address) in message and "Fix:" in message
+    assert "\n" not in message and "s3cr3t-value" not in message and access.secret_key not in message
+    assert s3.access.client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0  # nothing written
