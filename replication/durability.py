@@ -64,6 +64,7 @@ import pyarrow.compute as pc
 
 from replication import failpoints
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
+from replication.queues.wire import Refusal, refusal_ack
 from replication.storage.control import Ack, DurableState
 from replication.txlog.runs import Runs, run_bounds, runs_by_value
 
@@ -134,6 +135,11 @@ class AckSender:
         """A failure ack to one session of ``client``: its logon took a name another publisher still uses."""
         self._send(client, {"client": client, "seq": 0, "session": session, "instance": self.instance,
                             "status": "failure", "logon": True, "reason": reason})
+        self._producer.flush(timeout=30)
+
+    def send_refusal(self, refusal: Refusal) -> None:
+        """A queue subscription refused (:mod:`replication.queues.wire`): the client is told why."""
+        self._producer.send(self.topic, key=refusal.client.encode(), value=refusal_ack(refusal, self.instance))
         self._producer.flush(timeout=30)
 
     def _send(self, client: str, value: dict) -> None:

@@ -36,6 +36,8 @@ from replication.inbox.staged_parts import StagedParts
 from replication.ingest.classify import TopicRecorder
 from replication.ingest.inputs import DriverRead, InboxRows, ingest_stream
 from replication.ingest.writer import IngestWriter
+from replication.queues.dispatcher import QueueDispatcher
+from replication.queues.wire import deliveries_topic
 from replication.sow.compactor import Compactor
 from replication.sow.keys import SowTopics
 from replication.sow.state import SowState
@@ -44,6 +46,7 @@ from replication.storage.control import Heartbeat, write_instance_config
 from replication.storage.layout import INGEST_QUERY, StorageLayout
 from replication.txlog.files import TxlogFiles, read_range
 from replication.txlog.publishers import recover_state
+from replication.txlog.reader import TxlogReader
 from replication.txlog.retention import Retention, retention_policy
 from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
@@ -100,6 +103,8 @@ class Instance:
         self.sow: SowState | None = None
         """Current records of the SOW topics (None: no SOW topics)."""
         self.compactor: Compactor | None = None
+        self.queues: QueueDispatcher | None = None
+        """Delivers the queues (None: no queue, or no Kafka transport for consumers to reach)."""
         self.restarts = 0
         self._progress: dict[str, _Progress] = {}
         self._next_restart = 0.0
@@ -131,7 +136,8 @@ class Instance:
         if self.cfg.kafka_transports:
             transport = self.cfg.kafka_transports[0]
             try:
-                ensure_topics(",".join(transport.bootstrap_servers), [acks_topic(self.name)],
+                ensure_topics(",".join(transport.bootstrap_servers),
+                              [acks_topic(self.name)] + ([deliveries_topic(self.name)] if self.cfg.queues else []),
                               security=transport.security)
             except KafkaError as exc:
                 raise ReplicationError(
@@ -140,6 +146,11 @@ class Instance:
                     f"Fix: check the transport's <InetAddr> and <Security> ({transport.source}); the Kafka "
                     "client's log lines above say why") from None
             sender = AckSender(self.name, transport.bootstrap_servers, transport.security)
+            if self.cfg.queues:  # before the ingest: its first acknowledgement check knows every message
+                self.queues = QueueDispatcher(self.cfg, TxlogReader(self.layout, self.name),
+                                              bootstrap=transport.bootstrap_servers, security=transport.security,
+                                              refuse=sender.send_refusal)
+                self.queues.recover()
         self.links = {
             d.name: Link(self.layout.link_file(d.name), d.name, d.sync_type) for d in self.cfg.destinations
         }
@@ -171,8 +182,12 @@ class Instance:
             staged=StagedParts(self.cfg, self.layout, TopicRecorder(self.cfg)) if self.cfg.replication_transport
             else None,
             on_clash=(lambda clash: sender.send_clash(clash.client, clash.later, clash.reason)) if sender else None,
+            queues=self.queues,
+            queue_committed=self.queues.committed if self.queues is not None else None,
         )
         self._start_ingest()
+        if self.queues is not None:
+            self.queues.start()
         if self.compactor is not None:
             self.compactor.start()
         self.managers = [
@@ -297,6 +312,7 @@ class Instance:
             restarts=self.restarts,
             batch=self._batch_step(),
             sow=self._sow_status(),
+            queues=self.queues.status() if self.queues is not None else {},
             clashes={client: {"earlier": c.earlier, "later": c.later, "at": c.at}
                      for client, c in list(writer.sessions.clashes.items())} if writer else {},
             refusals={upstream: dict(seen) for upstream, seen in list(self.inbox_rows.refusals.items())}
@@ -431,6 +447,8 @@ class Instance:
             self.writer.driver_read.close()
         if self.compactor is not None:
             self.compactor.stop()  # the SOW tables current as of the last batch
+        if self.queues is not None:
+            self.queues.stop()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         self.status().write(self.layout.heartbeat_json)

@@ -124,6 +124,8 @@ class TopicSpec:
 
 #: Default ``<CompactionInterval>``: how far the plain SOW Delta table may lag the newest changes.
 DEFAULT_COMPACTION_INTERVAL_S = 5.0
+#: A queue's ``<LeasePeriod>`` when none is given (this engine's choice; the spec names none).
+DEFAULT_LEASE_PERIOD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -149,11 +151,8 @@ class SowTopic:
 
 @dataclass(frozen=True)
 class QueueTopic:
-    """A ``<SOW><Queue>`` (or ``GroupLocalQueue``/``DistributedQueue``) definition.
-
-    Queues are not delivered by this product yet; they are parsed because
-    replication validation (queue, queue_passthrough, queue_underlying) needs them.
-    """
+    """A ``<SOW><Queue>`` (or ``GroupLocalQueue``/``DistributedQueue``/``LocalQueue``) definition: its messages
+    are the txlog rows of its underlying topics, delivered by :mod:`replication.queues`."""
 
     name: str
     message_type: MessageType
@@ -164,6 +163,11 @@ class QueueTopic:
     filter: Filter | None = None
     initial_owner: str | None = None
     """``<InitialOwner>`` of a ``GroupLocalQueue`` (must match across instances, spec)."""
+    semantics: str = "at-most-once"
+    """``<Semantics>``: ``at-most-once`` (AMPS's default: removed on delivery) or ``at-least-once`` (kept until
+    acknowledged; redelivered when its lease ends)."""
+    lease_period_s: float = DEFAULT_LEASE_PERIOD_S
+    """``<LeasePeriod>``: how long a subscriber holds an at-least-once message before it is redelivered."""
     source: Source = field(default_factory=Source, compare=False)
 
 

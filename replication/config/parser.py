@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replication.config import sections, values
-from replication.config.model import Action, ActionStep, InstanceConfig
+from replication.config.model import Action, ActionStep, Destination, InstanceConfig, QueueTopic
 from replication.config.sections import COMPRESSIONS, DATA_TYPES
 from replication.config.values import parse_interval, parse_location
 from replication.config.xml_reader import MANY, OPT, Ctx, Node, one, read_root, some
 from replication.errors import ConfigError
+from replication.routing import regex_matches
 
 # parse_interval, parse_location, COMPRESSIONS and DATA_TYPES live in values and sections; kept here for importers.
 __all__ = ["COMPRESSIONS", "DATA_TYPES", "parse_file", "parse_interval", "parse_location", "parse_string"]
@@ -150,6 +151,7 @@ def _instance(root: Node) -> InstanceConfig:
             "add <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic>"
             "</TransactionLog> to <AMPSConfig>",
         )
+    _local_queues_stay_local(root, queues, destinations)
     bootstrap_node = kids.opt("Bootstrap")
     bootstrap = sections.bootstrap(bootstrap_node, sow_topics) if bootstrap_node is not None else None
     if bootstrap_node is not None:
@@ -183,6 +185,21 @@ def _instance(root: Node) -> InstanceConfig:
         minimum_sync_destinations=minimum_sync,
         source=root.source(),
     )
+
+
+def _local_queues_stay_local(root: Node, queues: tuple[QueueTopic, ...], destinations: tuple[Destination, ...]) -> None:
+    """A ``<LocalQueue>`` cannot be replicated (AMPS reports an error if one is): no destination's ``<Topic>``
+    may cover it. Its underlying topics may be."""
+    for q in (q for q in queues if q.kind == "LocalQueue"):
+        for dest in destinations:
+            for topic in dest.topics:
+                if topic.message_type == q.message_type and regex_matches(topic.name, q.name):
+                    raise root.error(
+                        f"destination {dest.name!r} replicates topic {topic.name!r} ({topic.message_type}), which "
+                        f"covers the LocalQueue {q.name!r} defined at line {q.source.line}: a LocalQueue cannot be "
+                        "replicated", "narrow the destination's <Topic><Name> so it leaves out the queue topic "
+                        "(replicating the underlying topic is fine), or define the queue as <Queue>",
+                        line=topic.source.line)
 
 
 def _tuning(node: Node | None) -> int:

@@ -12,6 +12,7 @@ from replication.config import link_auth, values
 from replication.config.model import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_COMPACTION_INTERVAL_S,
+    DEFAULT_LEASE_PERIOD_S,
     Bootstrap,
     Destination,
     DestinationTopic,
@@ -28,6 +29,7 @@ __all__ = [
     "COMPRESSIONS",
     "DATA_TYPES",
     "QUEUE_KINDS",
+    "QUEUE_SEMANTICS",
     "TRANSPORT_TYPES",
     "bootstrap",
     "destinations",
@@ -39,7 +41,20 @@ __all__ = [
 TRANSPORT_TYPES: tuple[str, ...] = ("kafka", "amps-replication")
 COMPRESSIONS: tuple[str, ...] = ("zstd", "snappy", "gzip", "lz4", "none")
 DATA_TYPES: tuple[str, ...] = ("sow", "txlog")
-QUEUE_KINDS: tuple[str, ...] = ("Queue", "GroupLocalQueue", "DistributedQueue")
+QUEUE_KINDS: tuple[str, ...] = ("Queue", "GroupLocalQueue", "DistributedQueue", "LocalQueue")
+QUEUE_SEMANTICS: tuple[str, ...] = ("at-most-once", "at-least-once")
+#: AMPS queue options this engine does not implement yet, and why: refused at load rather than ignored.
+_QUEUE_NOT_SUPPORTED = {
+    "MaxBacklog": "a subscriber gives its backlog when it subscribes (max_backlog)",
+    "MaxPerSubscriptionBacklog": "a subscriber gives its backlog when it subscribes (max_backlog)",
+    "Expiration": "messages stay in a queue until they are acknowledged (or delivered, at-most-once)",
+    "MaxDeliveries": "a message is redelivered until it is acknowledged",
+    "BarrierExpression": "barrier messages are not built yet",
+    "Priority": "messages are delivered in the order they were stored",
+    "FairnessModel": "subscribers with room are served in turn",
+    "TargetQueueDepth": "a queue holds every message not yet acknowledged",
+    "DeliveryFailureTopic": "a message is redelivered until it is acknowledged",
+}
 
 _TRANSPORT_COMMON = {
     "Name": one("<Name>json-kafka</Name>"),
@@ -58,13 +73,16 @@ _TOPIC_SCHEMA = {
     "Name": one("<Name>.*</Name>"),
     "MessageType": one("<MessageType>json</MessageType>"),
 }
-_SOW_SCHEMA = {"Topic": MANY, "Queue": MANY, "GroupLocalQueue": MANY, "DistributedQueue": MANY}
+_SOW_SCHEMA = {"Topic": MANY, **{kind: MANY for kind in QUEUE_KINDS}}
 _SOW_TOPIC_SCHEMA = {**_TOPIC_SCHEMA, "Name": one("<Name>/orders</Name>"), "Key": MANY, "CompactionInterval": OPT}
 _QUEUE_SCHEMA = {
     "Name": one("<Name>/work-queue</Name>"),
     "MessageType": one("<MessageType>json</MessageType>"),
     "UnderlyingTopic": OPT,
     "Filter": OPT,
+    "Semantics": OPT,
+    "LeasePeriod": OPT,
+    **{name: OPT for name in _QUEUE_NOT_SUPPORTED},
 }
 _DESTINATION_SCHEMA = {
     "Name": OPT,  # AMPS allows a destination named only by its <Group> (the cascading mesh's)
@@ -250,12 +268,18 @@ def sow(node: Node | None) -> tuple[tuple[SowTopic, ...], tuple[QueueTopic, ...]
         schema = {**_QUEUE_SCHEMA, "InitialOwner": OPT} if kind == "GroupLocalQueue" else _QUEUE_SCHEMA
         for qnode in kids.all(kind):
             qk = qnode.children(schema)
+            for option, why in _QUEUE_NOT_SUPPORTED.items():
+                unsupported = qk.opt(option)
+                if unsupported is not None:
+                    unsupported.fail(f"<{option}> in <{kind}> is not supported yet: {why}",
+                                     f"remove <{option}> from <{kind}>")
             name = qk.one("Name").text()
             message_type = qk.one("MessageType").read(values.message_type)
             _claim(seen, name, message_type, qnode)
             underlying = qk.opt("UnderlyingTopic")
             filter_node = qk.opt("Filter")
             owner = qk.opt("InitialOwner") if kind == "GroupLocalQueue" else None
+            semantics, lease = qk.opt("Semantics"), qk.opt("LeasePeriod")
             queues.append(
                 QueueTopic(
                     name=name,
@@ -266,6 +290,9 @@ def sow(node: Node | None) -> tuple[tuple[SowTopic, ...], tuple[QueueTopic, ...]
                         filter_node.read(values.content_filter, message_type) if filter_node is not None else None
                     ),
                     initial_owner=owner.read(values.name, "initial owner") if owner is not None else None,
+                    semantics=(semantics.read(values.enum, QUEUE_SEMANTICS) if semantics is not None
+                               else QUEUE_SEMANTICS[0]),
+                    lease_period_s=lease.read(values.interval) if lease is not None else DEFAULT_LEASE_PERIOD_S,
                     source=qnode.source(),
                 )
             )

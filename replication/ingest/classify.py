@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,7 @@ from replication.messages import (
     body_errors,
     publisher_id,
 )
+from replication.queues.wire import QUEUE_COMMANDS, QueueRequest
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.state import Prepared, SowChanges, SowState, fold, prepare
@@ -80,6 +81,17 @@ class Logon:
     correlation_id: str
 
 
+class QueueAcks(Protocol):
+    """The instance's queues, as classify asks them: which ``sow_delete`` rows acknowledge queue messages, and
+    may those published here be stored (:class:`replication.queues.dispatcher.QueueDispatcher`)."""
+
+    topics: frozenset[str]
+
+    def check(self, acks: list[tuple[str, str, bytes | None]]) -> list[str | None]:
+        """Why each ``(client, queue topic, body)`` cannot be stored; None where it can."""
+        ...
+
+
 @dataclass
 class Classified:
     """What one batch becomes."""
@@ -102,6 +114,8 @@ class Classified:
     """upstream -> its seqs of the copies dropped here as duplicates (the original came another way)."""
     sow: SowChanges | None = None
     """What the batch does to the SOW, applied once the txlog commit is done (None: no SOW row)."""
+    queue_requests: list[QueueRequest] = field(default_factory=list)
+    """Queue consumers' subscribes and unsubscribes (answered, never stored)."""
 
     @classmethod
     def empty(cls, logons: list[Logon]) -> Classified:
@@ -133,6 +147,7 @@ def classify(
     instance: str,
     recorded: Callable[[str, str], bool],
     sow: SowState | None = None,
+    queues: QueueAcks | None = None,
     now: datetime | None = None,
 ) -> Classified:
     """Split a batch into txlog rows (with ``seq`` assigned), rejects, logons and duplicates.
@@ -140,7 +155,10 @@ def classify(
     With ``sow`` (the instance's SOW state), rows on SOW topics are checked for
     their keys, delta_publishes are stored merged and sow_deletes resolved, in
     ``seq`` order (:mod:`replication.sow.state`); the result's ``sow`` holds
-    the changes to apply after the commit.
+    the changes to apply after the commit. With ``queues``, a ``sow_delete``
+    on a queue topic is an acknowledgement: not a SOW delete, and refused
+    (with the queue's reason) when published here for messages its client
+    does not hold.
 
     Does not change ``state`` or ``sow``. Deterministic for a given batch and
     state, so a replayed batch classifies the same way.
@@ -152,7 +170,8 @@ def classify(
     names = encoded.dictionary.to_pylist()
     codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     logons = logons_in(batch)
-    is_logon = _logon_mask(batch).to_numpy(zero_copy_only=False)
+    # logons and queue consumers' requests are answered, never stored
+    is_logon = pc.or_(_logon_mask(batch), _queue_request_mask(batch)).to_numpy(zero_copy_only=False)
 
     # Vectorised header checks; only rows that fail get a reason spelled out.
     refused = pc.is_valid(batch["refused"]).to_numpy(zero_copy_only=False)
@@ -172,10 +191,16 @@ def classify(
     sizes = pc.fill_null(pc.binary_length(batch["data"]), 0).to_numpy(zero_copy_only=False)
     for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
         reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
-    # Rows on SOW topics (and every sow_delete) are parsed and checked once, for their keys.
+    is_delete = pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
+    queue_ack = np.zeros(batch.num_rows, dtype=bool)
+    if queues is not None and queues.topics and is_delete.any():
+        queue_ack = is_delete & pc.fill_null(pc.is_in(batch["topic"], pa.array(sorted(queues.topics), pa.string())),
+                                             False).to_numpy(zero_copy_only=False)
+        reasons.update(_queue_ack_reasons(batch, queue_ack & headers_ok & pc.fill_null(
+            pc.equal(batch["source"], "kafka"), False).to_numpy(zero_copy_only=False), queues))
+    # Rows on SOW topics (and every other sow_delete) are parsed and checked once, for their keys.
     sow_index = (sow.topics if sow is not None else SowTopics(())).indexes(batch)
-    on_sow = ((sow_index >= 0) | pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(
-        zero_copy_only=False)) & headers_ok & (sizes <= MAX_MESSAGE_BYTES)
+    on_sow = ((sow_index >= 0) | (is_delete & ~queue_ack)) & headers_ok & (sizes <= MAX_MESSAGE_BYTES)
     # SOW rows' columns as lists, and each batch row's position among them (-1: not a SOW row)
     sow_rows: dict[str, list] = {}
     checks: list[Prepared | None] = []
@@ -239,7 +264,18 @@ def classify(
             link_duplicates = {upstream: ups for upstream, (ups, _) in
                                _per_upstream(batch, dropped, np.zeros(dropped.size, np.int64)).items()}
     return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links, publisher_rows, link_rows,
-                      link_seqs, link_duplicates, sow=sow_changes)
+                      link_seqs, link_duplicates, sow=sow_changes, queue_requests=queue_requests_in(batch))
+
+
+def _queue_ack_reasons(batch: pa.Table, mask: np.ndarray, queues: QueueAcks) -> dict[int, str]:
+    """Why the queue acknowledgements ``mask`` (published here) cannot be stored, by batch row."""
+    idx = np.nonzero(mask)[0]
+    if not idx.size:
+        return {}
+    rows = _rows_at(batch.select(["publisher", "topic", "data"]), idx)
+    answers = queues.check(list(zip(rows["publisher"].to_pylist(), rows["topic"].to_pylist(),
+                                    rows["data"].to_pylist(), strict=True)))
+    return {int(i): why for i, why in zip(idx.tolist(), answers, strict=True) if why is not None}
 
 
 def _per_upstream(batch: pa.Table, idx: np.ndarray, local: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -312,6 +348,22 @@ def _logon_mask(batch: pa.Table) -> pa.ChunkedArray:
     return pc.fill_null(pc.and_(pc.equal(batch["command"], LOGON), pc.equal(batch["source"], "kafka")), False)
 
 
+def _queue_request_mask(batch: pa.Table) -> pa.ChunkedArray:
+    """Queue consumers' subscribes and unsubscribes published here."""
+    return pc.fill_null(pc.and_(pc.is_in(batch["command"], pa.array(QUEUE_COMMANDS)),
+                                pc.equal(batch["source"], "kafka")), False)
+
+
+def queue_requests_in(batch: pa.Table) -> list[QueueRequest]:
+    """The batch's subscribes and unsubscribes, in order (a request without a client or topic is dropped:
+    nobody could be answered)."""
+    rows = batch.filter(_queue_request_mask(batch))
+    return [QueueRequest(client, command, topic, body or b"")
+            for client, command, topic, body in zip(rows["publisher"].to_pylist(), rows["command"].to_pylist(),
+                                                    rows["topic"].to_pylist(), rows["data"].to_pylist(), strict=True)
+            if client and topic]
+
+
 def logons_in(batch: pa.Table) -> list[Logon]:
     """Logon requests in a batch; the body carries the publisher's correlation id."""
     mask = _logon_mask(batch)
@@ -349,7 +401,8 @@ def _header_problem(client, seq_text, command, topic, message_type, recorded) ->
     if not re.fullmatch(r"[0-9]{1,18}", seq_text):
         return f"amps-seq header {seq_text[:40]!r} is not a decimal sequence number"
     if command not in STORED_COMMANDS:
-        return f"amps-command {command!r} is not one of {', '.join(STORED_COMMANDS)} or {LOGON}"
+        return (f"amps-command {command!r} is not one of {', '.join(STORED_COMMANDS)}, {LOGON}, "
+                f"{', '.join(QUEUE_COMMANDS)}")
     if message_type not in MESSAGE_TYPES:
         return f"message type {message_type!r} is not one of {', '.join(MESSAGE_TYPES)}"
     if not topic:

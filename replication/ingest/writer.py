@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
-from replication.ingest.classify import Classified, TopicRecorder, classify, logons_in
+from replication.ingest.classify import Classified, QueueAcks, TopicRecorder, classify, logons_in
 from replication.ingest.sessions import Clash, ClientSessions
 from replication.sow.state import SowState
 from replication.sow.table import fold_tail
@@ -31,6 +31,7 @@ from replication.txlog.publishers import PublisherState
 if TYPE_CHECKING:
     from replication.connectors.delta.tables import IdempotentAppender
     from replication.inbox.staged_parts import StagedParts
+    from replication.queues.wire import QueueRequest
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class IngestWriter:
     4. fold the batch into the in-memory publisher state and snapshot
        ``publishers.json``; hand the txlog rows to the SOW compactor (the SOW
        tables follow on its schedule, from these rows rather than read back);
+       hand the rows and the batch's subscribes to the queue dispatcher;
     5. hand the commit to the durability tracker (persisted acks, logon replies);
     6. fold the batch's SOW changes into the SOW state, on a thread while
        Spark reads the next batch (whose fold waits for it).
@@ -81,6 +83,8 @@ class IngestWriter:
         sow_committed: Callable[[pa.Table, int, int], None] | None = None,
         staged: StagedParts | None = None,
         on_clash: Callable[[Clash], None] | None = None,
+        queues: QueueAcks | None = None,
+        queue_committed: Callable[[pa.Table, list[QueueRequest]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -104,6 +108,10 @@ class IngestWriter:
         self.sessions = ClientSessions()
         """The publishers' sessions per client name: two at once is a clash (:mod:`replication.ingest.sessions`)."""
         self.on_clash = on_clash
+        self.queues = queues
+        """The instance's queues: which sow_deletes are acknowledgements, and may they be stored."""
+        self.queue_committed = queue_committed
+        """Told each committed batch's txlog rows and queue requests (the queue dispatcher)."""
         """Takes the batch's staged backfill parts (None: no inbox)."""
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
                       "input_rows_per_second": 0.0}
@@ -182,7 +190,8 @@ class IngestWriter:
         after_parts = (dataclasses.replace(self.state, max_seq=self.state.max_seq + taken.rows) if taken is not None
                        else self.state)
         with _no_cyclic_gc():
-            result = classify(batch, after_parts, instance=self.cfg.name, recorded=self.recorded, sow=self.sow, now=now)
+            result = classify(batch, after_parts, instance=self.cfg.name, recorded=self.recorded, sow=self.sow,
+                              queues=self.queues, now=now)
         if taken is not None:
             _add_parts(result, taken)
         if result.rejected_rows.num_rows:
@@ -211,6 +220,8 @@ class IngestWriter:
         self.save_state(self.state)
         if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
             self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)
+        if self.queue_committed is not None:
+            self.queue_committed(result.txlog_rows, result.queue_requests)
         failpoints.hit("ingest.before_ack")
         self._enter(batch_id, "acknowledging")
         self.on_commit(last_seq, result)

@@ -156,6 +156,9 @@ class Heartbeat(ControlFile):
     ``rows``, the ``last`` reason and when (``at``, epoch seconds)."""
     sow: dict[str, dict] = field(default_factory=dict)
     """Per ``<SOW><Topic>``: ``records`` held now, and the txlog seq its table is ``compacted_through``."""
+    queues: dict[str, dict] = field(default_factory=dict)
+    """Per queue: depth, waiting, leased, owned elsewhere, delivered, acknowledged, and per consumer
+    (:meth:`replication.queues.state.QueueState.status`)."""
     stalled: dict[str, float] = field(default_factory=dict)
     """Destination -> since when (epoch seconds) it has had rows waiting for it and made no progress, for
     each destination stalled longer than the instance's stall report threshold (``replication status

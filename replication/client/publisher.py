@@ -196,6 +196,8 @@ class Publisher:
         """Why the instance refused this session's use of the name (another publisher holds it)."""
         self._send_error: tuple[int, BaseException] | None = None
         """The lowest sequence whose send failed for good, and why."""
+        self.refused_subscriptions: dict[str, str] = {}
+        """Queue topic -> why the instance refused this client's subscription to it (see :meth:`send_command`)."""
         self._logon_replies: dict[str, tuple[int, int]] = {}
         """correlation id -> (persisted, stored) sequence the instance answered."""
         self._closed = threading.Event()
@@ -242,6 +244,15 @@ class Publisher:
         if filter is not None:
             headers[HEADER_FILTER] = filter
         return self._publish(topic, data if data is not None else b"", "sow_delete", message_type, headers)
+
+    def send_command(self, command: str, topic: str, body: bytes = b"") -> None:
+        """Send a command the instance answers but never stores (a queue ``subscribe`` or ``unsubscribe``):
+        no sequence number, not kept in the store. A refusal lands in :attr:`refused_subscriptions`."""
+        self._raise_clash()
+        headers = [(HEADER_CLIENT, self.name.encode()), (HEADER_TOPIC, topic.encode()),
+                   (HEADER_SESSION, self.session.encode()), (HEADER_COMMAND, command.encode())]
+        self._producer.send(self.topic, key=self.name.encode(), value=body, headers=headers)
+        self._producer.flush(timeout=30)
 
     @property
     def clash(self) -> str | None:
@@ -436,6 +447,11 @@ class Publisher:
 
     def _take_ack(self, ack: dict) -> int | None:
         """One record of the acks topic for this name; the persisted position it carries, if any."""
+        if "subscribe" in ack:  # a queue subscription refused (it carries no sequence number)
+            with self._cond:
+                self.refused_subscriptions[str(ack["subscribe"])] = str(ack.get("reason", ""))
+                self._cond.notify_all()
+            return None
         if ack.get("status") == "failure" and "session" in ack:
             if ack["session"] == self.session:
                 self._clashed(str(ack.get("reason", "")))

@@ -1,0 +1,107 @@
+"""Every queue of one instance: txlog rows folded in, acknowledgements checked, subscribe requests taken (pure).
+
+:class:`QueueBook` is what the ingest asks (is this ``sow_delete`` an acknowledgement, and may it be stored?)
+and what the dispatcher delivers from. It holds no lock: its owner serializes calls.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replication.config.model import InstanceConfig
+from replication.expressions import Filter, FilterSyntaxError
+from replication.queues.state import Delivery, QueueState
+from replication.queues.wire import SUBSCRIBE, QueueRequest, Refusal, bookmarks_in
+
+#: Columns of the txlog rows a queue reads.
+COLUMNS = ["seq", "bookmark", "publisher", "topic", "message_type", "command", "data", "origin"]
+
+
+class QueueBook:
+    """The queues of one instance, by queue topic."""
+
+    def __init__(self, cfg: InstanceConfig) -> None:
+        self.instance = cfg.name
+        self.queues: dict[str, QueueState] = {q.name: QueueState(q, cfg.name) for q in cfg.queues}
+        self.applied_seq = 0
+        """The txlog's rows through this seq are folded in."""
+
+    @property
+    def topics(self) -> frozenset[str]:
+        return frozenset(self.queues)
+
+    # -- the txlog --------------------------------------------------------------------------------------
+
+    def relevant(self, rows: pa.Table) -> pa.Table:
+        """The rows of ``rows`` a queue reads: publishes on an underlying topic, sow_deletes on a queue topic."""
+        if rows.num_rows == 0 or not self.queues:
+            return rows.slice(0, 0)
+        keys = pc.binary_join_element_wise(pc.fill_null(rows["topic"], ""), pc.fill_null(rows["message_type"], ""),
+                                           "\x00")
+        underlying = [key for key in pc.unique(keys).to_pylist()
+                      if any(q.takes(*key.split("\x00", 1)) for q in self.queues.values())]
+        publish = pc.and_(pc.equal(rows["command"], "publish"), pc.is_in(keys, pa.array(underlying, pa.string())))
+        acks = pc.and_(pc.equal(rows["command"], "sow_delete"),
+                       pc.is_in(rows["topic"], pa.array(sorted(self.queues), pa.string())))
+        return rows.filter(pc.fill_null(pc.or_(publish, acks), False))
+
+    def apply(self, rows: pa.Table) -> None:
+        """Fold stored txlog rows (in seq order; any columns holding :data:`COLUMNS`) into the queues."""
+        if rows.num_rows:
+            self.applied_seq = max(self.applied_seq, int(pc.max(rows["seq"]).as_py()))
+        mine = self.relevant(rows)
+        if mine.num_rows == 0:
+            return
+        for row in mine.select(COLUMNS).to_pylist():
+            if row["command"] == "sow_delete":
+                self.queues[row["topic"]].remove(bookmarks_in(row["data"]), row["publisher"])
+                continue
+            for queue in self.queues.values():
+                if queue.takes(row["topic"], row["message_type"]):
+                    queue.add(row["seq"], row["bookmark"], row["topic"], row["data"] or b"", row["origin"])
+
+    # -- acknowledgements published here ----------------------------------------------------------------
+
+    def check_acks(self, acks: list[tuple[str, str, bytes | None]], manager: str) -> list[str | None]:
+        """Why each ``(client, queue topic, body)`` acknowledgement of one batch cannot be stored (None: it
+        can). ``manager``: the client name of this instance's own removals, which are always taken."""
+        taken: dict[str, set[str]] = {}
+        out: list[str | None] = []
+        for client, topic, body in acks:
+            queue = self.queues[topic]
+            if client == manager:
+                out.append(None)
+                continue
+            out.append(queue.check_ack(client, bookmarks_in(body), taken.setdefault(topic, set())))
+        return out
+
+    # -- consumers ---------------------------------------------------------------------------------------
+
+    def request(self, request: QueueRequest, now: float) -> Refusal | None:
+        """Take a subscribe or unsubscribe; a refusal for one that cannot be taken."""
+        queue = self.queues.get(request.topic)
+        if queue is None:
+            known = ", ".join(sorted(self.queues)) or "none"
+            return Refusal(request.client, request.topic,
+                           f"topic {request.topic!r} is not a queue of {self.instance} (its queues: {known}); "
+                           "subscribe to a queue topic defined in <SOW>")
+        if request.command != SUBSCRIBE:
+            queue.unsubscribe(request.client)
+            return None
+        try:
+            text, backlog = request.options()
+            flt = Filter(text) if text else None
+        except (ValueError, FilterSyntaxError) as exc:
+            return Refusal(request.client, request.topic, f"subscribe to {request.topic!r}: {exc}")
+        queue.subscribe(request.client, flt, backlog, now)
+        return None
+
+    def expire(self, now: float, silent_after: float) -> int:
+        return sum(q.expire(now, silent_after) for q in self.queues.values())
+
+    def dispatch(self, now: float) -> list[tuple[QueueState, list[Delivery]]]:
+        return [(q, d) for q in self.queues.values() if (d := q.dispatch(now))]
+
+    def status(self, now: float) -> dict[str, dict]:
+        return {name: q.status(now) for name, q in self.queues.items()}

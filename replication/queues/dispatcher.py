@@ -1,0 +1,217 @@
+"""The queues of a running instance: their state kept with the txlog, deliveries sent over Kafka.
+
+:class:`QueueDispatcher` is built before the ingest starts: it reads the txlog
+once (:meth:`QueueDispatcher.recover`) so its first acknowledgement check knows
+every message and none acknowledged is delivered again after a restart. The
+ingest then tells it each commit (:meth:`QueueDispatcher.committed`) and asks
+it about acknowledgements (:meth:`QueueDispatcher.check`). Its thread takes
+subscribes, ends leases, and sends deliveries on ``<instance>.deliveries``.
+
+An at-most-once message leaves the queue when it is delivered: the removal is
+recorded in the txlog (a ``sow_delete`` on the queue topic by the client
+``<instance>.queues``, through the instance's own publish topic) and persisted
+before the delivery is sent, so a crash can lose a delivery but never repeat it.
+Leases are not recorded: after a restart, what was leased is delivered again
+(at-least-once), and an acknowledgement of the earlier delivery is refused as
+not leased to that client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replication.config.model import InstanceConfig
+from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
+from replication.messages import HEADER_TOPIC
+from replication.queues.book import COLUMNS, QueueBook
+from replication.queues.state import Delivery, QueueState
+from replication.queues.wire import (
+    HEADER_BOOKMARK,
+    HEADER_INSTANCE,
+    HEADER_LEASE_EXPIRES,
+    HEADER_UNDERLYING_TOPIC,
+    SILENT_AFTER_S,
+    QueueRequest,
+    Refusal,
+    manager_client,
+)
+
+if TYPE_CHECKING:
+    from replication.client.publisher import Publisher
+    from replication.txlog.reader import TxlogReader
+
+log = logging.getLogger(__name__)
+
+#: How often the thread ends leases and looks for subscribers with room when nothing wakes it.
+TICK_S = 0.05
+#: How long an at-most-once removal may take to persist before its deliveries go back to the queue.
+REMOVAL_TIMEOUT_S = 30.0
+
+
+class QueueDispatcher:
+    """Delivers the queues of one instance (see the module docstring)."""
+
+    def __init__(self, cfg: InstanceConfig, reader: TxlogReader, *, bootstrap: tuple[str, ...],
+                 security: KafkaSecurity = PLAINTEXT, refuse: Callable[[Refusal], None] | None = None,
+                 silent_after: float = SILENT_AFTER_S) -> None:
+        self.cfg = cfg
+        self.reader = reader
+        self.book = QueueBook(cfg)
+        self.topics = self.book.topics
+        self.manager = manager_client(cfg.name)
+        self._bootstrap, self._security = bootstrap, security
+        self._refuse = refuse
+        self._silent_after = silent_after
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._pending_rows: list[tuple[int, int, pa.Table]] = []
+        """Commits handed over and not yet folded in: (first seq, last seq, the rows a queue reads)."""
+        self._pending_requests: list[QueueRequest] = []
+        self._producer: Any = None
+        self._publisher: Publisher | None = None
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+
+    # -- the txlog -----------------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Fold the whole stored txlog in (at start, before the ingest runs)."""
+        through = self.reader.committed_seq() if self.reader.exists() else 0
+        started, rows = time.monotonic(), 0
+        for part in self.reader.read(0, through) if through else ():
+            rows += part.num_rows
+            self.book.apply(part.select(COLUMNS))
+        self.book.applied_seq = max(self.book.applied_seq, through)
+        log.info("%s: queues recovered from %d txlog rows in %.1f s: %s", self.cfg.name, rows,
+                 time.monotonic() - started,
+                 ", ".join(f"{name} {q['depth']} messages" for name, q in self.book.status(time.time()).items()))
+
+    def committed(self, rows: pa.Table, requests: list[QueueRequest]) -> None:
+        """A txlog commit's rows (stored, in seq order) and the batch's subscribes: taken on the thread."""
+        with self._lock:
+            if rows.num_rows:  # (the seq range is kept even when no row is a queue's: a gap then shows)
+                first, last = int(rows["seq"][0].as_py()), int(rows["seq"][-1].as_py())
+                self._pending_rows.append((first, last, self.book.relevant(rows).select(COLUMNS)))
+            self._pending_requests.extend(requests)
+        self._wake.set()
+
+    def check(self, acks: list[tuple[str, str, bytes | None]]) -> list[str | None]:
+        """Classify's question (:class:`replication.ingest.classify.QueueAcks`)."""
+        with self._lock:
+            self._take_rows()
+            return self.book.check_acks(acks, self.manager)
+
+    def _take_rows(self) -> None:
+        """Fold in the commits handed over (lock held); a commit this dispatcher missed is read from the txlog."""
+        for first, last, rows in self._pending_rows:
+            if first > self.book.applied_seq + 1:
+                for part in self.reader.read(self.book.applied_seq, first - 1):
+                    self.book.apply(part.select(COLUMNS))
+            if last > self.book.applied_seq:
+                self.book.apply(rows.filter(pc.greater(rows["seq"], self.book.applied_seq)))
+                self.book.applied_seq = max(self.book.applied_seq, last)
+        self._pending_rows = []
+
+    # -- the thread ------------------------------------------------------------------------------------------
+
+    def start(self) -> QueueDispatcher:
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(bootstrap_servers=list(self._bootstrap), **self._security.kafka_python(),
+                                       acks=1, linger_ms=2, retries=5)
+        self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(TICK_S)
+            self._wake.clear()
+            try:
+                self._round()
+            except Exception:  # a delivery round that failed is tried again: nothing was taken from the queue
+                log.exception("%s: queue delivery round failed", self.cfg.name)
+                self._closed.wait(1.0)
+
+    def _round(self) -> None:
+        now = time.time()
+        refusals: list[Refusal] = []
+        with self._lock:
+            self._take_rows()
+            for request in self._pending_requests:
+                refusal = self.book.request(request, now)
+                if refusal is not None:
+                    refusals.append(refusal)
+            self._pending_requests = []
+            self.book.expire(now, self._silent_after)
+            rounds = self.book.dispatch(now)
+        for refusal in refusals:
+            log.warning("%s: refused %s's subscription: %s", self.cfg.name, refusal.client, refusal.reason)
+            if self._refuse is not None:
+                self._refuse(refusal)
+        for queue, deliveries in rounds:
+            if queue.at_most_once and not self._record_removal(queue, deliveries):
+                continue
+            self._send(queue, deliveries)
+
+    def _record_removal(self, queue: QueueState, deliveries: list[Delivery]) -> bool:
+        """Persist the at-most-once removal of ``deliveries`` before they are sent; on failure they go back."""
+        try:
+            publisher = self._manager_publisher()
+            seq = publisher.sow_delete(queue.queue.name, data=",".join(d.message.bookmark for d in deliveries))
+            publisher.wait_persisted(seq, timeout=REMOVAL_TIMEOUT_S)
+            return True
+        except Exception as exc:
+            log.error("%s: the removal of %d at-most-once messages of %s was not persisted (%s); they stay queued",
+                      self.cfg.name, len(deliveries), queue.queue.name, exc)
+            with self._lock:
+                queue.undo(deliveries)
+            return False
+
+    def _manager_publisher(self) -> Publisher:
+        from replication.client.publisher import Publisher
+
+        if self._publisher is None:  # (logs on: the ingest must be running, so not before the first delivery)
+            transport = self.cfg.kafka_transports[0]
+            self._publisher = Publisher(self.manager, bootstrap=",".join(transport.bootstrap_servers),
+                                        topic=transport.topics[0], instance=self.cfg.name,
+                                        message_type=None, security=transport.security)
+        return self._publisher
+
+    def _send(self, queue: QueueState, deliveries: list[Delivery]) -> None:
+        from replication.queues.wire import deliveries_topic
+
+        topic = deliveries_topic(self.cfg.name)
+        for delivery in deliveries:
+            message = delivery.message
+            headers = [(HEADER_TOPIC, queue.queue.name.encode()), (HEADER_BOOKMARK, message.bookmark.encode()),
+                       (HEADER_UNDERLYING_TOPIC, message.topic.encode()),
+                       (HEADER_LEASE_EXPIRES, str(int(delivery.lease_expires * 1000)).encode()),
+                       (HEADER_INSTANCE, self.cfg.name.encode())]
+            self._producer.send(topic, key=delivery.client.encode(), value=message.data, headers=headers)
+        self._producer.flush(timeout=30)
+        self.sent += len(deliveries)
+
+    # -- status and stop -------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, dict]:
+        with self._lock:
+            return self.book.status(time.time())
+
+    def stop(self) -> None:
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._publisher is not None:
+            self._publisher.close()
+        if self._producer is not None:
+            self._producer.close(timeout=5)

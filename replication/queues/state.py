@@ -1,0 +1,270 @@
+"""One queue on one instance: its messages, leases and subscribers, folded from txlog rows (pure: no I/O).
+
+A message enters when a publish on an underlying topic (of the queue's message type, passing its
+``<Filter>``) is stored, and leaves when a ``sow_delete`` on the queue topic naming its bookmark is
+stored: a consumer's acknowledgement, or the owner's removal of an at-most-once message it delivered.
+Only messages this instance owns are delivered here; the others wait in :attr:`QueueState.elsewhere`
+until their owner's acknowledgement arrives by replication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from replication.config.model import QueueTopic
+from replication.expressions import Filter
+from replication.routing import regex_matches
+
+
+@dataclass(frozen=True)
+class Message:
+    seq: int
+    bookmark: str
+    topic: str
+    """The underlying topic it was published to."""
+    data: bytes
+    owner: str
+
+
+@dataclass
+class Subscriber:
+    client: str
+    filter: Filter | None
+    max_backlog: int
+    seen: float
+    """When it last subscribed (its heartbeat), epoch seconds."""
+    leased: dict[str, float] = field(default_factory=dict)
+    """Bookmark -> lease expiry (epoch seconds) of the messages it holds."""
+    delivered: int = 0
+    acknowledged: int = 0
+
+
+@dataclass(frozen=True)
+class Delivery:
+    client: str
+    message: Message
+    lease_expires: float
+    """Epoch seconds; 0 for an at-most-once message (removed on delivery: nothing to acknowledge)."""
+
+
+class QueueState:
+    """A queue's messages not yet removed, who holds which, and who may receive more."""
+
+    def __init__(self, queue: QueueTopic, instance: str) -> None:
+        self.queue = queue
+        self.instance = instance
+        self.waiting: dict[str, Message] = {}
+        """Messages this instance owns and may deliver, by bookmark, in seq order (see :meth:`_sort`)."""
+        self.leased: dict[str, tuple[Message, str]] = {}
+        """Bookmark -> (message, client holding it)."""
+        self.elsewhere: dict[str, Message] = {}
+        """Messages another instance owns: delivered there, removed here by its acknowledgement."""
+        self.subscribers: dict[str, Subscriber] = {}
+        self.acknowledged = 0
+        self.delivered = 0
+        self.redelivered = 0
+        self._unsorted = False
+        self._takes: dict[tuple[str, str], bool] = {}
+        self._lapsed: dict[str, str] = {}
+        """Bookmark -> the client whose lease on it ran out: it goes to another subscriber when one has room."""
+
+    @property
+    def at_most_once(self) -> bool:
+        return self.queue.semantics == "at-most-once"
+
+    # -- what the txlog says --------------------------------------------------------------------------
+
+    def takes(self, topic: str, message_type: str) -> bool:
+        """Is a publish on ``topic`` of ``message_type`` a message of this queue (before its filter)?"""
+        key = (topic, message_type)
+        hit = self._takes.get(key)
+        if hit is None:
+            hit = self._takes[key] = (message_type == self.queue.message_type
+                                      and regex_matches(self.queue.underlying_topic, topic))
+        return hit
+
+    def owner_of(self, origin: str) -> str:
+        """The spec's initial owner: the instance that first received the publish (``<Queue>``), the
+        ``<InitialOwner>`` (``<GroupLocalQueue>``), this instance (``<LocalQueue>``)."""
+        if self.queue.kind == "GroupLocalQueue" and self.queue.initial_owner:
+            return self.queue.initial_owner
+        if self.queue.kind == "LocalQueue":
+            return self.instance
+        return origin
+
+    def add(self, seq: int, bookmark: str, topic: str, data: bytes, origin: str) -> bool:
+        """A stored publish on an underlying topic; False when the queue's filter leaves it out."""
+        if self.queue.filter is not None and not self.queue.filter.matches(data, self.queue.message_type):
+            return False
+        message = Message(seq, bookmark, topic, data, self.owner_of(origin))
+        if bookmark in self.waiting or bookmark in self.leased or bookmark in self.elsewhere:
+            return True
+        (self.waiting if message.owner == self.instance else self.elsewhere)[bookmark] = message
+        return True
+
+    def remove(self, bookmarks: Iterable[str], client: str) -> int:
+        """A stored acknowledgement (or removal) by ``client``: the messages leave the queue. How many did."""
+        removed = 0
+        for bookmark in bookmarks:
+            held = self.leased.pop(bookmark, None)
+            if held is not None:
+                subscriber = self.subscribers.get(held[1])
+                if subscriber is not None:
+                    subscriber.leased.pop(bookmark, None)
+            elif self.waiting.pop(bookmark, None) is None and self.elsewhere.pop(bookmark, None) is None:
+                continue
+            self._lapsed.pop(bookmark, None)
+            removed += 1
+        self.acknowledged += removed
+        subscriber = self.subscribers.get(client)
+        if subscriber is not None and not self.at_most_once:
+            subscriber.acknowledged += removed
+        return removed
+
+    # -- acknowledgements published here --------------------------------------------------------------
+
+    def check_ack(self, client: str, bookmarks: list[str], taken: set[str]) -> str | None:
+        """Why an acknowledgement ``client`` published here cannot be stored, or None. ``taken``: bookmarks
+        acknowledged earlier in the same batch (added to it when this one is good)."""
+        name = self.queue.name
+        if not bookmarks:
+            return f"an acknowledgement on queue {name!r} must carry the bookmarks it acknowledges in its body"
+        if self.at_most_once:
+            return (f"queue {name!r} is at-most-once: a message is removed when it is delivered and takes no "
+                    "acknowledgement")
+        for bookmark in bookmarks:
+            held = self.leased.get(bookmark)
+            if bookmark in taken:
+                return f"bookmark {bookmark} of queue {name!r} is acknowledged twice"
+            if held is None and (bookmark in self.waiting or bookmark in self.elsewhere):
+                return f"bookmark {bookmark} of queue {name!r} is not leased to {client!r}: it was not delivered to it"
+            if held is None:
+                return (f"queue {name!r} does not hold bookmark {bookmark}: it never had it, or it was acknowledged "
+                        "already")
+            if held[1] != client:
+                return (f"bookmark {bookmark} of queue {name!r} is leased to another client, not {client!r}: only "
+                        "the client it was delivered to acknowledges it")
+        taken.update(bookmarks)
+        return None
+
+    # -- subscribers ------------------------------------------------------------------------------------
+
+    def subscribe(self, client: str, flt: Filter | None, max_backlog: int, now: float) -> None:
+        """A subscribe (or its heartbeat): a new subscriber, or the same one seen again (its options updated)."""
+        subscriber = self.subscribers.get(client)
+        if subscriber is None:
+            self.subscribers[client] = Subscriber(client, flt, max_backlog, now)
+        else:
+            subscriber.filter, subscriber.max_backlog, subscriber.seen = flt, max_backlog, now
+
+    def unsubscribe(self, client: str) -> int:
+        """The subscriber leaves; the messages it held return to the queue. How many did."""
+        subscriber = self.subscribers.pop(client, None)
+        if subscriber is None:
+            return 0
+        return self._return(list(subscriber.leased))
+
+    def expire(self, now: float, silent_after: float) -> int:
+        """Leases that ended and subscribers gone silent give their messages back. How many came back."""
+        back = 0
+        for client in [c for c, s in self.subscribers.items() if now - s.seen > silent_after]:
+            back += self.unsubscribe(client)
+        for subscriber in self.subscribers.values():
+            ended = [b for b, expires in subscriber.leased.items() if expires <= now]
+            if ended:
+                for bookmark in ended:
+                    del subscriber.leased[bookmark]
+                    self._lapsed[bookmark] = subscriber.client
+                back += self._return(ended)
+        return back
+
+    def _return(self, bookmarks: list[str]) -> int:
+        back = 0
+        for bookmark in bookmarks:
+            held = self.leased.pop(bookmark, None)
+            if held is not None:
+                self.waiting[bookmark] = held[0]
+                back += 1
+        if back:
+            self._unsorted = True
+            self.redelivered += back
+        return back
+
+    # -- deliveries -------------------------------------------------------------------------------------
+
+    def dispatch(self, now: float, *, limit: int = 10_000) -> list[Delivery]:
+        """Give waiting messages to subscribers with room, oldest first, one each in turn. At-least-once: each
+        is leased until ``now + LeasePeriod``; at-most-once: each leaves the queue (the caller records its
+        removal before delivering it, and calls :meth:`undo` if that fails)."""
+        if not self.waiting or not self.subscribers:
+            return []
+        self._sort()
+        out: list[Delivery] = []
+        turn = sorted(self.subscribers.values(), key=lambda s: (len(s.leased), s.client))
+        given: dict[str, int] = {s.client: 0 for s in turn}
+        while turn and self.waiting and len(out) < limit:
+            still = []
+            for subscriber in turn:
+                room = subscriber.max_backlog - (given[subscriber.client] if self.at_most_once
+                                                 else len(subscriber.leased))
+                if room <= 0:
+                    continue
+                message = self._next_for(subscriber)
+                if message is None:
+                    continue
+                del self.waiting[message.bookmark]
+                self._lapsed.pop(message.bookmark, None)
+                given[subscriber.client] += 1
+                subscriber.delivered += 1
+                self.delivered += 1
+                if self.at_most_once:
+                    out.append(Delivery(subscriber.client, message, 0.0))
+                else:
+                    expires = now + self.queue.lease_period_s
+                    subscriber.leased[message.bookmark] = expires
+                    self.leased[message.bookmark] = (message, subscriber.client)
+                    out.append(Delivery(subscriber.client, message, expires))
+                still.append(subscriber)
+            turn = still
+        return out
+
+    def undo(self, deliveries: list[Delivery]) -> None:
+        """At-most-once deliveries whose removal could not be recorded: back to the queue, undelivered."""
+        for delivery in deliveries:
+            self.waiting[delivery.message.bookmark] = delivery.message
+            subscriber = self.subscribers.get(delivery.client)
+            if subscriber is not None:
+                subscriber.delivered -= 1
+            self.delivered -= 1
+        self._unsorted = self._unsorted or bool(deliveries)
+
+    def _next_for(self, subscriber: Subscriber) -> Message | None:
+        alone = len(self.subscribers) == 1
+        for message in self.waiting.values():
+            if not alone and self._lapsed.get(message.bookmark) == subscriber.client:
+                continue  # it let this one's lease run out: another subscriber takes it
+            if subscriber.filter is None or subscriber.filter.matches(message.data, self.queue.message_type):
+                return message
+        return None
+
+    def _sort(self) -> None:
+        if self._unsorted:
+            self.waiting = dict(sorted(self.waiting.items(), key=lambda item: item[1].seq))
+            self._unsorted = False
+
+    # -- what ``replication queue`` shows ----------------------------------------------------------------
+
+    def status(self, now: float) -> dict:
+        return {
+            "queue": self.queue.name, "kind": self.queue.kind, "semantics": self.queue.semantics,
+            "depth": len(self.waiting) + len(self.leased) + len(self.elsewhere),
+            "waiting": len(self.waiting), "leased": len(self.leased), "owned_elsewhere": len(self.elsewhere),
+            "delivered": self.delivered, "redelivered": self.redelivered, "acknowledged": self.acknowledged,
+            "consumers": {
+                s.client: {"leased": len(s.leased), "delivered": s.delivered, "acknowledged": s.acknowledged,
+                           "max_backlog": s.max_backlog, "filter": s.filter.text if s.filter else None,
+                           "seen_seconds_ago": round(now - s.seen, 1)}
+                for s in sorted(self.subscribers.values(), key=lambda s: s.client)
+            },
+        }

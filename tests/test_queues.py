@@ -1,0 +1,126 @@
+"""Queues end to end: real instances and a real broker, consumers through ``replication.client.QueueConsumer``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import pytest
+from support.factories import rejected_rows, wait_until
+
+from replication.client import QueueConsumer
+from replication.errors import ReplicationError
+from replication.queues.wire import bookmarks_in
+from replication.storage.control import Heartbeat
+
+
+def queue_xml(kind: str = "Queue", semantics: str = "at-least-once", lease: str = "30s", extra: str = "") -> str:
+    return (f"<{kind}><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/tasks</UnderlyingTopic>"
+            f"<Semantics>{semantics}</Semantics><LeasePeriod>{lease}</LeasePeriod>{extra}</{kind}>")
+
+
+def consumer(fabric, client: str, short: str, **kwargs) -> QueueConsumer:
+    name = fabric.name(short)
+    return QueueConsumer(client, bootstrap=fabric.broker.bootstrap, topic=f"{name}.publish", instance=name,
+                         queue=kwargs.pop("queue", "/work"), store_path=fabric.root / f"{client}.store", **kwargs)
+
+
+def publish_tasks(fabric, short: str, n: int, client: str = "feeder") -> list[str]:
+    """Publish ``n`` tasks at ``short``; their bookmarks once persisted."""
+    pub = fabric.publisher(client, short)
+    seqs = [pub.publish("/tasks", json.dumps({"task": i}).encode()) for i in range(n)]
+    assert pub.flush(timeout=60) == []
+    rows = fabric.rows(short).to_pylist()
+    stored = {r["publisher_seq"]: r["bookmark"] for r in rows if r["publisher"] == client}
+    return [stored[s] for s in seqs]
+
+
+def queue_status(fabric, short: str) -> dict:
+    beat = Heartbeat.read(fabric.storage(short) / "_control" / "heartbeat.json")
+    return beat.queues["/work"] if beat and "/work" in beat.queues else {}
+
+
+def acknowledged_rows(fabric, short: str) -> Counter:
+    """Bookmarks acknowledged in ``short``'s txlog, with how many acknowledgement rows name each."""
+    rows = fabric.rows(short).to_pylist()
+    return Counter(b for r in rows if r["command"] == "sow_delete" and r["topic"] == "/work"
+                   for b in bookmarks_in(r["data"]))
+
+
+def drain(worker: QueueConsumer, got: list[str], stop: threading.Event, *, ack: bool = True) -> None:
+    while not stop.is_set():
+        message = worker.receive(timeout=0.2)
+        if message is not None:
+            got.append(message.bookmark)
+            if ack:
+                message.ack()
+
+
+def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgements(fabric):
+    fabric.configure("a", sow=queue_xml())
+    fabric.start("a")
+    workers = [consumer(fabric, f"worker-{i}", "a", max_backlog=20) for i in range(2)]
+    got: list[list[str]] = [[], []]
+    stop = threading.Event()
+    threads = [threading.Thread(target=drain, args=(w, g, stop)) for w, g in zip(workers, got, strict=True)]
+    for t in threads:
+        t.start()
+    published = publish_tasks(fabric, "a", 600)
+    wait_until(lambda: len(got[0]) + len(got[1]) >= 600, timeout=120, what="600 deliveries")
+    stop.set()
+    for t in threads:
+        t.join()
+    assert [w.flush(timeout=60) for w in workers] == [[], []]  # every acknowledgement persisted
+    delivered = got[0] + got[1]
+    assert sorted(delivered) == sorted(published)  # each message once, to one consumer
+    assert got[0] and got[1]  # both were served
+    wait_until(lambda: queue_status(fabric, "a").get("acknowledged") == 600, timeout=30, what="status")
+    status = queue_status(fabric, "a")
+    assert status["depth"] == 0 and status["delivered"] == 600 and status["redelivered"] == 0
+    assert sum(c["acknowledged"] for c in status["consumers"].values()) == 600
+    acked = acknowledged_rows(fabric, "a")
+    assert set(acked) == set(published) and set(acked.values()) == {1}  # in the txlog, each once
+    for w in workers:
+        w.close()
+
+
+def test_a_lease_that_runs_out_goes_to_another_consumer_and_bad_acknowledgements_fail(fabric):
+    fabric.configure("a", sow=queue_xml(lease="6s"))
+    fabric.start("a")
+    greedy = consumer(fabric, "greedy", "a", max_backlog=5)
+    published = publish_tasks(fabric, "a", 5)
+    held = [greedy.receive(timeout=30).bookmark for _ in range(5)]  # and never acknowledged
+    assert sorted(held) == sorted(published)
+    late = consumer(fabric, "late", "a", max_backlog=5)
+    assert late.receive(timeout=1.0) is None  # all five are leased to greedy
+    again = []
+    deadline = time.monotonic() + 30
+    while len(again) < 5 and time.monotonic() < deadline:
+        message = late.receive(timeout=1.0)
+        if message is not None:
+            again.append(message)
+    assert sorted(m.bookmark for m in again) == sorted(published)  # after greedy's lease ran out
+    # greedy acknowledges a message now leased to late, then a bookmark the queue never had: each refused
+    greedy.ack(held[0])
+    [not_held] = greedy.flush(timeout=30)
+    assert f"bookmark {held[0]} of queue '/work' is leased to another client, not 'greedy'" in not_held.reason
+    greedy.ack("123|456")
+    [unknown] = greedy.flush(timeout=30)
+    assert "queue '/work' does not hold bookmark 123|456" in unknown.reason
+    for message in again:
+        message.ack()
+    assert late.flush(timeout=30) == []  # nothing lost: late's acknowledgements are all taken
+    rejected = rejected_rows(fabric.root, fabric.name("a"))
+    assert {r["reason"] for r in rejected} >= {not_held.reason, unknown.reason}
+    wait_until(lambda: queue_status(fabric, "a").get("acknowledged") == 5, timeout=30, what="status")
+    assert queue_status(fabric, "a")["redelivered"] == 5 and acknowledged_rows(fabric, "a") == Counter(published)
+    with pytest.raises(ReplicationError, match=r"refused the subscription to '/orders'.*is not a queue"):
+        wrong = consumer(fabric, "wrong", "a", queue="/orders")
+        try:
+            wrong.receive(timeout=10)
+        finally:
+            wrong.close()
+    greedy.close()
+    late.close()

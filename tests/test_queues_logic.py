@@ -1,0 +1,182 @@
+"""Queues without services: their config, the state folded from txlog rows, dispatch and leases, and how the
+ingest classifies subscribes and acknowledgements."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pytest
+
+from replication.config.model import QueueTopic
+from replication.config.parser import parse_string
+from replication.errors import ConfigError
+from replication.expressions import Filter
+from replication.ingest.classify import CANDIDATE_SCHEMA, classify
+from replication.queues.book import QueueBook
+from replication.queues.state import QueueState
+from replication.queues.wire import QueueRequest
+from replication.txlog.publishers import PublisherState
+
+BASE = """<AMPSConfig><Name>amps-1</Name><Storage>/tmp/q</Storage>
+<Transports><Transport><Name>k</Name><Type>kafka</Type><InetAddr>localhost:9092</InetAddr>
+<Topic>amps-1.publish</Topic><MessageType>json</MessageType></Transport>
+<Transport><Name>r</Name><Type>amps-replication</Type></Transport></Transports>
+<TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+<SOW>{sow}</SOW>{replication}</AMPSConfig>"""
+
+
+def load(sow: str, replication: str = ""):
+    return parse_string(BASE.format(sow=sow, replication=replication), filename="amps-1.xml")
+
+
+def queue(**kwargs) -> QueueTopic:
+    defaults = {"name": "/work", "message_type": "json", "underlying_topic": "/tasks", "semantics": "at-least-once",
+                "lease_period_s": 10.0}
+    return QueueTopic(**{**defaults, **kwargs})
+
+
+def test_queue_config_takes_semantics_lease_and_local_queues_and_refuses_what_is_not_built():
+    cfg = load("<Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/tasks</UnderlyingTopic>"
+               "<Semantics>at-least-once</Semantics><LeasePeriod>30s</LeasePeriod></Queue>"
+               "<LocalQueue><Name>/mine</Name><MessageType>json</MessageType></LocalQueue>")
+    work, mine = cfg.queues
+    assert (work.semantics, work.lease_period_s, work.kind) == ("at-least-once", 30.0, "Queue")
+    assert (mine.kind, mine.semantics) == ("LocalQueue", "at-most-once")  # AMPS's default semantics
+    with pytest.raises(ConfigError, match=r"amps-1.xml:\d+: .*<MaxDeliveries> in <Queue> is not supported yet"):
+        load("<Queue><Name>/w</Name><MessageType>json</MessageType><MaxDeliveries>3</MaxDeliveries></Queue>")
+    with pytest.raises(ConfigError, match="'exactly-once' is not a valid Semantics"):
+        load("<Queue><Name>/w</Name><MessageType>json</MessageType><Semantics>exactly-once</Semantics></Queue>")
+
+
+def test_a_local_queue_that_a_destination_replicates_stops_the_load_naming_both():
+    replication = ("<Replication><Destination><Name>amps-2</Name><SyncType>sync</SyncType><Topic><Name>.*</Name>"
+                   "<MessageType>json</MessageType></Topic><Transport><Type>amps-replication</Type>"
+                   "<InetAddr>/tmp/amps-2</InetAddr></Transport></Destination></Replication>")
+    with pytest.raises(ConfigError) as caught:
+        load("<LocalQueue><Name>/mine</Name><MessageType>json</MessageType></LocalQueue>", replication)
+    message = str(caught.value)
+    assert "amps-2" in message and "'/mine'" in message and "a LocalQueue cannot be replicated" in message
+    assert "Fix:" in message and caught.value.line
+
+
+def test_at_least_once_leases_in_turn_redelivers_after_the_lease_and_takes_only_the_holders_ack():
+    state = QueueState(queue(lease_period_s=10.0), "amps-1")
+    for seq in range(1, 7):
+        state.add(seq, f"9|{seq}", "/tasks", b'{"n": %d}' % seq, origin="amps-1")
+    state.subscribe("w1", None, 2, now=0.0)
+    state.subscribe("w2", None, 2, now=0.0)
+    first = state.dispatch(now=1.0)
+    assert sorted((d.client, d.message.seq) for d in first) == [("w1", 1), ("w1", 3), ("w2", 2), ("w2", 4)]
+    assert state.dispatch(now=1.5) == []  # both full
+    taken: set[str] = set()
+    holder = {d.message.bookmark: d.client for d in first}
+    other = next(b for b, c in holder.items() if c == "w2")
+    assert "leased to another client" in state.check_ack("w1", [other], taken)
+    assert "it never had it" in state.check_ack("w1", ["9|99"], taken)
+    assert "not leased to 'w1'" in state.check_ack("w1", ["9|5"], taken)
+    mine = [b for b, c in holder.items() if c == "w1"]
+    assert state.check_ack("w1", mine, taken) is None
+    assert "acknowledged twice" in state.check_ack("w1", mine[:1], taken)
+    state.remove(mine, "w1")
+    state.subscribers["w2"].seen = 11.0
+    assert state.expire(now=11.5, silent_after=100) == 2  # w2's leases ran out at 11.0
+    again = state.dispatch(now=12.0)
+    # oldest first, the returned ones ahead, and not to w2, which let their leases run out
+    assert sorted((d.client, d.message.seq) for d in again) == [("w1", 2), ("w1", 4), ("w2", 5), ("w2", 6)]
+    assert state.status(12.0)["acknowledged"] == 2 and state.redelivered == 2
+
+
+def test_silent_subscribers_and_unsubscribes_give_their_messages_back():
+    state = QueueState(queue(), "amps-1")
+    state.add(1, "9|1", "/tasks", b"{}", origin="amps-1")
+    state.subscribe("w1", None, 5, now=0.0)
+    assert len(state.dispatch(now=0.0)) == 1
+    assert state.expire(now=3.0, silent_after=2.0) == 1 and "w1" not in state.subscribers
+    state.subscribe("w2", None, 5, now=3.0)
+    assert len(state.dispatch(now=3.0)) == 1
+    assert state.unsubscribe("w2") == 1 and list(state.waiting) == ["9|1"]
+
+
+def test_filters_ownership_and_at_most_once():
+    state = QueueState(queue(filter=Filter("/n > 1"), semantics="at-most-once"), "amps-1")
+    assert not state.add(1, "9|1", "/tasks", b'{"n": 1}', origin="amps-1")  # the queue's filter
+    state.add(2, "9|2", "/tasks", b'{"n": 2}', origin="amps-2")  # another instance's: it delivers it
+    state.add(3, "9|3", "/tasks", b'{"n": 3}', origin="amps-1")
+    state.add(4, "9|4", "/tasks", b'{"n": 4}', origin="amps-1")
+    state.subscribe("w1", Filter("/n = 4"), 1, now=0.0)
+    state.subscribe("w2", None, 1, now=0.0)
+    out = state.dispatch(now=0.0)
+    assert sorted((d.client, d.message.seq, d.lease_expires) for d in out) == [("w1", 4, 0.0), ("w2", 3, 0.0)]
+    assert not state.leased and not state.waiting and list(state.elsewhere) == ["9|2"]
+    assert "at-most-once" in state.check_ack("w1", ["9|4"], set())
+    state.undo(out[:1])
+    assert len(state.waiting) == 1
+    state.remove(["9|2"], "amps-2.queues")  # the owner's removal, replicated
+    assert not state.elsewhere
+    group = QueueState(queue(kind="GroupLocalQueue", initial_owner="amps-2"), "amps-1")
+    group.add(1, "9|1", "/tasks", b"{}", origin="amps-1")
+    assert list(group.elsewhere) == ["9|1"]  # its InitialOwner delivers it, wherever it was published
+
+
+def txlog(rows: list[tuple[int, str, str, str, bytes, str]]) -> pa.Table:
+    seq, bookmark, topic, command, data, publisher = zip(*rows, strict=True)
+    n = len(rows)
+    return pa.table({"seq": list(seq), "bookmark": list(bookmark), "publisher": list(publisher),
+                     "topic": list(topic), "message_type": ["json"] * n, "command": list(command),
+                     "data": list(data), "origin": ["amps-1"] * n})
+
+
+def test_the_book_folds_publishes_and_acknowledgements_and_answers_subscribes():
+    cfg = load("<Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>^/tasks/</UnderlyingTopic>"
+               "<Semantics>at-least-once</Semantics></Queue>")
+    book = QueueBook(cfg)
+    book.apply(txlog([(1, "7|1", "/tasks/a", "publish", b"{}", "p"), (2, "7|2", "/other", "publish", b"{}", "p"),
+                      (3, "7|3", "/tasks/b", "publish", b"{}", "p")]))
+    assert list(book.queues["/work"].waiting) == ["7|1", "7|3"] and book.applied_seq == 3
+    assert book.request(QueueRequest("w", "subscribe", "/work", b'{"max_backlog": 1}'), 0.0) is None
+    refused = book.request(QueueRequest("w", "subscribe", "/orders"), 0.0)
+    assert refused is not None and "'/orders' is not a queue of amps-1" in refused.reason
+    bad = book.request(QueueRequest("w", "subscribe", "/work", b'{"max_backlog": 0}'), 0.0)
+    assert bad is not None and "max_backlog must be a whole number" in bad.reason
+    (queue_state, [delivery]), = book.dispatch(1.0)
+    assert delivery.message.bookmark == "7|1"
+    answers = book.check_acks([("w", "/work", b"7|1"), ("x", "/work", b"7|3"), ("amps-1.queues", "/work", b"7|3")],
+                              "amps-1.queues")
+    assert answers[0] is None and "not leased to 'x'" in answers[1] and answers[2] is None  # (the manager's own)
+    book.apply(txlog([(4, "5|1", "/work", "sow_delete", b"7|1", "w")]))
+    assert book.status(2.0)["/work"]["acknowledged"] == 1 and book.status(2.0)["/work"]["depth"] == 1
+
+
+class Acks:
+    topics = frozenset({"/work"})
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, bytes | None]] = []
+
+    def check(self, acks):
+        self.asked.extend(acks)
+        return [None if body == b"7|1" else "not leased" for _c, _t, body in acks]
+
+
+def candidates(rows: list[dict]) -> pa.Table:
+    full = [{**{f.name: None for f in CANDIDATE_SCHEMA}, "source": "kafka", "message_type": "json", **r}
+            for r in rows]
+    return pa.Table.from_pylist(full, schema=CANDIDATE_SCHEMA)
+
+
+def test_classify_answers_subscribes_and_stores_only_acknowledgements_the_queue_takes():
+    batch = candidates([
+        {"publisher": "w", "command": "subscribe", "topic": "/work", "data": b'{"max_backlog": 3}'},
+        {"publisher": "w", "publisher_seq": "1", "command": "sow_delete", "topic": "/work", "data": b"7|1"},
+        {"publisher": "w", "publisher_seq": "2", "command": "sow_delete", "topic": "/work", "data": b"7|2"},
+        {"publisher": "w", "command": "unsubscribe", "topic": "/work"},
+    ])
+    acks = Acks()
+    out = classify(batch, PublisherState(), instance="amps-1", recorded=lambda t, m: True, queues=acks,
+                   now=datetime.now(timezone.utc))
+    assert [(r.command, r.topic) for r in out.queue_requests] == [("subscribe", "/work"), ("unsubscribe", "/work")]
+    assert out.txlog_rows.column("data").to_pylist() == [b"7|1"]  # stored as a sow_delete on the queue
+    assert out.txlog_rows.column("command").to_pylist() == ["sow_delete"]
+    assert out.rejected_rows.column("reason").to_pylist() == ["not leased"]
+    assert acks.asked == [("w", "/work", b"7|1"), ("w", "/work", b"7|2")]
