@@ -27,13 +27,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bootstrap": ("bootstrap", "copy another instance's messages into an empty instance, then exit"),
     "backfill": ("backfill", "publish the rows of files (parquet, jsonl, csv, delta) at an instance"),
     "replay": ("replay", "print a txlog's messages from a bookmark, optionally following new ones"),
+    "queue": ("queue", "show a queue's depth, leases and acknowledgements, per consumer"),
     "downgrade": ("downgrade", "make a sync destination async until `replication upgrade` (admin)"),
     "upgrade": ("downgrade", "end an operator's downgrade: the destination is sync again (admin)"),
 }
 
 
 #: Query commands: they answer from deltalake and Arrow alone, and a user waits for their first line.
-QUERY_COMMANDS = frozenset({"sow", "replay", "status"})
+QUERY_COMMANDS = frozenset({"sow", "replay", "status", "queue"})
 
 
 class _WithoutPandas:

@@ -8,7 +8,8 @@ import time
 from collections import Counter
 
 import pytest
-from support.factories import rejected_rows, wait_until
+from support.cli import run_cli
+from support.factories import destination_xml, rejected_rows, replication_xml, wait_until
 
 from replication.client import QueueConsumer
 from replication.errors import ReplicationError
@@ -82,8 +83,26 @@ def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgem
     assert sum(c["acknowledged"] for c in status["consumers"].values()) == 600
     acked = acknowledged_rows(fabric, "a")
     assert set(acked) == set(published) and set(acked.values()) == {1}  # in the txlog, each once
+    shown = run_cli("queue", fabric.paths["a"], "--topic", "/work", "--format", "json")
+    assert shown.code == 0 and json.loads(shown.out)["acknowledged"] == 600
+    assert json.loads(shown.out)["state"] == "running"
+    assert set(json.loads(shown.out)["consumers"]) == {"worker-0", "worker-1"}
     for w in workers:
         w.close()
+
+    # a restart rebuilds the queue from the txlog: nothing acknowledged comes again, what is new comes
+    fabric.stop("a")
+    down = run_cli("queue", fabric.paths["a"], "--topic", "/work", "--format", "json")
+    assert json.loads(down.out)["depth"] == 0 and json.loads(down.out)["acknowledged"] == 600
+    assert "not running" in json.loads(down.out)["state"]
+    fabric.start("a")
+    fresh = consumer(fabric, "worker-2", "a", max_backlog=50)
+    more = publish_tasks(fabric, "a", 20, client="feeder-2")
+    after = [m.bookmark for m in fresh.messages(timeout=5)]
+    assert sorted(after) == sorted(more)
+    fresh.close()
+    wrong = run_cli("queue", fabric.paths["a"], "--topic", "/tasks")
+    assert wrong.code == 2 and "'/tasks' is not a queue of" in wrong.err and len(wrong.err.splitlines()) == 1
 
 
 def test_a_lease_that_runs_out_goes_to_another_consumer_and_bad_acknowledgements_fail(fabric):
@@ -124,3 +143,73 @@ def test_a_lease_that_runs_out_goes_to_another_consumer_and_bad_acknowledgements
             wrong.close()
     greedy.close()
     late.close()
+
+
+def test_an_at_most_once_queue_removes_on_delivery_and_a_restart_delivers_none_again(fabric):
+    fabric.configure("a", sow=queue_xml(semantics="at-most-once"))
+    fabric.start("a")
+    worker = consumer(fabric, "once", "a", max_backlog=10)
+    published = publish_tasks(fabric, "a", 50)
+    got = [m for m in worker.messages(timeout=5)]
+    assert sorted(m.bookmark for m in got) == sorted(published) and {m.lease_expires for m in got} == {0.0}
+    worker.close()
+    removed = acknowledged_rows(fabric, "a")  # the instance's own removals, recorded before each delivery
+    assert set(removed) == set(published) and set(removed.values()) == {1}
+    assert {r["publisher"] for r in fabric.rows("a").to_pylist() if r["command"] == "sow_delete"} == {
+        f"{fabric.name('a')}.queues"}
+    fabric.stop("a")
+    fabric.start("a")
+    again = consumer(fabric, "twice", "a", max_backlog=10)
+    assert again.receive(timeout=4) is None
+    again.close()
+
+
+def pair_with_queue(fabric, queue: str) -> None:
+    for short, other in (("a", "b"), ("b", "a")):
+        fabric.configure(short, group="pair", sow=queue,
+                         replication=replication_xml(destination_xml(fabric.name(other), [fabric.storage(other)])))
+    fabric.start("a")
+    fabric.start("b")
+
+
+def test_a_distributed_queue_on_a_sync_pair_delivers_each_message_at_its_owner_once(fabric):
+    pair_with_queue(fabric, queue_xml())
+    at_a = publish_tasks(fabric, "a", 200, client="feed-a")
+    at_b = publish_tasks(fabric, "b", 200, client="feed-b")
+    workers = {short: consumer(fabric, f"w-{short}", short, max_backlog=50) for short in ("a", "b")}
+    got = {short: [] for short in workers}
+    stop = threading.Event()
+    threads = [threading.Thread(target=drain, args=(workers[s], got[s], stop)) for s in workers]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(got["a"]) + len(got["b"]) >= 400, timeout=120, what="400 deliveries")
+    time.sleep(1)  # (a second delivery of anything would show now)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert [w.flush(timeout=60) for w in workers.values()] == [[], []]
+    # each instance owns what was published at it: only it delivers that, and each message once
+    assert sorted(got["a"]) == sorted(at_a) and sorted(got["b"]) == sorted(at_b)
+    # the acknowledgements replicate: both instances hold all 400, each once, and neither queue holds any
+    for short in ("a", "b"):
+        assert acknowledged_rows(fabric, short) == Counter(at_a + at_b)
+        wait_until(lambda s=short: queue_status(fabric, s).get("depth") == 0, timeout=60, what=f"{short} drained")
+    for w in workers.values():
+        w.close()
+
+
+def test_a_group_local_queue_delivers_only_at_its_initial_owner(fabric):
+    pair_with_queue(fabric, queue_xml(kind="GroupLocalQueue", extra="<InitialOwner>{owner}</InitialOwner>")
+                    .replace("{owner}", fabric.name("a")))
+    workers = {short: consumer(fabric, f"g-{short}", short, max_backlog=100) for short in ("a", "b")}
+    at_b = publish_tasks(fabric, "b", 30, client="feed-b")
+    assert workers["b"].receive(timeout=3) is None  # published at b, owned by a
+    got = [m for m in workers["a"].messages(timeout=5)]
+    assert sorted(m.bookmark for m in got) == sorted(at_b)
+    for m in got:
+        m.ack()
+    assert workers["a"].flush(timeout=60) == []
+    wait_until(lambda: queue_status(fabric, "b").get("acknowledged") == 30, timeout=60, what="acks at b")
+    assert queue_status(fabric, "b")["owned_elsewhere"] == 0 and queue_status(fabric, "b")["delivered"] == 0
+    for w in workers.values():
+        w.close()
