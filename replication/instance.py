@@ -149,7 +149,8 @@ class Instance:
             if self.cfg.queues:  # before the ingest: its first acknowledgement check knows every message
                 self.queues = QueueDispatcher(self.cfg, TxlogReader(self.layout, self.name),
                                               bootstrap=transport.bootstrap_servers, security=transport.security,
-                                              refuse=sender.send_refusal)
+                                              refuse=sender.send_refusal,
+                                              proxied_file=self.layout.proxied_transfer_json)
                 self.queues.recover()
         self.links = {
             d.name: Link(self.layout.link_file(d.name), d.name, d.sync_type) for d in self.cfg.destinations

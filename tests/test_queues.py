@@ -213,3 +213,49 @@ def test_a_group_local_queue_delivers_only_at_its_initial_owner(fabric):
     assert queue_status(fabric, "b")["owned_elsewhere"] == 0 and queue_status(fabric, "b")["delivered"] == 0
     for w in workers.values():
         w.close()
+
+
+def test_a_sync_pair_delivers_10k_messages_once_and_transfers_when_one_side_s_consumers_stop(fabric):
+    """The spec's ownership transfer: a non-owner with waiting subscribers asks for messages that waited longer
+    than the typical publish-to-ack time, and an owner with no subscriber able to take them grants the request."""
+    pair_with_queue(fabric, queue_xml())
+    workers = {f"{short}{i}": consumer(fabric, f"w-{short}{i}", short, max_backlog=100)
+               for short in ("a", "b") for i in range(2)}
+    got: dict[str, list[str]] = {name: [] for name in workers}
+    stops = {name: threading.Event() for name in workers}
+    threads = {name: threading.Thread(target=drain, args=(workers[name], got[name], stops[name]))
+               for name in workers}
+    for t in threads.values():
+        t.start()
+    feeds = {short: threading.Thread(target=lambda s=short: published.setdefault(
+        s, publish_tasks(fabric, s, 5_000, client=f"feed-{s}"))) for short in ("a", "b")}
+    published: dict[str, list[str]] = {}
+    for t in feeds.values():
+        t.start()
+    wait_until(lambda: len(got["a0"]) + len(got["a1"]) >= 1_000, timeout=120, what="a's consumers under way")
+    for name in ("a0", "a1"):  # a's consumers stop: what a owns now waits, and b asks for it
+        stops[name].set()
+        threads[name].join()
+        assert workers[name].flush(timeout=60) == []
+        workers[name].close()
+    for t in feeds.values():
+        t.join()
+    everything = published["a"] + published["b"]
+    wait_until(lambda: sum(len(g) for g in got.values()) >= 10_000, timeout=300, what="10,000 deliveries")
+    time.sleep(1)
+    for name in ("b0", "b1"):
+        stops[name].set()
+        threads[name].join()
+        assert workers[name].flush(timeout=60) == []
+    delivered = [b for g in got.values() for b in g]
+    assert sorted(delivered) == sorted(everything)  # every message delivered once across the fabric
+    for short in ("a", "b"):  # and acknowledged once, the acknowledgements replicated to both
+        assert acknowledged_rows(fabric, short) == Counter(everything), short
+    wait_until(lambda: queue_status(fabric, "a").get("transfers", {}).get("granted", 0) > 0
+               and queue_status(fabric, "b").get("depth") == 0, timeout=60, what="status")
+    a, b = queue_status(fabric, "a"), queue_status(fabric, "b")
+    taken_over = len(set(got["b0"] + got["b1"]) & set(published["a"]))
+    assert taken_over > 0 and b["transfers"]["received"] == a["transfers"]["granted"] == taken_over
+    assert b["transfers"]["requested"] >= taken_over
+    for name in ("b0", "b1"):
+        workers[name].close()

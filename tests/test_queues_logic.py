@@ -180,3 +180,43 @@ def test_classify_answers_subscribes_and_stores_only_acknowledgements_the_queue_
     assert out.txlog_rows.column("command").to_pylist() == ["sow_delete"]
     assert out.rejected_rows.column("reason").to_pylist() == ["not leased"]
     assert acks.asked == [("w", "/work", b"7|1"), ("w", "/work", b"7|2")]
+
+
+def test_a_non_owner_asks_for_messages_its_owner_does_not_keep_up_with_and_the_owner_grants_what_it_cannot_take():
+    owner, other = QueueState(queue(), "amps-1"), QueueState(queue(), "amps-2")
+    for state in (owner, other):
+        for seq in (1, 2, 3):
+            state.add(seq, f"9|{seq}", "/tasks", b"{}", origin="amps-1", now=0.0)
+    assert list(other.elsewhere) == ["9|1", "9|2", "9|3"] and not other.waiting
+    other.subscribe("w2", None, 2, now=0.0)
+    assert other.wanted(now=0.5) == []  # not waited the typical publish-to-ack time (1 s before any is seen)
+    asked = [m.bookmark for m in other.wanted(now=1.5)]
+    assert asked == ["9|1", "9|2"]  # as many as its subscribers have room for
+    assert other.wanted(now=2.0) == []  # asked already: not again before REQUEST_AGAIN_S
+    owner.subscribe("w1", None, 1, now=1.5)
+    owner.dispatch(now=1.5)  # 9|1 leased at the owner
+    owner.subscribe("w1b", None, 1, now=1.5)
+    assert owner.grant(asked, "amps-2", now=1.6) == []  # w1b has room: the owner keeps its messages
+    del owner.subscribers["w1b"]
+    assert owner.grant(asked, "amps-2", now=1.7) == ["9|2"]  # 9|1 is leased; 9|2 goes
+    assert owner.elsewhere["9|2"].owner == "amps-2"
+    other.transferred(["9|2"], "amps-2", now=2.0)  # the grant, replicated
+    owner.transferred(["9|2"], "amps-2", now=2.0)  # and stored at the owner
+    assert [d.message.bookmark for d in other.dispatch(now=2.0)] == ["9|2"]
+    assert other.transfers_received == 1 and owner.transfers_granted == 1
+    other.remove(["9|1"], "w1", now=3.0)  # an acknowledgement seen 3 s after its message: the typical time moves
+    assert 1.0 < other.typical_ack_s < 3.0
+
+
+def test_a_proxied_owner_s_messages_are_wanted_at_once_and_a_failed_grant_is_undone():
+    state = QueueState(queue(), "amps-2")
+    state.add(1, "9|1", "/tasks", b"{}", origin="amps-1", now=0.0)
+    state.subscribe("w", None, 5, now=0.0)
+    assert state.wanted(now=0.1) == []
+    state.proxy_for = frozenset({"amps-1"})
+    assert [m.bookmark for m in state.wanted(now=0.1)] == ["9|1"]
+    owner = QueueState(queue(), "amps-1")
+    owner.add(1, "9|1", "/tasks", b"{}", origin="amps-1")
+    assert owner.grant(["9|1"], "amps-2") == ["9|1"]
+    owner.ungrant(["9|1"])
+    assert list(owner.waiting) == ["9|1"] and owner.waiting["9|1"].owner == "amps-1" and owner.transfers_granted == 0

@@ -30,7 +30,7 @@ from replication.messages import (
     body_errors,
     publisher_id,
 )
-from replication.queues.wire import QUEUE_COMMANDS, QueueRequest
+from replication.queues.wire import QUEUE_COMMANDS, QUEUE_MANAGEMENT, QueueRequest, manager_client
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.state import Prepared, SowChanges, SowState, fold, prepare
@@ -191,6 +191,7 @@ def classify(
     sizes = pc.fill_null(pc.binary_length(batch["data"]), 0).to_numpy(zero_copy_only=False)
     for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
         reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
+    reasons.update(_management_reasons(batch, headers_ok, instance, queues))
     is_delete = pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
     queue_ack = np.zeros(batch.num_rows, dtype=bool)
     if queues is not None and queues.topics and is_delete.any():
@@ -265,6 +266,27 @@ def classify(
                                _per_upstream(batch, dropped, np.zeros(dropped.size, np.int64)).items()}
     return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links, publisher_rows, link_rows,
                       link_seqs, link_duplicates, sow=sow_changes, queue_requests=queue_requests_in(batch))
+
+
+def _management_reasons(batch: pa.Table, headers_ok: np.ndarray, instance: str,
+                        queues: QueueAcks | None) -> dict[int, str]:
+    """Queue management rows (transfers) published here by anyone but the instance itself, or on a topic that
+    is not a queue: refused. Replicated ones are the upstream instances' own."""
+    mask = headers_ok & pc.fill_null(pc.and_(pc.is_in(batch["command"], pa.array(QUEUE_MANAGEMENT)),
+                                             pc.equal(batch["source"], "kafka")), False).to_numpy(zero_copy_only=False)
+    if not mask.any():
+        return {}
+    idx = np.nonzero(mask)[0]
+    rows = _rows_at(batch.select(["publisher", "command", "topic"]), idx).to_pylist()
+    me, topics = manager_client(instance), queues.topics if queues is not None else frozenset()
+    out = {}
+    for i, row in zip(idx.tolist(), rows, strict=True):
+        if row["publisher"] != me:
+            out[i] = (f"amps-command {row['command']!r} is internal to queue replication: only the instance "
+                      f"itself records it (as client {me!r})")
+        elif row["topic"] not in topics:
+            out[i] = f"amps-command {row['command']!r} on {row['topic']!r}, which is not a queue of {instance}"
+    return out
 
 
 def _queue_ack_reasons(batch: pa.Table, mask: np.ndarray, queues: QueueAcks) -> dict[int, str]:
@@ -382,7 +404,7 @@ def _headers_ok(batch: pa.Table, recorded: Callable[[str, str], bool]) -> np.nda
     ok = pc.and_kleene(pc.is_valid(client), pc.greater(pc.utf8_length(client), 0))
     # 1 to 18 ASCII digits: what the regex ^[0-9]{1,18}$ says, ~8x faster
     ok = pc.and_kleene(ok, pc.and_kleene(pc.ascii_is_decimal(seq), pc.less_equal(pc.binary_length(seq), 18)))
-    ok = pc.and_kleene(ok, pc.is_in(batch["command"], pa.array(STORED_COMMANDS)))
+    ok = pc.and_kleene(ok, pc.is_in(batch["command"], pa.array(STORED_COMMANDS + QUEUE_MANAGEMENT)))
     ok = pc.and_kleene(ok, pc.is_in(batch["message_type"], pa.array(MESSAGE_TYPES)))
     pairs = pc.binary_join_element_wise(
         pc.fill_null(batch["topic"], ""), pc.fill_null(batch["message_type"], ""), "\x00"

@@ -12,7 +12,16 @@ import pyarrow.compute as pc
 from replication.config.model import InstanceConfig
 from replication.expressions import Filter, FilterSyntaxError
 from replication.queues.state import Delivery, QueueState
-from replication.queues.wire import SUBSCRIBE, QueueRequest, Refusal, bookmarks_in
+from replication.queues.wire import (
+    QUEUE_MANAGEMENT,
+    SUBSCRIBE,
+    TRANSFER,
+    TRANSFER_REQUEST,
+    QueueRequest,
+    Refusal,
+    bookmarks_in,
+    transfer_of,
+)
 
 #: Columns of the txlog rows a queue reads.
 COLUMNS = ["seq", "bookmark", "publisher", "topic", "message_type", "command", "data", "origin"]
@@ -26,6 +35,9 @@ class QueueBook:
         self.queues: dict[str, QueueState] = {q.name: QueueState(q, cfg.name) for q in cfg.queues}
         self.applied_seq = 0
         """The txlog's rows through this seq are folded in."""
+        self.requests: list[tuple[QueueState, list[str], str]] = []
+        """Transfer requests of other instances stored since the dispatcher last took them: (queue, bookmarks,
+        the instance asking)."""
 
     @property
     def topics(self) -> frozenset[str]:
@@ -42,24 +54,36 @@ class QueueBook:
         underlying = [key for key in pc.unique(keys).to_pylist()
                       if any(q.takes(*key.split("\x00", 1)) for q in self.queues.values())]
         publish = pc.and_(pc.equal(rows["command"], "publish"), pc.is_in(keys, pa.array(underlying, pa.string())))
-        acks = pc.and_(pc.equal(rows["command"], "sow_delete"),
+        acks = pc.and_(pc.is_in(rows["command"], pa.array(("sow_delete", *QUEUE_MANAGEMENT))),
                        pc.is_in(rows["topic"], pa.array(sorted(self.queues), pa.string())))
         return rows.filter(pc.fill_null(pc.or_(publish, acks), False))
 
-    def apply(self, rows: pa.Table) -> None:
-        """Fold stored txlog rows (in seq order; any columns holding :data:`COLUMNS`) into the queues."""
+    def apply(self, rows: pa.Table, now: float = 0.0, *, live: bool = True) -> None:
+        """Fold stored txlog rows (in seq order; any columns holding :data:`COLUMNS`) into the queues.
+        ``live``: rows just stored, whose transfer requests are to be answered (a restart's fold answers
+        none: an old request is made again if still wanted)."""
         if rows.num_rows:
             self.applied_seq = max(self.applied_seq, int(pc.max(rows["seq"]).as_py()))
         mine = self.relevant(rows)
         if mine.num_rows == 0:
             return
         for row in mine.select(COLUMNS).to_pylist():
-            if row["command"] == "sow_delete":
-                self.queues[row["topic"]].remove(bookmarks_in(row["data"]), row["publisher"])
+            command = row["command"]
+            if command == "publish":
+                for queue in self.queues.values():
+                    if queue.takes(row["topic"], row["message_type"]):
+                        queue.add(row["seq"], row["bookmark"], row["topic"], row["data"] or b"", row["origin"], now)
                 continue
-            for queue in self.queues.values():
-                if queue.takes(row["topic"], row["message_type"]):
-                    queue.add(row["seq"], row["bookmark"], row["topic"], row["data"] or b"", row["origin"])
+            queue = self.queues[row["topic"]]
+            if command == "sow_delete":
+                queue.remove(bookmarks_in(row["data"]), row["publisher"], now)
+            elif command == TRANSFER:
+                bookmarks, to = transfer_of(row["data"])
+                queue.transferred(bookmarks, to, now)
+            elif command == TRANSFER_REQUEST and live:
+                bookmarks, to = transfer_of(row["data"])
+                if to != self.instance:
+                    self.requests.append((queue, bookmarks, to))
 
     # -- acknowledgements published here ----------------------------------------------------------------
 

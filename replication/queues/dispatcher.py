@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -38,10 +39,14 @@ from replication.queues.wire import (
     HEADER_LEASE_EXPIRES,
     HEADER_UNDERLYING_TOPIC,
     SILENT_AFTER_S,
+    TRANSFER,
+    TRANSFER_REQUEST,
     QueueRequest,
     Refusal,
     manager_client,
+    transfer_body,
 )
+from replication.storage.control import ProxiedTransfer
 
 if TYPE_CHECKING:
     from replication.client.publisher import Publisher
@@ -51,6 +56,8 @@ log = logging.getLogger(__name__)
 
 #: How often the thread ends leases and looks for subscribers with room when nothing wakes it.
 TICK_S = 0.05
+#: How often the instances this one stands in for are read again (seconds).
+PROXIED_READ_S = 1.0
 #: How long an at-most-once removal may take to persist before its deliveries go back to the queue.
 REMOVAL_TIMEOUT_S = 30.0
 
@@ -60,7 +67,9 @@ class QueueDispatcher:
 
     def __init__(self, cfg: InstanceConfig, reader: TxlogReader, *, bootstrap: tuple[str, ...],
                  security: KafkaSecurity = PLAINTEXT, refuse: Callable[[Refusal], None] | None = None,
-                 silent_after: float = SILENT_AFTER_S) -> None:
+                 silent_after: float = SILENT_AFTER_S, proxied_file: Path | None = None) -> None:
+        """``proxied_file``: where ``replication queue --enable-proxied-transfer`` names the instances this one
+        stands in for (read every second)."""
         self.cfg = cfg
         self.reader = reader
         self.book = QueueBook(cfg)
@@ -68,6 +77,8 @@ class QueueDispatcher:
         self.manager = manager_client(cfg.name)
         self._bootstrap, self._security = bootstrap, security
         self._refuse = refuse
+        self._proxied_file = proxied_file
+        self._proxied_read = 0.0
         self._silent_after = silent_after
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -88,7 +99,7 @@ class QueueDispatcher:
         started, rows = time.monotonic(), 0
         for part in self.reader.read(0, through) if through else ():
             rows += part.num_rows
-            self.book.apply(part.select(COLUMNS))
+            self.book.apply(part.select(COLUMNS), time.time(), live=False)
         self.book.applied_seq = max(self.book.applied_seq, through)
         log.info("%s: queues recovered from %d txlog rows in %.1f s: %s", self.cfg.name, rows,
                  time.monotonic() - started,
@@ -111,12 +122,13 @@ class QueueDispatcher:
 
     def _take_rows(self) -> None:
         """Fold in the commits handed over (lock held); a commit this dispatcher missed is read from the txlog."""
+        now = time.time()
         for first, last, rows in self._pending_rows:
             if first > self.book.applied_seq + 1:
                 for part in self.reader.read(self.book.applied_seq, first - 1):
-                    self.book.apply(part.select(COLUMNS))
+                    self.book.apply(part.select(COLUMNS), now)
             if last > self.book.applied_seq:
-                self.book.apply(rows.filter(pc.greater(rows["seq"], self.book.applied_seq)))
+                self.book.apply(rows.filter(pc.greater(rows["seq"], self.book.applied_seq)), now)
                 self.book.applied_seq = max(self.book.applied_seq, last)
         self._pending_rows = []
 
@@ -143,6 +155,10 @@ class QueueDispatcher:
 
     def _round(self) -> None:
         now = time.time()
+        if self._proxied_file is not None and now - self._proxied_read >= PROXIED_READ_S:
+            self._proxied_read = now
+            saved = ProxiedTransfer.read(self._proxied_file)
+            self.proxy_for(frozenset(saved.instances) if saved else frozenset())
         refusals: list[Refusal] = []
         with self._lock:
             self._take_rows()
@@ -152,15 +168,69 @@ class QueueDispatcher:
                     refusals.append(refusal)
             self._pending_requests = []
             self.book.expire(now, self._silent_after)
+            grants, asks = self._transfers(now)
             rounds = self.book.dispatch(now)
         for refusal in refusals:
             log.warning("%s: refused %s's subscription: %s", self.cfg.name, refusal.client, refusal.reason)
             if self._refuse is not None:
                 self._refuse(refusal)
+        for queue, bookmarks, to in grants:
+            if not self._record(queue, TRANSFER, bookmarks, to) and to != self.cfg.name:
+                with self._lock:  # (a proxied take-over stays: it is the owner's stand-in that delivers)
+                    queue.ungrant(bookmarks)
+        for queue, bookmarks in asks:
+            self._record(queue, TRANSFER_REQUEST, bookmarks, self.cfg.name)
         for queue, deliveries in rounds:
             if queue.at_most_once and not self._record_removal(queue, deliveries):
                 continue
             self._send(queue, deliveries)
+
+    def _transfers(self, now: float) -> tuple[list[tuple[QueueState, list[str], str]], list[tuple[QueueState,
+                                                                                                  list[str]]]]:
+        """(lock held) Answer the transfer requests stored since the last round, and find what to ask for:
+        grants to record ``(queue, bookmarks, to)``, requests to record ``(queue, bookmarks)``. Messages of an
+        owner this instance stands in for (proxied transfer) are taken at once, by a grant to itself."""
+        grants = []
+        for queue, bookmarks, to in self.book.requests:
+            granted = queue.grant(bookmarks, to, now)
+            if granted:
+                log.info("%s: %s: granted %d messages to %s", self.cfg.name, queue.queue.name, len(granted), to)
+                grants.append((queue, granted, to))
+        self.book.requests = []
+        asks = []
+        for queue in self.book.queues.values():
+            wanted = queue.wanted(now)
+            proxied = [m.bookmark for m in wanted if m.owner in queue.proxy_for]
+            if proxied:
+                queue.transferred(proxied, self.cfg.name, now)
+                grants.append((queue, proxied, self.cfg.name))
+            asked = [m.bookmark for m in wanted if m.owner not in queue.proxy_for]
+            if asked:
+                queue.transfers_requested += len(asked)
+                asks.append((queue, asked))
+        return grants, asks
+
+    def _record(self, queue: QueueState, command: str, bookmarks: list[str], to: str) -> bool:
+        """Record a transfer request or grant in the txlog (it replicates wherever the queue does)."""
+        try:
+            self._manager_publisher().publish(queue.queue.name, transfer_body(bookmarks, to), command=command)
+            return True
+        except Exception as exc:
+            log.error("%s: %s of %d messages of %s could not be recorded: %s", self.cfg.name, command,
+                      len(bookmarks), queue.queue.name, exc)
+            return False
+
+    def proxy_for(self, instances: frozenset[str]) -> None:
+        """Take over the messages of these instances (``replication queue --enable-proxied-transfer``)."""
+        with self._lock:
+            for queue in self.book.queues.values():
+                if queue.proxy_for != instances:
+                    for added in sorted(instances - queue.proxy_for):
+                        log.warning("%s: %s: proxied transfer enabled for %s: its messages are delivered here. "
+                                    "A message it delivered before it went down may be delivered twice if it "
+                                    "comes back, or if another instance also stands in for it", self.cfg.name,
+                                    queue.queue.name, added)
+                    queue.proxy_for = instances
 
     def _record_removal(self, queue: QueueState, deliveries: list[Delivery]) -> bool:
         """Persist the at-most-once removal of ``deliveries`` before they are sent; on failure they go back."""

@@ -10,11 +10,20 @@ until their owner's acknowledgement arrives by replication.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from replication.config.model import QueueTopic
 from replication.expressions import Filter
 from replication.routing import regex_matches
+
+#: The typical publish-to-acknowledgement time assumed before any has been seen (seconds).
+DEFAULT_TYPICAL_ACK_S = 1.0
+#: A non-owner never asks for a message sooner than this after it arrived (seconds).
+MIN_TRANSFER_WAIT_S = 0.2
+#: A request the owner did not grant is made again after this long (seconds).
+REQUEST_AGAIN_S = 5.0
+#: Weight of the newest sample in the typical publish-to-acknowledgement time (an exponential average).
+TYPICAL_WEIGHT = 0.2
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,18 @@ class QueueState:
         self._takes: dict[tuple[str, str], bool] = {}
         self._lapsed: dict[str, str] = {}
         """Bookmark -> the client whose lease on it ran out: it goes to another subscriber when one has room."""
+        self.arrived: dict[str, float] = {}
+        """Bookmark -> when a message owned elsewhere arrived here (epoch seconds)."""
+        self.typical_ack_s = DEFAULT_TYPICAL_ACK_S
+        """The typical time from a message owned elsewhere arriving here to its acknowledgement arriving: a
+        message waiting longer is not being kept up with, and a subscriber here with room asks for it."""
+        self.requested: dict[str, float] = {}
+        """Bookmark -> when this instance asked its owner for it."""
+        self.proxy_for: frozenset[str] = frozenset()
+        """Instances whose messages this one may take over (``enable_proxied_transfer``)."""
+        self.transfers_requested = 0
+        self.transfers_granted = 0
+        self.transfers_received = 0
 
     @property
     def at_most_once(self) -> bool:
@@ -93,20 +114,28 @@ class QueueState:
             return self.instance
         return origin
 
-    def add(self, seq: int, bookmark: str, topic: str, data: bytes, origin: str) -> bool:
+    def add(self, seq: int, bookmark: str, topic: str, data: bytes, origin: str, now: float = 0.0) -> bool:
         """A stored publish on an underlying topic; False when the queue's filter leaves it out."""
         if self.queue.filter is not None and not self.queue.filter.matches(data, self.queue.message_type):
             return False
         message = Message(seq, bookmark, topic, data, self.owner_of(origin))
         if bookmark in self.waiting or bookmark in self.leased or bookmark in self.elsewhere:
             return True
-        (self.waiting if message.owner == self.instance else self.elsewhere)[bookmark] = message
+        if message.owner == self.instance:
+            self.waiting[bookmark] = message
+        else:
+            self.elsewhere[bookmark] = message
+            self.arrived[bookmark] = now
         return True
 
-    def remove(self, bookmarks: Iterable[str], client: str) -> int:
+    def remove(self, bookmarks: Iterable[str], client: str, now: float = 0.0) -> int:
         """A stored acknowledgement (or removal) by ``client``: the messages leave the queue. How many did."""
         removed = 0
         for bookmark in bookmarks:
+            arrived = self.arrived.pop(bookmark, None)
+            if arrived is not None and now > arrived:
+                self.typical_ack_s += TYPICAL_WEIGHT * ((now - arrived) - self.typical_ack_s)
+            self.requested.pop(bookmark, None)
             held = self.leased.pop(bookmark, None)
             if held is not None:
                 subscriber = self.subscribers.get(held[1])
@@ -191,6 +220,84 @@ class QueueState:
             self.redelivered += back
         return back
 
+    # -- ownership transfers ---------------------------------------------------------------------------
+
+    def wanted(self, now: float) -> list[Message]:
+        """Messages owned elsewhere to ask for: subscribers here have room for them, and they have waited
+        longer than the typical publish-to-acknowledgement time (the owner's consumers are not keeping up)."""
+        open_ = [s for s in self.subscribers.values() if self._room(s) > 0]
+        # (asked for and not granted yet: their room is spoken for until the request may be made again)
+        room = sum(self._room(s) for s in open_) - sum(
+            1 for b, at in self.requested.items() if now - at < REQUEST_AGAIN_S and b in self.elsewhere)
+        if room <= 0 or not self.elsewhere:
+            return []
+        wait = max(MIN_TRANSFER_WAIT_S, self.typical_ack_s)
+        out: list[Message] = []
+        for bookmark, message in self.elsewhere.items():
+            if len(out) >= room:
+                break
+            if now - self.requested.get(bookmark, -1e18) < REQUEST_AGAIN_S:
+                continue
+            # (an owner this instance stands in for is away: its messages are taken at once)
+            if message.owner not in self.proxy_for and now - self.arrived.get(bookmark, now) < wait:
+                continue
+            if any(self._takes_it(s, message) for s in open_):
+                out.append(message)
+        for message in out:
+            self.requested[message.bookmark] = now
+        return out
+
+    def grant(self, bookmarks: Iterable[str], to: str, now: float = 0.0) -> list[str]:
+        """``to`` asks for these: the ones this instance owns, has not leased, and has no subscriber able to
+        take now go to ``to`` (the caller records the grant; :meth:`ungrant` if it cannot)."""
+        granted = []
+        for bookmark in bookmarks:
+            message = self.waiting.get(bookmark)
+            if message is None or any(self._room(s) > 0 and self._takes_it(s, message)
+                                      for s in self.subscribers.values()):
+                continue
+            del self.waiting[bookmark]
+            self.elsewhere[bookmark] = replace(message, owner=to)
+            self.arrived[bookmark] = now
+            granted.append(bookmark)
+        self.transfers_granted += len(granted)
+        return granted
+
+    def ungrant(self, bookmarks: list[str]) -> None:
+        """Grants that could not be recorded: the messages are this instance's again."""
+        for bookmark in bookmarks:
+            message = self.elsewhere.pop(bookmark, None)
+            if message is not None:
+                self.waiting[bookmark] = replace(message, owner=self.instance)
+                self.arrived.pop(bookmark, None)
+        self.transfers_granted -= len(bookmarks)
+        self._unsorted = True
+
+    def transferred(self, bookmarks: Iterable[str], to: str, now: float = 0.0) -> None:
+        """A stored grant: ``to`` owns these now (here, it is delivered when ``to`` is this instance)."""
+        for bookmark in bookmarks:
+            held = self.waiting.pop(bookmark, None)
+            message = held or self.elsewhere.pop(bookmark, None)
+            if message is None:
+                continue  # acknowledged already, or leased here (this instance granted it, so it is not)
+            message = replace(message, owner=to)
+            if to == self.instance:
+                if held is None:
+                    self.transfers_received += 1
+                self.requested.pop(bookmark, None)
+                self.arrived.pop(bookmark, None)
+                self.waiting[bookmark] = message
+                self._unsorted = True
+            else:
+                self.elsewhere[bookmark] = message
+                self.arrived.setdefault(bookmark, now)
+
+    def _room(self, subscriber: Subscriber) -> int:
+        return subscriber.max_backlog - (0 if self.at_most_once else len(subscriber.leased))
+
+    def _takes_it(self, subscriber: Subscriber, message: Message) -> bool:
+        return subscriber.filter is None or subscriber.filter.matches(message.data, self.queue.message_type)
+
     # -- deliveries -------------------------------------------------------------------------------------
 
     def dispatch(self, now: float, *, limit: int = 10_000) -> list[Delivery]:
@@ -261,6 +368,10 @@ class QueueState:
             "depth": len(self.waiting) + len(self.leased) + len(self.elsewhere),
             "waiting": len(self.waiting), "leased": len(self.leased), "owned_elsewhere": len(self.elsewhere),
             "delivered": self.delivered, "redelivered": self.redelivered, "acknowledged": self.acknowledged,
+            "transfers": {"requested": self.transfers_requested, "granted": self.transfers_granted,
+                          "received": self.transfers_received},
+            "typical_ack_seconds": round(self.typical_ack_s, 3),
+            "proxied_transfer_for": sorted(self.proxy_for),
             "consumers": {
                 s.client: {"leased": len(s.leased), "delivered": s.delivered, "acknowledged": s.acknowledged,
                            "max_backlog": s.max_backlog, "filter": s.filter.text if s.filter else None,

@@ -14,6 +14,10 @@ acknowledgement        ``amps-command: sow_delete``, ``amps-client``, ``amps-seq
                        sow_delete, and answered with a persisted or failure ack like any publish.
 =====================  =====================================================================================
 
+Between instances, through their txlogs (replicated like acknowledgements), an instance's own rows as client
+``<instance>.queues``: ``transfer_request`` (a non-owner asks the owner for messages) and ``transfer`` (the
+owner grants them), and the ``sow_delete`` that removes an at-most-once message it delivered.
+
 Out, on ``<instance>.deliveries`` (:func:`deliveries_topic`), one record per delivery: key the client name,
 value the message body, headers ``amps-topic`` (the queue), ``amps-bookmark``, ``amps-underlying-topic``,
 ``amps-lease-expires`` (epoch milliseconds; 0 for an at-most-once queue: nothing to acknowledge) and
@@ -30,6 +34,12 @@ SUBSCRIBE = "subscribe"
 UNSUBSCRIBE = "unsubscribe"
 #: Commands of queue consumers that are answered, never stored.
 QUEUE_COMMANDS = (SUBSCRIBE, UNSUBSCRIBE)
+#: Queue management rows, stored and replicated like acknowledgements: a non-owner asking for messages, and
+#: the owner's grant. Body: JSON ``{"bookmarks": [...], "to": <instance>}`` (``to``: who asks, or who now
+#: owns). Only an instance records them, as its client :func:`manager_client`.
+TRANSFER_REQUEST = "transfer_request"
+TRANSFER = "transfer"
+QUEUE_MANAGEMENT = (TRANSFER_REQUEST, TRANSFER)
 
 HEADER_BOOKMARK = "amps-bookmark"
 HEADER_UNDERLYING_TOPIC = "amps-underlying-topic"
@@ -93,6 +103,16 @@ def refusal_ack(refusal: Refusal, instance: str) -> bytes:
     """The failure ack a refused subscription gets on ``<instance>.acks``."""
     return json.dumps({"client": refusal.client, "instance": instance, "status": "failure",
                        "subscribe": refusal.topic, "reason": refusal.reason}, separators=(",", ":")).encode()
+
+
+def transfer_body(bookmarks: list[str], to: str) -> bytes:
+    return json.dumps({"bookmarks": bookmarks, "to": to}, separators=(",", ":")).encode()
+
+
+def transfer_of(body: bytes | None) -> tuple[list[str], str]:
+    """``(bookmarks, to)`` of a transfer request or grant."""
+    given = json.loads(body or b"{}")
+    return [str(b) for b in given.get("bookmarks", ())], str(given.get("to", ""))
 
 
 def bookmarks_in(body: bytes | None) -> list[str]:

@@ -26,6 +26,8 @@ file                        written by                           read by
                             when it ends                         bootstrap resumes
 ``downgraded/<dest>.json``  ``replication downgrade`` (removed   the instance, every second and at start:
                             by ``replication upgrade``)          the destination stays async while present
+``proxied_transfer.json``   ``replication queue --enable-/       the queue dispatcher, every second: it
+                            --disable-proxied-transfer``         delivers those instances' messages
 ==========================  ===================================  ==========================================
 
 The acknowledgement chain: upstream U's replicator appends rows to our inbox
@@ -273,6 +275,15 @@ class ManualDowngrade(ControlFile):
     at: float = 0.0
     """When it was asked (epoch seconds)."""
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class ProxiedTransfer(ControlFile):
+    """``proxied_transfer.json``: the instances whose queue messages this one takes over while they are down
+    (``replication queue --enable-proxied-transfer``; the spec's ``enable_proxied_transfer``)."""
+
+    instances: list = field(default_factory=list)
+    updated: float = 0.0
 
 
 @dataclass(frozen=True)

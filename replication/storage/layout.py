@@ -129,6 +129,11 @@ class StorageLayout:
         """Present while an operator has downgraded ``destination`` (``replication downgrade``)."""
         return self.control / "downgraded" / f"{destination}.json"
 
+    @property
+    def proxied_transfer_json(self) -> Path:
+        """The instances whose queue messages this one takes over (``replication queue``)."""
+        return self.control / "proxied_transfer.json"
+
     def checkpoint(self, query: str) -> Path:
         return self.root / "_checkpoints" / query
 
