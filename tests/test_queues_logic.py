@@ -119,12 +119,13 @@ def test_filters_ownership_and_at_most_once():
     assert list(group.elsewhere) == ["9|1"]  # its InitialOwner delivers it, wherever it was published
 
 
-def txlog(rows: list[tuple[int, str, str, str, bytes, str]]) -> pa.Table:
+def txlog(rows: list[tuple[int, str, str, str, bytes, str]], keys: list[str | None] | None = None) -> pa.Table:
     seq, bookmark, topic, command, data, publisher = zip(*rows, strict=True)
     n = len(rows)
     return pa.table({"seq": list(seq), "bookmark": list(bookmark), "publisher": list(publisher),
                      "topic": list(topic), "message_type": ["json"] * n, "command": list(command),
-                     "data": list(data), "origin": ["amps-1"] * n})
+                     "sow_keys": pa.array(keys or [None] * n, pa.string()), "data": list(data),
+                     "origin": ["amps-1"] * n})
 
 
 def test_the_book_folds_publishes_and_acknowledgements_and_answers_subscribes():
@@ -141,10 +142,10 @@ def test_the_book_folds_publishes_and_acknowledgements_and_answers_subscribes():
     assert bad is not None and "max_backlog must be a whole number" in bad.reason
     (queue_state, [delivery]), = book.dispatch(1.0)
     assert delivery.message.bookmark == "7|1"
-    answers = book.check_acks([("w", "/work", b"7|1"), ("x", "/work", b"7|3"), ("amps-1.queues", "/work", b"7|3")],
+    answers = book.check_acks([("w", "/work", "7|1"), ("x", "/work", "7|3"), ("amps-1.queues", "/work", "7|3")],
                               "amps-1.queues")
     assert answers[0] is None and "not leased to 'x'" in answers[1] and answers[2] is None  # (the manager's own)
-    book.apply(txlog([(4, "5|1", "/work", "sow_delete", b"7|1", "w")]))
+    book.apply(txlog([(4, "5|1", "/work", "sow_delete", b"", "w")], keys=["7|1"]))
     assert book.status(2.0)["/work"]["acknowledged"] == 1 and book.status(2.0)["/work"]["depth"] == 1
 
 
@@ -154,9 +155,9 @@ class Acks:
     def __init__(self) -> None:
         self.asked: list[tuple[str, str, bytes | None]] = []
 
-    def check(self, acks):
+    def check(self, acks: list[tuple[str, str, str | None]]) -> list[str | None]:
         self.asked.extend(acks)
-        return [None if body == b"7|1" else "not leased" for _c, _t, body in acks]
+        return [None if keys == "7|1" else "not leased" for _c, _t, keys in acks]
 
 
 def candidates(rows: list[dict]) -> pa.Table:
@@ -168,18 +169,20 @@ def candidates(rows: list[dict]) -> pa.Table:
 def test_classify_answers_subscribes_and_stores_only_acknowledgements_the_queue_takes():
     batch = candidates([
         {"publisher": "w", "command": "subscribe", "topic": "/work", "data": b'{"max_backlog": 3}'},
-        {"publisher": "w", "publisher_seq": "1", "command": "sow_delete", "topic": "/work", "data": b"7|1"},
-        {"publisher": "w", "publisher_seq": "2", "command": "sow_delete", "topic": "/work", "data": b"7|2"},
+        {"publisher": "w", "publisher_seq": "1", "command": "sow_delete", "topic": "/work", "sow_keys": "7|1",
+         "data": b""},
+        {"publisher": "w", "publisher_seq": "2", "command": "sow_delete", "topic": "/work", "sow_keys": "7|2",
+         "data": b""},
         {"publisher": "w", "command": "unsubscribe", "topic": "/work"},
     ])
     acks = Acks()
     out = classify(batch, PublisherState(), instance="amps-1", recorded=lambda t, m: True, queues=acks,
                    now=datetime.now(timezone.utc))
     assert [(r.command, r.topic) for r in out.queue_requests] == [("subscribe", "/work"), ("unsubscribe", "/work")]
-    assert out.txlog_rows.column("data").to_pylist() == [b"7|1"]  # stored as a sow_delete on the queue
+    assert out.txlog_rows.column("sow_keys").to_pylist() == ["7|1"]  # stored as a sow_delete by key (bookmark)
     assert out.txlog_rows.column("command").to_pylist() == ["sow_delete"]
     assert out.rejected_rows.column("reason").to_pylist() == ["not leased"]
-    assert acks.asked == [("w", "/work", b"7|1"), ("w", "/work", b"7|2")]
+    assert acks.asked == [("w", "/work", "7|1"), ("w", "/work", "7|2")]
 
 
 def test_a_non_owner_asks_for_messages_its_owner_does_not_keep_up_with_and_the_owner_grants_what_it_cannot_take():

@@ -103,6 +103,7 @@ def test_jsonl_has_every_field_and_the_parsed_body(stored):
     assert message == {
         "bookmark": first["bookmark"], "seq": 1, "topic": first["topic"], "message_type": "json",
         "publisher": first["publisher"], "publisher_seq": first["publisher_seq"], "command": "publish",
+        "sow_keys": None,
         "publish_time": first["publish_time"].strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "persist_time": first["persist_time"].strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "origin": fabric.name("a"), "path": [fabric.name("a")], "data": json.loads(first["data"]),

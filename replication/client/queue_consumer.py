@@ -14,7 +14,7 @@ The consumer subscribes with a ``subscribe`` record and keeps the subscription
 alive by sending it again every ``HEARTBEAT_S`` (a consumer that stops is
 unsubscribed after ``SILENT_AFTER_S`` and its messages go to another). Its
 acknowledgements are ``sow_delete`` records on the queue topic, published
-through a :class:`~replication.client.Publisher` of the same client name: they
+(by keys: the bookmarks) through a :class:`~replication.client.Publisher` of the same client name: they
 are numbered, stored until persisted, and a refused one (a bookmark this
 consumer does not hold) comes back from :meth:`QueueConsumer.flush` with the
 instance's reason. The wire format is :mod:`replication.queues.wire`.
@@ -162,7 +162,7 @@ class QueueConsumer:
                 return
             batch, self._acks = self._acks, []
             self._acks_since = time.monotonic()
-        self.publisher.sow_delete(self.queue, data=",".join(batch))
+        self.publisher.sow_delete(self.queue, keys=batch)
 
     # -- the subscription --------------------------------------------------------------------------------
 

@@ -31,8 +31,8 @@ from replication.replay import Selection, open_txlog
 from replication.txlog.reader import TxlogReader
 
 #: The jsonl fields, in order (``data`` last).
-FIELDS = ("bookmark", "seq", "topic", "message_type", "publisher", "publisher_seq", "command", "publish_time",
-          "persist_time", "origin", "path", "data")
+FIELDS = ("bookmark", "seq", "topic", "message_type", "publisher", "publisher_seq", "command", "sow_keys",
+          "publish_time", "persist_time", "origin", "path", "data")
 #: Columns of ``--format table``: (name, width).
 TABLE = (("seq", 9), ("persist_time", 27), ("publisher", 14), ("topic", 18), ("bookmark", 30), ("data", 0))
 #: ``--format table`` shows this many characters of a body.

@@ -87,8 +87,8 @@ class QueueAcks(Protocol):
 
     topics: frozenset[str]
 
-    def check(self, acks: list[tuple[str, str, bytes | None]]) -> list[str | None]:
-        """Why each ``(client, queue topic, body)`` cannot be stored; None where it can."""
+    def check(self, acks: list[tuple[str, str, str | None]]) -> list[str | None]:
+        """Why each ``(client, queue topic, sow_keys)`` cannot be stored; None where it can."""
         ...
 
 
@@ -294,9 +294,9 @@ def _queue_ack_reasons(batch: pa.Table, mask: np.ndarray, queues: QueueAcks) -> 
     idx = np.nonzero(mask)[0]
     if not idx.size:
         return {}
-    rows = _rows_at(batch.select(["publisher", "topic", "data"]), idx)
+    rows = _rows_at(batch.select(["publisher", "topic", "sow_keys"]), idx)
     answers = queues.check(list(zip(rows["publisher"].to_pylist(), rows["topic"].to_pylist(),
-                                    rows["data"].to_pylist(), strict=True)))
+                                    rows["sow_keys"].to_pylist(), strict=True)))
     return {int(i): why for i, why in zip(idx.tolist(), answers, strict=True) if why is not None}
 
 

@@ -24,7 +24,7 @@ from replication.queues.wire import (
 )
 
 #: Columns of the txlog rows a queue reads.
-COLUMNS = ["seq", "bookmark", "publisher", "topic", "message_type", "command", "data", "origin"]
+COLUMNS = ["seq", "bookmark", "publisher", "topic", "message_type", "command", "sow_keys", "data", "origin"]
 
 
 class QueueBook:
@@ -76,7 +76,7 @@ class QueueBook:
                 continue
             queue = self.queues[row["topic"]]
             if command == "sow_delete":
-                queue.remove(bookmarks_in(row["data"]), row["publisher"], now)
+                queue.remove(bookmarks_in(row["sow_keys"]), row["publisher"], now)
             elif command == TRANSFER:
                 bookmarks, to = transfer_of(row["data"])
                 queue.transferred(bookmarks, to, now)
@@ -87,17 +87,17 @@ class QueueBook:
 
     # -- acknowledgements published here ----------------------------------------------------------------
 
-    def check_acks(self, acks: list[tuple[str, str, bytes | None]], manager: str) -> list[str | None]:
-        """Why each ``(client, queue topic, body)`` acknowledgement of one batch cannot be stored (None: it
+    def check_acks(self, acks: list[tuple[str, str, str | None]], manager: str) -> list[str | None]:
+        """Why each ``(client, queue topic, sow_keys)`` acknowledgement of one batch cannot be stored (None: it
         can). ``manager``: the client name of this instance's own removals, which are always taken."""
         taken: dict[str, set[str]] = {}
         out: list[str | None] = []
-        for client, topic, body in acks:
+        for client, topic, keys in acks:
             queue = self.queues[topic]
             if client == manager:
                 out.append(None)
                 continue
-            out.append(queue.check_ack(client, bookmarks_in(body), taken.setdefault(topic, set())))
+            out.append(queue.check_ack(client, bookmarks_in(keys), taken.setdefault(topic, set())))
         return out
 
     # -- consumers ---------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ class QueueDispatcher:
             self._pending_requests.extend(requests)
         self._wake.set()
 
-    def check(self, acks: list[tuple[str, str, bytes | None]]) -> list[str | None]:
+    def check(self, acks: list[tuple[str, str, str | None]]) -> list[str | None]:
         """Classify's question (:class:`replication.ingest.classify.QueueAcks`)."""
         with self._lock:
             self._take_rows()
@@ -236,7 +236,7 @@ class QueueDispatcher:
         """Persist the at-most-once removal of ``deliveries`` before they are sent; on failure they go back."""
         try:
             publisher = self._manager_publisher()
-            seq = publisher.sow_delete(queue.queue.name, data=",".join(d.message.bookmark for d in deliveries))
+            seq = publisher.sow_delete(queue.queue.name, keys=[d.message.bookmark for d in deliveries])
             publisher.wait_persisted(seq, timeout=REMOVAL_TIMEOUT_S)
             return True
         except Exception as exc:

@@ -158,7 +158,8 @@ class QueueState:
         acknowledged earlier in the same batch (added to it when this one is good)."""
         name = self.queue.name
         if not bookmarks:
-            return f"an acknowledgement on queue {name!r} must carry the bookmarks it acknowledges in its body"
+            return (f"an acknowledgement on queue {name!r} must name the bookmarks it acknowledges in its "
+                    "amps-sow-keys header")
         if self.at_most_once:
             return (f"queue {name!r} is at-most-once: a message is removed when it is delivered and takes no "
                     "acknowledgement")

@@ -9,9 +9,10 @@ subscribe              ``amps-command: subscribe``, ``amps-client``, ``amps-topi
                        ``{"filter": "<content filter>", "max_backlog": N}`` (both optional). Sent again every
                        :data:`HEARTBEAT_S` by a live consumer: one silent for :data:`SILENT_AFTER_S` is gone.
 unsubscribe            ``amps-command: unsubscribe``, ``amps-client``, ``amps-topic``.
-acknowledgement        ``amps-command: sow_delete``, ``amps-client``, ``amps-seq``, ``amps-topic`` (the queue);
-                       body: the bookmarks acknowledged, comma-separated. Stored in the txlog like any
-                       sow_delete, and answered with a persisted or failure ack like any publish.
+acknowledgement        ``amps-command: sow_delete``, ``amps-client``, ``amps-seq``, ``amps-topic`` (the queue),
+                       ``amps-sow-keys``: the bookmarks acknowledged, comma-separated (a queue's records are
+                       keyed by bookmark, as in AMPS); no body. Stored in the txlog like any sow_delete by
+                       keys, and answered with a persisted or failure ack like any publish.
 =====================  =====================================================================================
 
 Between instances, through their txlogs (replicated like acknowledgements), an instance's own rows as client
@@ -115,6 +116,6 @@ def transfer_of(body: bytes | None) -> tuple[list[str], str]:
     return [str(b) for b in given.get("bookmarks", ())], str(given.get("to", ""))
 
 
-def bookmarks_in(body: bytes | None) -> list[str]:
-    """The bookmarks an acknowledgement's body names (comma-separated; blanks ignored)."""
-    return [b.strip() for b in (body or b"").decode("utf-8", "replace").split(",") if b.strip()]
+def bookmarks_in(sow_keys: str | None) -> list[str]:
+    """The bookmarks an acknowledgement names (its ``sow_keys``, comma-separated; blanks ignored)."""
+    return [b.strip() for b in (sow_keys or "").split(",") if b.strip()]
