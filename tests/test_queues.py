@@ -135,7 +135,8 @@ def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgem
 
 
 def test_a_lease_that_runs_out_goes_to_another_consumer_and_bad_acknowledgements_fail(fabric):
-    fabric.configure("a", sow=queue_xml(lease="6s"))
+    """Leases, refused acknowledgements, a subscribe to what is not a queue, and a barrier message."""
+    fabric.configure("a", sow=queue_xml(lease="6s", extra="<BarrierExpression>/barrier = 1</BarrierExpression>"))
     fabric.start("a")
     greedy = consumer(fabric, "greedy", "a", max_backlog=5)
     published = publish_tasks(fabric, "a", 5)
@@ -164,13 +165,27 @@ def test_a_lease_that_runs_out_goes_to_another_consumer_and_bad_acknowledgements
     assert {r["reason"] for r in rejected} >= {not_held.reason, unknown.reason}
     wait_until(lambda: queue_status(fabric, "a").get("acknowledged") == 5, timeout=30, what="status")
     assert queue_status(fabric, "a")["redelivered"] == 5 and acknowledged_rows(fabric, "a") == Counter(published)
+
+    # a barrier waits for the unacknowledged messages ahead of it; those after it do not wait for it
+    greedy.close()
+    pub = fabric.publisher("barriers", "a")
+    for body in ('{"n": 1}', '{"n": 2}', '{"barrier": 1}', '{"n": 3}'):
+        pub.publish("/tasks", body.encode())
+    assert pub.flush(timeout=60) == []
+    before = take(late, 3, timeout=10)
+    assert [json.loads(m.data) for m in before] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert late.receive(timeout=1.5) is None and queue_status(fabric, "a")["barriers_waiting"] == 1
+    before[0].ack()
+    assert late.flush(timeout=30) == [] and late.receive(timeout=1.5) is None  # n=2 is still ahead of it
+    before[1].ack()
+    [barrier] = take(late, 1, timeout=10)
+    assert json.loads(barrier.data) == {"barrier": 1}
     with pytest.raises(ReplicationError, match=r"refused the subscription to '/orders'.*is not a queue"):
         wrong = consumer(fabric, "wrong", "a", queue="/orders")
         try:
             wrong.receive(timeout=10)
         finally:
             wrong.close()
-    greedy.close()
     late.close()
 
 

@@ -223,3 +223,21 @@ def test_a_proxied_owner_s_messages_are_wanted_at_once_and_a_failed_grant_is_und
     assert owner.grant(["9|1"], "amps-2") == ["9|1"]
     owner.ungrant(["9|1"])
     assert list(owner.waiting) == ["9|1"] and owner.waiting["9|1"].owner == "amps-1" and owner.transfers_granted == 0
+
+
+def test_a_barrier_waits_for_every_message_ahead_of_it_here_whoever_owns_them():
+    state = QueueState(queue(barrier=Filter("/barrier = 1")), "amps-2")
+    state.add(1, "9|1", "/tasks", b'{"n": 1}', origin="amps-2")
+    state.add(2, "9|2", "/tasks", b'{"n": 2}', origin="amps-1")  # owned elsewhere: its ack comes by replication
+    state.add(3, "9|3", "/tasks", b'{"barrier": 1}', origin="amps-1")  # delivered here too (the spec's tip)
+    state.add(4, "9|4", "/tasks", b'{"n": 4}', origin="amps-2")
+    state.add(5, "9|5", "/tasks", b'{"barrier": 1}', origin="amps-2")
+    state.subscribe("w", None, 10, now=0.0)
+    assert [d.message.bookmark for d in state.dispatch(now=0.0)] == ["9|1", "9|4"]  # not the barriers
+    state.remove(["9|1"], "w")
+    assert state.dispatch(now=1.0) == []  # 9|2 (another's) is still unacknowledged, ahead of the barrier
+    state.remove(["9|2"], "amps-1-consumer")
+    assert [d.message.bookmark for d in state.dispatch(now=2.0)] == ["9|3"]
+    state.remove(["9|3", "9|4"], "w")
+    assert [d.message.bookmark for d in state.dispatch(now=3.0)] == ["9|5"]  # after the first barrier went
+    assert state.status(3.0)["barriers_waiting"] == 0

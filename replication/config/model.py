@@ -168,6 +168,9 @@ class QueueTopic:
     acknowledged; redelivered when its lease ends)."""
     lease_period_s: float = DEFAULT_LEASE_PERIOD_S
     """``<LeasePeriod>``: how long a subscriber holds an at-least-once message before it is redelivered."""
+    barrier: Filter | None = None
+    """``<BarrierExpression>``: messages matching it are barriers, delivered (by every instance holding them)
+    once no message ahead of them is left unacknowledged on that instance."""
     source: Source = field(default_factory=Source, compare=False)
 
 

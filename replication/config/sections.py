@@ -49,7 +49,6 @@ _QUEUE_NOT_SUPPORTED = {
     "MaxPerSubscriptionBacklog": "a subscriber gives its backlog when it subscribes (max_backlog)",
     "Expiration": "messages stay in a queue until they are acknowledged (or delivered, at-most-once)",
     "MaxDeliveries": "a message is redelivered until it is acknowledged",
-    "BarrierExpression": "barrier messages are not built yet",
     "Priority": "messages are delivered in the order they were stored",
     "FairnessModel": "subscribers with room are served in turn",
     "TargetQueueDepth": "a queue holds every message not yet acknowledged",
@@ -82,6 +81,7 @@ _QUEUE_SCHEMA = {
     "Filter": OPT,
     "Semantics": OPT,
     "LeasePeriod": OPT,
+    "BarrierExpression": OPT,
     **{name: OPT for name in _QUEUE_NOT_SUPPORTED},
 }
 _DESTINATION_SCHEMA = {
@@ -279,7 +279,7 @@ def sow(node: Node | None) -> tuple[tuple[SowTopic, ...], tuple[QueueTopic, ...]
             underlying = qk.opt("UnderlyingTopic")
             filter_node = qk.opt("Filter")
             owner = qk.opt("InitialOwner") if kind == "GroupLocalQueue" else None
-            semantics, lease = qk.opt("Semantics"), qk.opt("LeasePeriod")
+            semantics, lease, barrier = qk.opt("Semantics"), qk.opt("LeasePeriod"), qk.opt("BarrierExpression")
             queues.append(
                 QueueTopic(
                     name=name,
@@ -293,6 +293,7 @@ def sow(node: Node | None) -> tuple[tuple[SowTopic, ...], tuple[QueueTopic, ...]
                     semantics=(semantics.read(values.enum, QUEUE_SEMANTICS) if semantics is not None
                                else QUEUE_SEMANTICS[0]),
                     lease_period_s=lease.read(values.interval) if lease is not None else DEFAULT_LEASE_PERIOD_S,
+                    barrier=barrier.read(values.content_filter, message_type) if barrier is not None else None,
                     source=qnode.source(),
                 )
             )

@@ -84,6 +84,8 @@ class QueueState:
         message waiting longer is not being kept up with, and a subscriber here with room asks for it."""
         self.requested: dict[str, float] = {}
         """Bookmark -> when this instance asked its owner for it."""
+        self.barriers: dict[str, Message] = {}
+        """Barrier messages not yet released, in seq order: each waits for every message ahead of it here."""
         self.proxy_for: frozenset[str] = frozenset()
         """Instances whose messages this one may take over (``enable_proxied_transfer``)."""
         self.transfers_requested = 0
@@ -118,9 +120,14 @@ class QueueState:
         """A stored publish on an underlying topic; False when the queue's filter leaves it out."""
         if self.queue.filter is not None and not self.queue.filter.matches(data, self.queue.message_type):
             return False
-        message = Message(seq, bookmark, topic, data, self.owner_of(origin))
-        if bookmark in self.waiting or bookmark in self.leased or bookmark in self.elsewhere:
+        if bookmark in self.waiting or bookmark in self.leased or bookmark in self.elsewhere \
+                or bookmark in self.barriers:
             return True
+        if self.queue.barrier is not None and self.queue.barrier.matches(data, self.queue.message_type):
+            # every instance holding a barrier delivers it (the spec's tip): it is this one's to deliver
+            self.barriers[bookmark] = Message(seq, bookmark, topic, data, self.instance)
+            return True
+        message = Message(seq, bookmark, topic, data, self.owner_of(origin))
         if message.owner == self.instance:
             self.waiting[bookmark] = message
         else:
@@ -141,7 +148,8 @@ class QueueState:
                 subscriber = self.subscribers.get(held[1])
                 if subscriber is not None:
                     subscriber.leased.pop(bookmark, None)
-            elif self.waiting.pop(bookmark, None) is None and self.elsewhere.pop(bookmark, None) is None:
+            elif self.waiting.pop(bookmark, None) is None and self.elsewhere.pop(bookmark, None) is None \
+                    and self.barriers.pop(bookmark, None) is None:
                 continue
             self._lapsed.pop(bookmark, None)
             removed += 1
@@ -305,6 +313,7 @@ class QueueState:
         """Give waiting messages to subscribers with room, oldest first, one each in turn. At-least-once: each
         is leased until ``now + LeasePeriod``; at-most-once: each leaves the queue (the caller records its
         removal before delivering it, and calls :meth:`undo` if that fails)."""
+        self._release_barriers()
         if not self.waiting or not self.subscribers:
             return []
         self._sort()
@@ -347,6 +356,24 @@ class QueueState:
             self.delivered -= 1
         self._unsorted = self._unsorted or bool(deliveries)
 
+    def _release_barriers(self) -> None:
+        """Barriers with no message left ahead of them here (waiting, leased, owned elsewhere, or an earlier
+        barrier) join the messages to deliver."""
+        if not self.barriers:
+            return
+        ahead = min((m.seq for m in self.waiting.values()), default=None)
+        for held in (self.leased.values(), self.elsewhere.values()):
+            first = min((m[0].seq if isinstance(m, tuple) else m.seq for m in held), default=None)
+            if first is not None:
+                ahead = first if ahead is None else min(ahead, first)
+        for bookmark, barrier in list(self.barriers.items()):  # in seq order: an earlier one blocks the later
+            if ahead is not None and ahead < barrier.seq:
+                break
+            del self.barriers[bookmark]
+            self.waiting[bookmark] = barrier
+            self._unsorted = True
+            ahead = barrier.seq if ahead is None else min(ahead, barrier.seq)
+
     def _next_for(self, subscriber: Subscriber) -> Message | None:
         alone = len(self.subscribers) == 1
         for message in self.waiting.values():
@@ -366,7 +393,8 @@ class QueueState:
     def status(self, now: float) -> dict:
         return {
             "queue": self.queue.name, "kind": self.queue.kind, "semantics": self.queue.semantics,
-            "depth": len(self.waiting) + len(self.leased) + len(self.elsewhere),
+            "depth": len(self.waiting) + len(self.leased) + len(self.elsewhere) + len(self.barriers),
+            "barriers_waiting": len(self.barriers),
             "waiting": len(self.waiting), "leased": len(self.leased), "owned_elsewhere": len(self.elsewhere),
             "delivered": self.delivered, "redelivered": self.redelivered, "acknowledged": self.acknowledged,
             "transfers": {"requested": self.transfers_requested, "granted": self.transfers_granted,
