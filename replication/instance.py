@@ -214,11 +214,14 @@ class Instance:
 
     def _retention_limit(self) -> tuple[int, str]:
         """The highest seq retention may remove through, and what holds it there: every destination's
-        acknowledgement, durability, each SOW table's compaction."""
+        acknowledgement, durability, each SOW table's compaction, each queue's oldest message not yet
+        acknowledged (a queue is folded from the txlog at start: its messages must stay in it)."""
         held = [(self.durability.durable_seq if self.durability is not None else 0, "durability")]
         held += [(link.acked_seq, f"destination {name}") for name, link in self.links.items()]
         if self.compactor is not None:
             held += [(table.compacted_through, f"SOW topic {table.sow.name}") for table in self.compactor.tables]
+        if self.queues is not None:
+            held += [(seq - 1, f"queue {name}") for name, seq in self.queues.oldest().items() if seq is not None]
         return min(held)
 
     def _inbox_stored(self) -> tuple[int, dict[str, int]]:

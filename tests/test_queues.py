@@ -15,7 +15,7 @@ from support.processes import InstanceProcess, running
 from replication.client import QueueConsumer
 from replication.errors import ReplicationError
 from replication.queues.wire import bookmarks_in
-from replication.storage.control import Heartbeat
+from replication.storage.control import Heartbeat, RetentionState
 
 
 def queue_xml(kind: str = "Queue", semantics: str = "at-least-once", lease: str = "30s", extra: str = "", *,
@@ -314,3 +314,31 @@ def test_a_killed_owner_s_messages_wait_until_proxied_transfer_and_none_is_ackno
         owner.stop()
     disabled = run_cli("queue", fabric.paths["b"], "--disable-proxied-transfer", "--for", fabric.name("a"))
     assert disabled.code == 0
+
+
+def test_txlog_retention_keeps_every_message_a_queue_still_holds(fabric):
+    """The queue is folded from the txlog at start: retention (``amps-action-do-remove-journal``) removes
+    what is old and no longer held, never a message still queued."""
+    retention = ("<Actions><Action><On><Module>amps-action-on-schedule</Module><Options><Every>1s</Every></Options>"
+                 "</On><Do><Module>amps-action-do-remove-journal</Module><Options><Age>1s</Age></Options></Do>"
+                 "</Action></Actions>")
+    fabric.configure("a", sow=queue_xml(), replication=retention)
+    fabric.start("a")
+    noise = fabric.publisher("noise", "a")
+    for i in range(100):
+        noise.publish("/noise", json.dumps({"i": i}).encode())
+    assert noise.flush(timeout=60) == []
+    waiting = publish_tasks(fabric, "a", 30)  # nobody takes them yet
+    for i in range(100, 200):
+        noise.publish("/noise", json.dumps({"i": i}).encode())
+    assert noise.flush(timeout=60) == []
+    retained = fabric.storage("a") / "_control" / "retention.json"
+    wait_until(lambda: (RetentionState.read(retained) or RetentionState()).removed_rows > 0, timeout=60,
+               what="retention removing the old noise")
+    time.sleep(3)  # more runs: none may remove the queued messages
+    assert 0 < RetentionState.read(retained).removed_rows <= 100
+    fabric.stop("a")
+    fabric.start("a")
+    worker = consumer(fabric, "after-retention", "a", max_backlog=50)
+    assert sorted(m.bookmark for m in take(worker, 30)) == sorted(waiting)
+    worker.close()

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         book = QueueBook(cfg)
         reader = TxlogReader(layout, cfg.name)
         through = reader.committed_seq() if reader.exists() else 0
-        for rows in reader.read(0, through) if through else ():
+        after = reader.first_retained()[0] - 1 if through else 0  # (retention removed what is before)
+        for rows in reader.read(after, through) if through > after else ():
             book.apply(rows.select(COLUMNS))
         status, source = book.queues[args.topic].status(now), "not running: folded from the txlog"
     status = {"instance": cfg.name, "state": source, **status}

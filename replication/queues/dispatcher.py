@@ -96,8 +96,9 @@ class QueueDispatcher:
     def recover(self) -> None:
         """Fold the whole stored txlog in (at start, before the ingest runs)."""
         through = self.reader.committed_seq() if self.reader.exists() else 0
+        after = self.reader.first_retained()[0] - 1 if through else 0  # (retention removed what is before)
         started, rows = time.monotonic(), 0
-        for part in self.reader.read(0, through) if through else ():
+        for part in self.reader.read(after, through) if through > after else ():
             rows += part.num_rows
             self.book.apply(part.select(COLUMNS), time.time(), live=False)
         self.book.applied_seq = max(self.book.applied_seq, through)
@@ -271,6 +272,11 @@ class QueueDispatcher:
         self.sent += len(deliveries)
 
     # -- status and stop -------------------------------------------------------------------------------------
+
+    def oldest(self) -> dict[str, int | None]:
+        """Per queue, the seq of its oldest message not yet acknowledged here (None: none)."""
+        with self._lock:
+            return {name: q.oldest_seq() for name, q in self.book.queues.items()}
 
     def status(self) -> dict[str, dict]:
         with self._lock:

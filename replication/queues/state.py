@@ -388,6 +388,12 @@ class QueueState:
             self.waiting = dict(sorted(self.waiting.items(), key=lambda item: item[1].seq))
             self._unsorted = False
 
+    def oldest_seq(self) -> int | None:
+        """The seq of the oldest message still in the queue here (None: empty)."""
+        seqs = [m.seq for held in (self.waiting.values(), self.elsewhere.values(), self.barriers.values())
+                for m in held] + [m.seq for m, _ in self.leased.values()]
+        return min(seqs, default=None)
+
     # -- what ``replication queue`` shows ----------------------------------------------------------------
 
     def status(self, now: float) -> dict:
