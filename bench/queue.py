@@ -160,6 +160,8 @@ def latency(spark, workdir: Path, bootstrap: str, seconds: float, rate: float) -
 
 
 def measure(spark, workdir: Path, bootstrap: str, args) -> str:
+    if args.only == "deliveries":  # (for a profiler: the delivery phase alone)
+        return f"deliveries: {delivery_rate(spark, workdir, bootstrap, args.messages):,.0f} msg/s"
     ingest = max(ingest_rate(spark, workdir, bootstrap, args.messages) for _ in range(args.passes))
     deliveries = max(delivery_rate(spark, workdir, bootstrap, args.messages) for _ in range(args.passes))
     lat = latency(spark, workdir, bootstrap, args.seconds, args.rate)
@@ -180,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=2000.0, help="latency phase publish rate (msg/s)")
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="20k messages, 8 s of latency")
+    parser.add_argument("--only", choices=("deliveries",), help="run one phase (e.g. under py-spy)")
     parser.add_argument("--workdir")
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)
