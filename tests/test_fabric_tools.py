@@ -200,6 +200,23 @@ def test_trace_filters_and_destinations_outside_the_configs(pair):
     assert "  amps-1  amps-2 -> amps-1: no <Topic> of destination amps-1" in out
 
 
+def test_trace_names_the_queues_a_message_enters_where_they_are_held_and_who_delivers(pair):
+    queues = ("<SOW><Queue><Name>/orders/work</Name><MessageType>json</MessageType><UnderlyingTopic>^/orders/new/"
+              "</UnderlyingTopic></Queue><GroupLocalQueue><Name>/orders/glq</Name><MessageType>json</MessageType>"
+              "<UnderlyingTopic>^/orders/g/</UnderlyingTopic><InitialOwner>amps-1</InitialOwner></GroupLocalQueue>"
+              "</SOW>")
+    for path in pair:
+        Path(path).write_text(Path(path).read_text().replace("</TransactionLog>", "</TransactionLog>" + queues))
+    _code, out, _ = run_cli("trace", *pair, "--from", "amps-2", "--topic", "/orders/new/1")
+    assert "Queue /orders/work (Queue): a message of the queue; held at amps-2, amps-1" in out
+    assert "delivered by amps-2 (its owner; another instance only after a transfer)" in out
+    _code, out, _ = run_cli("trace", *pair, "--from", "amps-2", "--topic", "/orders/g/7", "--format", "json")
+    [glq] = json.loads(out)["queues"]
+    assert glq["queue"] == "/orders/glq" and glq["delivered_by"] == "amps-1"  # its InitialOwner
+    _code, out, _ = run_cli("trace", *pair, "--from", "amps-1", "--topic", "/orders/work")
+    assert "Queue /orders/work (Queue): the queue topic: its acknowledgements and transfers go where" in out
+
+
 def test_trace_errors():
     code, _out, err = run_cli("trace", *MESH_FILES, "--from", "Nope", "--topic", "/t")
     assert code == 2 and "no given config is named 'Nope'" in err

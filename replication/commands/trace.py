@@ -61,6 +61,9 @@ class Trace:
     """(sender, destination, address) of copies sent to instances not among the configs (not followed)."""
     accepted: bool = True
     """False when the start instance does not record the topic (the publish is rejected)."""
+    queues: list[dict] = field(default_factory=list)
+    """The queues the message enters (as a message of an underlying topic) or manages (the queue topic itself:
+    acknowledgements and transfers): which reached instances hold it, and which one delivers it."""
 
     def reached(self) -> list[str]:
         return list(self.routes)
@@ -172,11 +175,35 @@ def trace(
             if key not in seen_hops:
                 seen_hops.add(key)
                 result.blocked.append(hop)
+    result.queues = _queues(fabric, result, topic, message_type, data)
     for paths in result.routes.values():
         paths.sort(key=lambda p: (len(p), p))
     order = {c.name: i for i, c in enumerate(fabric)}
     result.routes = dict(sorted(result.routes.items(), key=lambda kv: (len(kv[1][0]), order[kv[0]])))
     return result
+
+
+def _queues(fabric: Fabric, result: Trace, topic: str, message_type: str, data: object) -> list[dict]:
+    """Per queue the message touches: the reached instances holding it, and who delivers it there."""
+    found: dict[str, dict] = {}
+    for name in result.routes:
+        for q in fabric[name].queues:
+            if q.message_type != message_type:
+                continue
+            if q.name == topic:
+                role = "the queue topic: its acknowledgements and transfers go where this message goes"
+            elif routing.regex_matches(q.underlying_topic, topic) and (
+                    q.filter is None or data is None or q.filter.matches(data, message_type)):
+                role = "a message of the queue"
+            else:
+                continue
+            entry = found.setdefault(q.name, {"queue": q.name, "kind": q.kind, "role": role, "held_at": []})
+            entry["held_at"].append(name)
+            if role.startswith("a message"):
+                entry["delivered_by"] = (q.initial_owner if q.kind == "GroupLocalQueue" and q.initial_owner
+                                         else "each instance, its own copy" if q.kind == "LocalQueue"
+                                         else result.start)
+    return list(found.values())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,6 +234,7 @@ def _as_json(fabric: Fabric, r: Trace) -> dict:
         "not_reached": r.not_reached(fabric),
         "not_sent": [hop.__dict__ for hop in r.blocked],
         "outside": [{"sender": s, "destination": d, "address": a} for s, d, a in r.outside],
+        "queues": r.queues,
     }
 
 
@@ -246,6 +274,12 @@ def render(fabric: Fabric, r: Trace, *, max_paths: int = 3) -> str:
         lines += ["", "Leaves the given configs (sent, not followed further):"]
         for sender, dest, addr in r.outside:
             lines.append(f"  {sender} -> {addr} (destination {dest})")
+    for q in r.queues:
+        lines += ["", f"Queue {q['queue']} ({q['kind']}): {q['role']}; held at {', '.join(q['held_at'])}"]
+        if "delivered_by" in q and q["kind"] == "LocalQueue":
+            lines.append("  delivered by each instance holding it, from its own copy (a LocalQueue is not replicated)")
+        elif "delivered_by" in q:
+            lines.append(f"  delivered by {q['delivered_by']} (its owner; another instance only after a transfer)")
     stopped = [h for h in r.blocked if h.rule != "loop"]
     loops = [h for h in r.blocked if h.rule == "loop"]
     if stopped:
