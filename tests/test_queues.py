@@ -83,8 +83,8 @@ def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgem
     threads = [threading.Thread(target=drain, args=(w, g, stop)) for w, g in zip(workers, got, strict=True)]
     for t in threads:
         t.start()
-    published = publish_tasks(fabric, "a", 600)
-    wait_until(lambda: len(got[0]) + len(got[1]) >= 600, timeout=120, what="600 deliveries")
+    published = publish_tasks(fabric, "a", 300)
+    wait_until(lambda: len(got[0]) + len(got[1]) >= 300, timeout=120, what="300 deliveries")
     stop.set()
     for t in threads:
         t.join()
@@ -92,14 +92,14 @@ def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgem
     delivered = got[0] + got[1]
     assert sorted(delivered) == sorted(published)  # each message once, to one consumer
     assert got[0] and got[1]  # both were served
-    wait_until(lambda: queue_status(fabric, "a").get("acknowledged") == 600, timeout=30, what="status")
+    wait_until(lambda: queue_status(fabric, "a").get("acknowledged") == 300, timeout=30, what="status")
     status = queue_status(fabric, "a")
-    assert status["depth"] == 0 and status["delivered"] == 600 and status["redelivered"] == 0
-    assert sum(c["acknowledged"] for c in status["consumers"].values()) == 600
+    assert status["depth"] == 0 and status["delivered"] == 300 and status["redelivered"] == 0
+    assert sum(c["acknowledged"] for c in status["consumers"].values()) == 300
     acked = acknowledged_rows(fabric, "a")
     assert set(acked) == set(published) and set(acked.values()) == {1}  # in the txlog, each once
     shown = run_cli("queue", fabric.paths["a"], "--topic", "/work", "--format", "json")
-    assert shown.code == 0 and json.loads(shown.out)["acknowledged"] == 600
+    assert shown.code == 0 and json.loads(shown.out)["acknowledged"] == 300
     assert json.loads(shown.out)["state"] == "running"
     assert set(json.loads(shown.out)["consumers"]) == {"worker-0", "worker-1"}
     for w in workers:
@@ -119,7 +119,7 @@ def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgem
     # a restart rebuilds the queues from the txlog: nothing acknowledged or removed comes again; what is new comes
     fabric.stop("a")
     down = run_cli("queue", fabric.paths["a"], "--topic", "/work", "--format", "json")
-    assert json.loads(down.out)["depth"] == 0 and json.loads(down.out)["acknowledged"] == 600
+    assert json.loads(down.out)["depth"] == 0 and json.loads(down.out)["acknowledged"] == 300
     assert "not running" in json.loads(down.out)["state"]
     fabric.start("a")
     fresh = consumer(fabric, "worker-2", "a", max_backlog=50)
@@ -174,9 +174,9 @@ def test_a_lease_that_runs_out_goes_to_another_consumer_and_bad_acknowledgements
     assert pub.flush(timeout=60) == []
     before = take(late, 3, timeout=10)
     assert [json.loads(m.data) for m in before] == [{"n": 1}, {"n": 2}, {"n": 3}]
-    assert late.receive(timeout=1.5) is None and queue_status(fabric, "a")["barriers_waiting"] == 1
+    assert late.receive(timeout=1.0) is None and queue_status(fabric, "a")["barriers_waiting"] == 1
     before[0].ack()
-    assert late.flush(timeout=30) == [] and late.receive(timeout=1.5) is None  # n=2 is still ahead of it
+    assert late.flush(timeout=30) == [] and late.receive(timeout=1.0) is None  # n=2 is still ahead of it
     before[1].ack()
     [barrier] = take(late, 1, timeout=10)
     assert json.loads(barrier.data) == {"barrier": 1}
@@ -282,7 +282,7 @@ def test_a_killed_owner_s_messages_wait_until_proxied_transfer_and_none_is_ackno
         worker_b = consumer(fabric, "wb", "b", max_backlog=50)
         owner.kill9()  # mid-stream: 20 delivered and not acknowledged, 200 never delivered
         worker_a.close(unsubscribe=False)
-        assert worker_b.receive(timeout=3) is None  # a owns them, and a is down
+        assert worker_b.receive(timeout=2) is None  # a owns them, and a is down
         enabled = run_cli("queue", fabric.paths["b"], "--enable-proxied-transfer", "--for", fabric.name("a"))
         assert enabled.code == 0 and "delivered twice" in enabled.out
         got = []
@@ -306,7 +306,7 @@ def test_a_killed_owner_s_messages_wait_until_proxied_transfer_and_none_is_ackno
                        what=f"{short} holds every acknowledgement once")
         wait_until(lambda: queue_status(fabric, "a").get("depth") == 0, timeout=60, what="a's queue empty")
         after = consumer(fabric, "wa2", "a", max_backlog=50)
-        assert after.receive(timeout=3) is None  # a folded b's take-over: it delivers none of them again
+        assert after.receive(timeout=2) is None  # a folded b's take-over: it delivers none of them again
         after.close()
         assert queue_status(fabric, "b")["transfers"]["received"] == 220
         worker_b.close()

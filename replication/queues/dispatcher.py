@@ -139,7 +139,7 @@ class QueueDispatcher:
         from kafka import KafkaProducer
 
         # large batches: kafka-python wakes its sender thread at each new batch, and with its 16 KB default
-        # those wake-ups were most of the delivery thread's time (bench/queue.py: 3.8k -> 5.1k deliveries/s)
+        # those wake-ups were most of the delivery thread's time (bench/queues.py: 3.8k -> 5.1k deliveries/s)
         self._producer = KafkaProducer(bootstrap_servers=list(self._bootstrap), **self._security.kafka_python(),
                                        acks=1, linger_ms=5, batch_size=256 * 1024, retries=5)
         self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)

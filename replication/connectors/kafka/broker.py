@@ -34,6 +34,9 @@ from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.connectors.ports import free_loopback_port
 from replication.errors import BrokerError
 
+#: How long creating topics waits for a first answer from the brokers.
+ADMIN_BOOTSTRAP_TIMEOUT_MS = 10_000
+
 #: How many bytes of the broker's log an error message quotes.
 _LOG_TAIL_BYTES = 3000
 
@@ -396,7 +399,9 @@ def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1,
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **security.kafka_python())
+    # 10 s, not kafka-python's 30: a Kafka that refuses this client (a wrong password) stops start-up sooner
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=ADMIN_BOOTSTRAP_TIMEOUT_MS,
+                             **security.kafka_python())
     try:
         existing = set(admin.list_topics())
         missing = [NewTopic(name, partitions, 1) for name in wanted if name not in existing]

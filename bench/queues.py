@@ -11,8 +11,8 @@
 
 Best of ``--passes`` (default 2) for each rate::
 
-    .venv/bin/python bench/queue.py --quick      # 20k messages, 8 s of latency
-    .venv/bin/python bench/queue.py              # 100k messages, 15 s of latency
+    .venv/bin/python bench/queues.py --quick      # 20k messages, 8 s of latency
+    .venv/bin/python bench/queues.py              # 100k messages, 15 s of latency
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ import uuid
 from pathlib import Path
 
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")
-# this file's name is the standard library's ``queue``: its folder goes last on the path, so ``import queue``
-# (py4j, kafka) still finds the standard module, and ``common`` is found all the same
-_here = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if p not in ("", _here) and Path(p).resolve() != Path(_here)] + [_here]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     STEADY_CLIENT,
@@ -171,7 +168,7 @@ def measure(spark, workdir: Path, bootstrap: str, args) -> str:
             [f"publish -> delivered p50 at {args.rate:,.0f} msg/s (ms)", f"{lat['p50']:.0f}", "",
              "target <= 500"],
             [f"publish -> delivered p99 at {args.rate:,.0f} msg/s (ms)", f"{lat['p99']:.0f}", "", ""]]
-    return (f"bench/queue.py: {args.messages:,} messages, best of {args.passes} passes; latency over "
+    return (f"bench/queues.py: {args.messages:,} messages, best of {args.passes} passes; latency over "
             f"{lat['messages']:,} messages\n" + format_table(["measure", "value", "ratio", "target"], rows))
 
 
