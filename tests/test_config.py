@@ -309,6 +309,7 @@ def test_minimum_sync_destinations_is_an_instance_level_tuning_parameter():
 def test_group_local_queue_and_downgrade_options():
     cfg = parse_string(
         """<AMPSConfig><Name>a</Name><Storage>/s</Storage>
+        <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
         <SOW><GroupLocalQueue><Name>q</Name><MessageType>json</MessageType>
              <InitialOwner>a</InitialOwner><Filter>/x = 1</Filter></GroupLocalQueue></SOW>
         <Actions><Action>

@@ -123,7 +123,8 @@ def txlog(rows: list[tuple[int, str, str, str, bytes, str]], keys: list[str | No
     seq, bookmark, topic, command, data, publisher = zip(*rows, strict=True)
     n = len(rows)
     return pa.table({"seq": list(seq), "bookmark": list(bookmark), "publisher": list(publisher),
-                     "topic": list(topic), "message_type": ["json"] * n, "command": list(command),
+                     "publisher_seq": list(seq), "topic": list(topic), "message_type": ["json"] * n,
+                     "command": list(command),
                      "sow_keys": pa.array(keys or [None] * n, pa.string()), "data": list(data),
                      "origin": ["amps-1"] * n})
 
@@ -241,3 +242,54 @@ def test_a_barrier_waits_for_every_message_ahead_of_it_here_whoever_owns_them():
     state.remove(["9|3", "9|4"], "w")
     assert [d.message.bookmark for d in state.dispatch(now=3.0)] == ["9|5"]  # after the first barrier went
     assert state.status(3.0)["barriers_waiting"] == 0
+
+
+def test_review_fixes_barrier_copies_restarted_consumers_lapsed_leases_and_counts():
+    # another instance's acknowledgement of a barrier is its copy's: this instance still delivers its own
+    state = QueueState(queue(barrier=Filter("/barrier = 1")), "amps-2")
+    state.add(1, "9|1", "/tasks", b'{"barrier": 1}', origin="amps-1")
+    state.remove(["9|1"], "someone-at-amps-1", local=False)
+    state.subscribe("w", None, 5, now=0.0, session="s1")
+    assert [d.message.bookmark for d in state.dispatch(now=0.0)] == ["9|1"]
+    assert state.check_ack("w", ["9|1"], set()) is None
+    # a consumer restarted under the same name (a new session) does not inherit the old one's leases
+    state.add(2, "9|2", "/tasks", b"{}", origin="amps-2")
+    assert [d.message.bookmark for d in state.dispatch(now=0.0)] == ["9|2"]
+    state.subscribe("w", None, 5, now=1.0, session="s2")
+    assert state.subscribers["w"].leased == {} and "9|2" in state.waiting
+    # a lapsed message goes back to the same subscriber when no other can take it
+    lapsed = QueueState(queue(lease_period_s=1.0), "amps-1")
+    lapsed.add(1, "9|1", "/tasks", b'{"n": 1}', origin="amps-1")
+    lapsed.subscribe("x", None, 5, now=0.0)
+    lapsed.subscribe("y", Filter("/n = 2"), 5, now=0.0)
+    assert [d.client for d in lapsed.dispatch(now=0.0)] == ["x"]
+    lapsed.expire(now=2.0, silent_after=100)
+    assert [d.client for d in lapsed.dispatch(now=2.0)] == ["x"]  # y's filter refuses it: x again
+    # at-most-once: counted as acknowledged when delivered (its removal row, folded later, finds nothing)
+    once = QueueState(queue(semantics="at-most-once"), "amps-1")
+    once.add(1, "9|1", "/tasks", b"{}", origin="amps-1")
+    once.subscribe("w", None, 5, now=0.0)
+    once.dispatch(now=0.0)
+    once.remove(["9|1"], "amps-1.queues")
+    assert once.status(0.0)["acknowledged"] == 1
+
+
+def test_a_resent_acknowledgement_is_a_duplicate_and_a_subscribe_to_an_instance_with_no_queue_is_refused():
+    batch = candidates([
+        {"publisher": "w", "publisher_seq": "3", "command": "sow_delete", "topic": "/work", "sow_keys": "7|1",
+         "data": b""},
+        {"publisher": "w", "publisher_seq": "4", "command": "sow_delete", "topic": "/work", "sow_keys": "7|1",
+         "data": b""},
+        {"publisher": "w", "publisher_seq": "4", "command": "sow_delete", "topic": "/work", "sow_keys": "7|1",
+         "data": b""},
+    ])
+    acks = Acks()
+    out = classify(batch, PublisherState(publishers={"w": 3}), instance="amps-1", recorded=lambda t, m: True,
+                   queues=acks, now=datetime.now(timezone.utc))
+    assert acks.asked == [("w", "/work", "7|1")]  # seq 3 is stored already, the second 4 a copy: not checked
+    assert out.txlog_rows.num_rows == 1 and out.rejected_rows.num_rows == 0 and out.duplicates == 2
+    subscribe = candidates([{"publisher": "w", "command": "subscribe", "topic": "/work"}])
+    refused = classify(subscribe, PublisherState(), instance="amps-1", recorded=lambda t, m: True,
+                       now=datetime.now(timezone.utc))
+    assert refused.rejected_rows.column("reason").to_pylist() == [
+        "amps-1 has no queue: define one in <SOW> (<Queue>, <GroupLocalQueue> or <LocalQueue>) to subscribe to it"]

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replication.config import sections, values
-from replication.config.model import Action, ActionStep, Destination, InstanceConfig, QueueTopic
+from replication.config.model import Action, ActionStep, Destination, InstanceConfig, QueueTopic, TopicSpec
 from replication.config.sections import COMPRESSIONS, DATA_TYPES
 from replication.config.values import parse_interval, parse_location
 from replication.config.xml_reader import MANY, OPT, Ctx, Node, one, read_root, some
 from replication.errors import ConfigError
-from replication.routing import regex_matches
+from replication.routing import is_literal, regex_matches
 
 # parse_interval, parse_location, COMPRESSIONS and DATA_TYPES live in values and sections; kept here for importers.
 __all__ = ["COMPRESSIONS", "DATA_TYPES", "parse_file", "parse_interval", "parse_location", "parse_string"]
@@ -152,6 +152,7 @@ def _instance(root: Node) -> InstanceConfig:
             "</TransactionLog> to <AMPSConfig>",
         )
     _local_queues_stay_local(root, queues, destinations)
+    _queues_recorded(root, queues, txlog)
     bootstrap_node = kids.opt("Bootstrap")
     bootstrap = sections.bootstrap(bootstrap_node, sow_topics) if bootstrap_node is not None else None
     if bootstrap_node is not None:
@@ -200,6 +201,21 @@ def _local_queues_stay_local(root: Node, queues: tuple[QueueTopic, ...], destina
                         "replicated", "narrow the destination's <Topic><Name> so it leaves out the queue topic "
                         "(replicating the underlying topic is fine), or define the queue as <Queue>",
                         line=topic.source.line)
+
+
+def _queues_recorded(root: Node, queues: tuple[QueueTopic, ...], txlog: tuple[TopicSpec, ...]) -> None:
+    """A queue's topic (where its acknowledgements and transfers are stored) and a literal underlying topic must
+    be recorded in the transaction log, as AMPS requires: otherwise every acknowledgement would be refused."""
+    for q in queues:
+        for topic, what in ((q.name, "queue topic"), (q.underlying_topic, "underlying topic")):
+            if what == "underlying topic" and not is_literal(topic):
+                continue
+            if not any(t.message_type == q.message_type and regex_matches(t.name, topic) for t in txlog):
+                raise root.error(
+                    f"the {what} {topic!r} ({q.message_type}) of {q.kind} {q.name!r} (line {q.source.line}) is not "
+                    "recorded in the <TransactionLog>: a queue's messages, acknowledgements and transfers are "
+                    "stored there", f"add <Topic><Name>{topic}</Name><MessageType>{q.message_type}</MessageType>"
+                    "</Topic> to <TransactionLog>", line=q.source.line)
 
 
 def _tuning(node: Node | None) -> int:

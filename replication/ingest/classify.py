@@ -170,8 +170,10 @@ def classify(
     names = encoded.dictionary.to_pylist()
     codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     logons = logons_in(batch)
-    # logons and queue consumers' requests are answered, never stored
-    is_logon = pc.or_(_logon_mask(batch), _queue_request_mask(batch)).to_numpy(zero_copy_only=False)
+    # logons and queue consumers' requests are answered, never stored (a request to an instance with no queue
+    # is refused below)
+    requests = _queue_request_mask(batch).to_numpy(zero_copy_only=False)
+    is_logon = _logon_mask(batch).to_numpy(zero_copy_only=False) | (requests if queues is not None else False)
 
     # Vectorised header checks; only rows that fail get a reason spelled out.
     refused = pc.is_valid(batch["refused"]).to_numpy(zero_copy_only=False)
@@ -191,14 +193,21 @@ def classify(
     sizes = pc.fill_null(pc.binary_length(batch["data"]), 0).to_numpy(zero_copy_only=False)
     for i in np.nonzero(headers_ok & (sizes > MAX_MESSAGE_BYTES))[0]:
         reasons[int(i)] = f"message is {int(sizes[i])} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
+    if queues is None and requests.any():
+        reasons.update({int(i): f"{instance} has no queue: define one in <SOW> (<Queue>, <GroupLocalQueue> or "
+                                "<LocalQueue>) to subscribe to it" for i in np.nonzero(requests)[0]})
     reasons.update(_management_reasons(batch, headers_ok, instance, queues))
     is_delete = pc.fill_null(pc.equal(batch["command"], "sow_delete"), False).to_numpy(zero_copy_only=False)
     queue_ack = np.zeros(batch.num_rows, dtype=bool)
     if queues is not None and queues.topics and is_delete.any():
         queue_ack = is_delete & pc.fill_null(pc.is_in(batch["topic"], pa.array(sorted(queues.topics), pa.string())),
                                              False).to_numpy(zero_copy_only=False)
-        reasons.update(_queue_ack_reasons(batch, queue_ack & headers_ok & pc.fill_null(
-            pc.equal(batch["source"], "kafka"), False).to_numpy(zero_copy_only=False), queues))
+        # (a resent acknowledgement already stored is a duplicate, dropped as any: only new ones are checked)
+        local = queue_ack & headers_ok & pc.fill_null(pc.equal(batch["source"], "kafka"), False).to_numpy(
+            zero_copy_only=False)
+        floors = np.array([state.publishers.get(name, 0) for name in names], dtype=np.int64)
+        local &= _first_new_per_publisher(codes, seqs, local, floors)
+        reasons.update(_queue_ack_reasons(batch, local, queues))
     # Rows on SOW topics (and every other sow_delete) are parsed and checked once, for their keys.
     sow_index = (sow.topics if sow is not None else SowTopics(())).indexes(batch)
     on_sow = ((sow_index >= 0) | (is_delete & ~queue_ack)) & headers_ok & (sizes <= MAX_MESSAGE_BYTES)
@@ -265,7 +274,8 @@ def classify(
             link_duplicates = {upstream: ups for upstream, (ups, _) in
                                _per_upstream(batch, dropped, np.zeros(dropped.size, np.int64)).items()}
     return Classified(txlog_rows, rejected_rows, logons, duplicates, publishers, links, publisher_rows, link_rows,
-                      link_seqs, link_duplicates, sow=sow_changes, queue_requests=queue_requests_in(batch))
+                      link_seqs, link_duplicates, sow=sow_changes,
+                      queue_requests=queue_requests_in(batch) if queues is not None else [])
 
 
 def _management_reasons(batch: pa.Table, headers_ok: np.ndarray, instance: str,
@@ -380,9 +390,10 @@ def queue_requests_in(batch: pa.Table) -> list[QueueRequest]:
     """The batch's subscribes and unsubscribes, in order (a request without a client or topic is dropped:
     nobody could be answered)."""
     rows = batch.filter(_queue_request_mask(batch))
-    return [QueueRequest(client, command, topic, body or b"")
-            for client, command, topic, body in zip(rows["publisher"].to_pylist(), rows["command"].to_pylist(),
-                                                    rows["topic"].to_pylist(), rows["data"].to_pylist(), strict=True)
+    return [QueueRequest(client, command, topic, body or b"", session)
+            for client, command, topic, body, session in zip(
+                rows["publisher"].to_pylist(), rows["command"].to_pylist(), rows["topic"].to_pylist(),
+                rows["data"].to_pylist(), rows["session"].to_pylist(), strict=True)
             if client and topic]
 
 

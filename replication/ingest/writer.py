@@ -84,7 +84,7 @@ class IngestWriter:
         staged: StagedParts | None = None,
         on_clash: Callable[[Clash], None] | None = None,
         queues: QueueAcks | None = None,
-        queue_committed: Callable[[pa.Table, list[QueueRequest]], None] | None = None,
+        queue_committed: Callable[[pa.Table, list[QueueRequest], int, int], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.txlog = txlog
@@ -221,7 +221,7 @@ class IngestWriter:
         if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
             self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)
         if self.queue_committed is not None:
-            self.queue_committed(result.txlog_rows, result.queue_requests)
+            self.queue_committed(result.txlog_rows, result.queue_requests, metadata["first_seq"], last_seq)
         failpoints.hit("ingest.before_ack")
         self._enter(batch_id, "acknowledging")
         self.on_commit(last_seq, result)

@@ -20,11 +20,13 @@ from replication.queues.wire import (
     QueueRequest,
     Refusal,
     bookmarks_in,
+    manager_client,
     transfer_of,
 )
 
 #: Columns of the txlog rows a queue reads.
-COLUMNS = ["seq", "bookmark", "publisher", "topic", "message_type", "command", "sow_keys", "data", "origin"]
+COLUMNS = ["seq", "bookmark", "publisher", "publisher_seq", "topic", "message_type", "command", "sow_keys", "data",
+           "origin"]
 
 
 class QueueBook:
@@ -35,6 +37,9 @@ class QueueBook:
         self.queues: dict[str, QueueState] = {q.name: QueueState(q, cfg.name) for q in cfg.queues}
         self.applied_seq = 0
         """The txlog's rows through this seq are folded in."""
+        self.manager = manager_client(cfg.name)
+        self.manager_stored = 0
+        """The highest sequence of this instance's own queue rows (client ``<instance>.queues``) stored."""
         self.requests: list[tuple[QueueState, list[str], str]] = []
         """Transfer requests of other instances stored since the dispatcher last took them: (queue, bookmarks,
         the instance asking)."""
@@ -69,6 +74,8 @@ class QueueBook:
             return
         for row in mine.select(COLUMNS).to_pylist():
             command = row["command"]
+            if row["publisher"] == self.manager and row["publisher_seq"] is not None:
+                self.manager_stored = max(self.manager_stored, row["publisher_seq"])
             if command == "publish":
                 for queue in self.queues.values():
                     if queue.takes(row["topic"], row["message_type"]):
@@ -76,7 +83,8 @@ class QueueBook:
                 continue
             queue = self.queues[row["topic"]]
             if command == "sow_delete":
-                queue.remove(bookmarks_in(row["sow_keys"]), row["publisher"], now)
+                queue.remove(bookmarks_in(row["sow_keys"]), row["publisher"], now,
+                             local=row["origin"] == self.instance)
             elif command == TRANSFER:
                 bookmarks, to = transfer_of(row["data"])
                 queue.transferred(bookmarks, to, now)
@@ -118,7 +126,7 @@ class QueueBook:
             flt = Filter(text) if text else None
         except (ValueError, FilterSyntaxError) as exc:
             return Refusal(request.client, request.topic, f"subscribe to {request.topic!r}: {exc}")
-        queue.subscribe(request.client, flt, backlog, now)
+        queue.subscribe(request.client, flt, backlog, now, session=request.session)
         return None
 
     def expire(self, now: float, silent_after: float) -> int:

@@ -9,8 +9,11 @@ subscribes, ends leases, and sends deliveries on ``<instance>.deliveries``.
 
 An at-most-once message leaves the queue when it is delivered: the removal is
 recorded in the txlog (a ``sow_delete`` on the queue topic by the client
-``<instance>.queues``, through the instance's own publish topic) and persisted
-before the delivery is sent, so a crash can lose a delivery but never repeat it.
+``<instance>.queues``, through the instance's own publish topic), and the
+delivery is sent once the removal is stored (folded back from a commit), so a
+crash can lose a delivery but never repeat it. A removal not yet stored keeps
+its deliveries waiting, however long that takes (a slow sync destination does
+not matter: stored is enough for a restart).
 Leases are not recorded: after a restart, what was leased is delivered again
 (at-least-once), and an acknowledgement of the earlier delivery is refused as
 not leased to that client.
@@ -58,8 +61,6 @@ log = logging.getLogger(__name__)
 TICK_S = 0.05
 #: How often the instances this one stands in for are read again (seconds).
 PROXIED_READ_S = 1.0
-#: How long an at-most-once removal may take to persist before its deliveries go back to the queue.
-REMOVAL_TIMEOUT_S = 30.0
 
 
 class QueueDispatcher:
@@ -83,9 +84,12 @@ class QueueDispatcher:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
-        self._pending_rows: list[tuple[int, int, pa.Table]] = []
-        """Commits handed over and not yet folded in: (first seq, last seq, the rows a queue reads)."""
+        self._pending_rows: list[tuple[int, int, pa.Table | None]] = []
+        """Commits handed over and not yet folded in: (first seq, last seq, the rows a queue reads; None: read
+        them back from the txlog)."""
         self._pending_requests: list[QueueRequest] = []
+        self._removals: list[tuple[int, QueueState, list[Delivery]]] = []
+        """At-most-once deliveries whose removal (that publisher seq) is recorded and not yet stored."""
         self._producer: Any = None
         self._publisher: Publisher | None = None
         self._thread: threading.Thread | None = None
@@ -106,12 +110,13 @@ class QueueDispatcher:
                  time.monotonic() - started,
                  ", ".join(f"{name} {q['depth']} messages" for name, q in self.book.status(time.time()).items()))
 
-    def committed(self, rows: pa.Table, requests: list[QueueRequest]) -> None:
-        """A txlog commit's rows (stored, in seq order) and the batch's subscribes: taken on the thread."""
+    def committed(self, rows: pa.Table, requests: list[QueueRequest], first: int, last: int) -> None:
+        """A txlog commit (seqs ``first..last``) with its rows (stored, in seq order; a commit's backfill parts
+        stored as they are are not among them: those are read back) and the batch's subscribes."""
         with self._lock:
-            if rows.num_rows:  # (the seq range is kept even when no row is a queue's: a gap then shows)
-                first, last = int(rows["seq"][0].as_py()), int(rows["seq"][-1].as_py())
-                self._pending_rows.append((first, last, self.book.relevant(rows).select(COLUMNS)))
+            if last >= first:
+                whole = rows.num_rows == last - first + 1
+                self._pending_rows.append((first, last, self.book.relevant(rows).select(COLUMNS) if whole else None))
             self._pending_requests.extend(requests)
         self._wake.set()
 
@@ -125,12 +130,13 @@ class QueueDispatcher:
         """Fold in the commits handed over (lock held); a commit this dispatcher missed is read from the txlog."""
         now = time.time()
         for first, last, rows in self._pending_rows:
-            if first > self.book.applied_seq + 1:
-                for part in self.reader.read(self.book.applied_seq, first - 1):
+            if rows is None or first > self.book.applied_seq + 1:
+                upto = last if rows is None else first - 1
+                for part in self.reader.read(self.book.applied_seq, upto):
                     self.book.apply(part.select(COLUMNS), now)
-            if last > self.book.applied_seq:
+            if rows is not None and last > self.book.applied_seq:
                 self.book.apply(rows.filter(pc.greater(rows["seq"], self.book.applied_seq)), now)
-                self.book.applied_seq = max(self.book.applied_seq, last)
+            self.book.applied_seq = max(self.book.applied_seq, last)
         self._pending_rows = []
 
     # -- the thread ------------------------------------------------------------------------------------------
@@ -176,7 +182,11 @@ class QueueDispatcher:
         for refusal in refusals:
             log.warning("%s: refused %s's subscription: %s", self.cfg.name, refusal.client, refusal.reason)
             if self._refuse is not None:
-                self._refuse(refusal)
+                try:
+                    self._refuse(refusal)
+                except Exception as exc:  # telling the client must not undo the round's grants and deliveries
+                    log.error("%s: the refusal of %s's subscription could not be sent: %s", self.cfg.name,
+                              refusal.client, exc)
         for queue, bookmarks, to in grants:
             if not self._record(queue, TRANSFER, bookmarks, to) and to != self.cfg.name:
                 with self._lock:  # (a proxied take-over stays: it is the owner's stand-in that delivers)
@@ -184,8 +194,15 @@ class QueueDispatcher:
         for queue, bookmarks in asks:
             self._record(queue, TRANSFER_REQUEST, bookmarks, self.cfg.name)
         for queue, deliveries in rounds:
-            if queue.at_most_once and not self._record_removal(queue, deliveries):
-                continue
+            if queue.at_most_once:
+                self._record_removal(queue, deliveries)
+            else:
+                self._send(queue, deliveries)
+        with self._lock:
+            stored = self.book.manager_stored
+            ready = [(queue, deliveries) for seq, queue, deliveries in self._removals if seq <= stored]
+            self._removals = [r for r in self._removals if r[0] > stored]
+        for queue, deliveries in ready:
             self._send(queue, deliveries)
 
     def _transfers(self, now: float) -> tuple[list[tuple[QueueState, list[str], str]], list[tuple[QueueState,
@@ -235,19 +252,20 @@ class QueueDispatcher:
                                     queue.queue.name, added)
                     queue.proxy_for = instances
 
-    def _record_removal(self, queue: QueueState, deliveries: list[Delivery]) -> bool:
-        """Persist the at-most-once removal of ``deliveries`` before they are sent; on failure they go back."""
+    def _record_removal(self, queue: QueueState, deliveries: list[Delivery]) -> None:
+        """Record the at-most-once removal of ``deliveries``; they are sent once it is stored. If it cannot be
+        sent at all, they go back to the queue."""
         try:
             publisher = self._manager_publisher()
             seq = publisher.sow_delete(queue.queue.name, keys=[d.message.bookmark for d in deliveries])
-            publisher.wait_persisted(seq, timeout=REMOVAL_TIMEOUT_S)
-            return True
         except Exception as exc:
-            log.error("%s: the removal of %d at-most-once messages of %s was not persisted (%s); they stay queued",
+            log.error("%s: the removal of %d at-most-once messages of %s could not be sent (%s); they stay queued",
                       self.cfg.name, len(deliveries), queue.queue.name, exc)
             with self._lock:
                 queue.undo(deliveries)
-            return False
+            return
+        with self._lock:
+            self._removals.append((seq, queue, deliveries))
 
     def _manager_publisher(self) -> Publisher:
         from replication.client.publisher import Publisher
@@ -276,9 +294,16 @@ class QueueDispatcher:
     # -- status and stop -------------------------------------------------------------------------------------
 
     def oldest(self) -> dict[str, int | None]:
-        """Per queue, the seq of its oldest message not yet acknowledged here (None: none)."""
+        """Per queue, the seq of its oldest message not yet acknowledged here (None: none), commits handed over
+        included; an at-most-once delivery waiting for its removal to be stored holds it too."""
         with self._lock:
-            return {name: q.oldest_seq() for name, q in self.book.queues.items()}
+            self._take_rows()
+            oldest = {name: q.oldest_seq() for name, q in self.book.queues.items()}
+            for _seq, queue, deliveries in self._removals:
+                first = min(d.message.seq for d in deliveries)
+                held = oldest.get(queue.queue.name)
+                oldest[queue.queue.name] = first if held is None else min(held, first)
+            return oldest
 
     def status(self) -> dict[str, dict]:
         with self._lock:

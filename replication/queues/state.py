@@ -45,6 +45,7 @@ class Subscriber:
     """When it last subscribed (its heartbeat), epoch seconds."""
     leased: dict[str, float] = field(default_factory=dict)
     """Bookmark -> lease expiry (epoch seconds) of the messages it holds."""
+    session: str | None = None
     delivered: int = 0
     acknowledged: int = 0
 
@@ -86,6 +87,8 @@ class QueueState:
         """Bookmark -> when this instance asked its owner for it."""
         self.barriers: dict[str, Message] = {}
         """Barrier messages not yet released, in seq order: each waits for every message ahead of it here."""
+        self._barrier_ids: set[str] = set()
+        """Every barrier's bookmark, released or not, until this instance's copy is acknowledged."""
         self.proxy_for: frozenset[str] = frozenset()
         """Instances whose messages this one may take over (``enable_proxied_transfer``)."""
         self.transfers_requested = 0
@@ -126,6 +129,7 @@ class QueueState:
         if self.queue.barrier is not None and self.queue.barrier.matches(data, self.queue.message_type):
             # every instance holding a barrier delivers it (the spec's tip): it is this one's to deliver
             self.barriers[bookmark] = Message(seq, bookmark, topic, data, self.instance)
+            self._barrier_ids.add(bookmark)
             return True
         message = Message(seq, bookmark, topic, data, self.owner_of(origin))
         if message.owner == self.instance:
@@ -135,10 +139,14 @@ class QueueState:
             self.arrived[bookmark] = now
         return True
 
-    def remove(self, bookmarks: Iterable[str], client: str, now: float = 0.0) -> int:
-        """A stored acknowledgement (or removal) by ``client``: the messages leave the queue. How many did."""
+    def remove(self, bookmarks: Iterable[str], client: str, now: float = 0.0, *, local: bool = True) -> int:
+        """A stored acknowledgement (or removal) by ``client``: the messages leave the queue. How many did.
+        ``local``: published at this instance; another instance's acknowledgement of a barrier is its own
+        copy's (every instance delivers its barrier), not this one's."""
         removed = 0
         for bookmark in bookmarks:
+            if not local and bookmark in self._barrier_ids:
+                continue
             arrived = self.arrived.pop(bookmark, None)
             if arrived is not None and now > arrived:
                 self.typical_ack_s += TYPICAL_WEIGHT * ((now - arrived) - self.typical_ack_s)
@@ -152,6 +160,7 @@ class QueueState:
                     and self.barriers.pop(bookmark, None) is None:
                 continue
             self._lapsed.pop(bookmark, None)
+            self._barrier_ids.discard(bookmark)
             removed += 1
         self.acknowledged += removed
         subscriber = self.subscribers.get(client)
@@ -188,11 +197,16 @@ class QueueState:
 
     # -- subscribers ------------------------------------------------------------------------------------
 
-    def subscribe(self, client: str, flt: Filter | None, max_backlog: int, now: float) -> None:
-        """A subscribe (or its heartbeat): a new subscriber, or the same one seen again (its options updated)."""
+    def subscribe(self, client: str, flt: Filter | None, max_backlog: int, now: float, *,
+                  session: str | None = None) -> None:
+        """A subscribe (or its heartbeat): a new subscriber, or the same one seen again (its options updated).
+        A new ``session`` of a client is a restarted consumer: what the old one held returns to the queue."""
         subscriber = self.subscribers.get(client)
+        if subscriber is not None and session is not None and subscriber.session not in (None, session):
+            self.unsubscribe(client)
+            subscriber = None
         if subscriber is None:
-            self.subscribers[client] = Subscriber(client, flt, max_backlog, now)
+            self.subscribers[client] = Subscriber(client, flt, max_backlog, now, session=session)
         else:
             subscriber.filter, subscriber.max_backlog, subscriber.seen = flt, max_backlog, now
 
@@ -336,6 +350,7 @@ class QueueState:
                 subscriber.delivered += 1
                 self.delivered += 1
                 if self.at_most_once:
+                    self.acknowledged += 1  # (removed now: its removal row, folded later, finds nothing)
                     out.append(Delivery(subscriber.client, message, 0.0))
                 else:
                     expires = now + self.queue.lease_period_s
@@ -354,6 +369,7 @@ class QueueState:
             if subscriber is not None:
                 subscriber.delivered -= 1
             self.delivered -= 1
+            self.acknowledged -= 1
         self._unsorted = self._unsorted or bool(deliveries)
 
     def _release_barriers(self) -> None:
@@ -375,10 +391,11 @@ class QueueState:
             ahead = barrier.seq if ahead is None else min(ahead, barrier.seq)
 
     def _next_for(self, subscriber: Subscriber) -> Message | None:
-        alone = len(self.subscribers) == 1
         for message in self.waiting.values():
-            if not alone and self._lapsed.get(message.bookmark) == subscriber.client:
-                continue  # it let this one's lease run out: another subscriber takes it
+            if self._lapsed.get(message.bookmark) == subscriber.client and any(
+                    s is not subscriber and self._room(s) > 0 and self._takes_it(s, message)
+                    for s in self.subscribers.values()):
+                continue  # it let this one's lease run out: another subscriber with room takes it
             if subscriber.filter is None or subscriber.filter.matches(message.data, self.queue.message_type):
                 return message
         return None

@@ -72,6 +72,8 @@ class QueueRequest:
     command: str
     topic: str
     body: bytes = b""
+    session: str | None = None
+    """The consumer's session (``amps-session``): a new one is a restarted consumer, whose old leases end."""
 
     def options(self) -> tuple[str | None, int]:
         """``(filter text, max_backlog)`` of a subscribe; raises ValueError naming what is wrong."""
