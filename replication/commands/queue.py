@@ -21,7 +21,7 @@ import time
 from replication import config
 from replication.destination.resync import HEARTBEAT_STALE_S
 from replication.errors import ConfigError
-from replication.queues.book import COLUMNS, QueueBook
+from replication.queues.book import QueueBook
 from replication.storage.control import Heartbeat, ProxiedTransfer
 from replication.storage.layout import StorageLayout
 from replication.txlog.reader import TxlogReader
@@ -59,11 +59,7 @@ def run(args: argparse.Namespace) -> int:
         status, source = beat.queues[args.topic], "running"
     else:
         book = QueueBook(cfg)
-        reader = TxlogReader(layout, cfg.name)
-        through = reader.committed_seq() if reader.exists() else 0
-        after = reader.first_retained()[0] - 1 if through else 0  # (retention removed what is before)
-        for rows in reader.read(after, through) if through > after else ():
-            book.apply(rows.select(COLUMNS))
+        book.fold_txlog(TxlogReader(layout, cfg.name), now)
         status, source = book.queues[args.topic].status(now), "not running: folded from the txlog"
     status = {"instance": cfg.name, "state": source, **status}
     if args.format == "json":

@@ -169,6 +169,7 @@ def classify(
     encoded = pc.dictionary_encode(batch["publisher"]).combine_chunks()
     names = encoded.dictionary.to_pylist()
     codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    floors = np.array([state.publishers.get(name, 0) for name in names], dtype=np.int64)  # stored high-water marks
     logons = logons_in(batch)
     # logons and queue consumers' requests are answered, never stored (a request to an instance with no queue
     # is refused below)
@@ -205,7 +206,6 @@ def classify(
         # (a resent acknowledgement already stored is a duplicate, dropped as any: only new ones are checked)
         local = queue_ack & headers_ok & pc.fill_null(pc.equal(batch["source"], "kafka"), False).to_numpy(
             zero_copy_only=False)
-        floors = np.array([state.publishers.get(name, 0) for name in names], dtype=np.int64)
         local &= _first_new_per_publisher(codes, seqs, local, floors)
         reasons.update(_queue_ack_reasons(batch, local, queues))
     # Rows on SOW topics (and every other sow_delete) are parsed and checked once, for their keys.
@@ -238,7 +238,6 @@ def classify(
     valid = headers_ok.copy()
     if reasons:
         valid[np.fromiter(reasons, dtype=np.int64)] = False
-    floors = np.array([state.publishers.get(name, 0) for name in names], dtype=np.int64)
     keep = _first_new_per_publisher(codes, seqs, valid, floors)
     duplicates = int(valid.sum() - keep.sum())
 

@@ -6,6 +6,8 @@ and what the dispatcher delivers from. It holds no lock: its owner serializes ca
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,6 +25,9 @@ from replication.queues.wire import (
     manager_client,
     transfer_of,
 )
+
+if TYPE_CHECKING:
+    from replication.txlog.reader import TxlogReader
 
 #: Columns of the txlog rows a queue reads.
 COLUMNS = ["seq", "bookmark", "publisher", "publisher_seq", "topic", "message_type", "command", "sow_keys", "data",
@@ -62,6 +67,18 @@ class QueueBook:
         acks = pc.and_(pc.is_in(rows["command"], pa.array(("sow_delete", *QUEUE_MANAGEMENT))),
                        pc.is_in(rows["topic"], pa.array(sorted(self.queues), pa.string())))
         return rows.filter(pc.fill_null(pc.or_(publish, acks), False))
+
+    def fold_txlog(self, reader: TxlogReader, now: float = 0.0) -> int:
+        """Fold in every row ``reader``'s txlog still holds (from its first retained seq; its transfer requests
+        are not answered). How many rows were read."""
+        through = reader.committed_seq() if reader.exists() else 0
+        after = reader.first_retained()[0] - 1 if through else 0  # (retention removed what is before)
+        rows = 0
+        for part in reader.read(after, through) if through > after else ():
+            rows += part.num_rows
+            self.apply(part.select(COLUMNS), now, live=False)
+        self.applied_seq = max(self.applied_seq, through)
+        return rows
 
     def apply(self, rows: pa.Table, now: float = 0.0, *, live: bool = True) -> None:
         """Fold stored txlog rows (in seq order; any columns holding :data:`COLUMNS`) into the queues.

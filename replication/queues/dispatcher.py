@@ -99,13 +99,8 @@ class QueueDispatcher:
 
     def recover(self) -> None:
         """Fold the whole stored txlog in (at start, before the ingest runs)."""
-        through = self.reader.committed_seq() if self.reader.exists() else 0
-        after = self.reader.first_retained()[0] - 1 if through else 0  # (retention removed what is before)
-        started, rows = time.monotonic(), 0
-        for part in self.reader.read(after, through) if through > after else ():
-            rows += part.num_rows
-            self.book.apply(part.select(COLUMNS), time.time(), live=False)
-        self.book.applied_seq = max(self.book.applied_seq, through)
+        started = time.monotonic()
+        rows = self.book.fold_txlog(self.reader, time.time())
         log.info("%s: queues recovered from %d txlog rows in %.1f s: %s", self.cfg.name, rows,
                  time.monotonic() - started,
                  ", ".join(f"{name} {q['depth']} messages" for name, q in self.book.status(time.time()).items()))
