@@ -17,6 +17,7 @@ from deltalake.transaction import AddAction
 from replication.backfill import BackfillBusyError, BackfillInputError
 from replication.backfill.plan import NumberedFile
 from replication.config.model import InstanceConfig
+from replication.connectors.delta.tables import COMMIT_RETRIES
 from replication.inbox import staged_parts
 from replication.inbox.schema import INBOX_SCHEMA, STAGED_PART_KEY
 from replication.storage.control import read_json, write_json_atomic
@@ -191,6 +192,7 @@ def _commit_once(table: DeltaTable, schema: pa.Schema, app_id: str, number: int,
         [AddAction(add["path"], add["size"], {}, add["modification_time"], True, add["stats"])] if add else [],
         mode="append", schema=schema,
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, number)],
-                                           custom_metadata={"replication.backfill": app_id, **(metadata or {})}),
+                                           custom_metadata={"replication.backfill": app_id, **(metadata or {})},
+                                           max_commit_retries=COMMIT_RETRIES),
     )
     return True

@@ -43,6 +43,9 @@ REOPEN_EVERY_COMMITS = 50
 APPEND_ATTEMPTS = 5
 #: What delta-rs says when a commit lost to a concurrent removal of rows.
 CONCURRENT_DELETE = "concurrent transaction deleted data"
+#: Times delta-rs tries one commit against other writers' new versions (its default, 15, gives up when
+#: three writers race on a slow object store; each retry only re-reads the versions it lost to).
+COMMIT_RETRIES = 200
 #: Columns of the txlog and the inbox whose values differ row by row: a dictionary would only be built and dropped.
 DISTINCT_PER_ROW = ("seq", "bookmark", "publisher_seq", "upstream_seq", "data")
 
@@ -172,7 +175,8 @@ class IdempotentAppender:
         """Delete the rows matching ``predicate`` (Delta's DELETE), between appends; its metrics."""
         with self._lock:
             self.table.update_incremental()
-            metrics = self.table.delete(predicate)
+            retrying = CommitProperties(max_commit_retries=COMMIT_RETRIES)
+            metrics = self.table.delete(predicate, commit_properties=retrying)
             self.table.update_incremental()
             return metrics
 
@@ -183,7 +187,7 @@ class IdempotentAppender:
         custom = {COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))} if metadata else {}
         custom.update(commit_info or {})
         commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
-                                  custom_metadata=custom or None)
+                                  custom_metadata=custom or None, max_commit_retries=COMMIT_RETRIES)
         rows = rows.cast(self.schema) if rows.schema != self.schema else rows
         if files:
             if not isinstance(self.path, Path):
