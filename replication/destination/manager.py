@@ -46,7 +46,7 @@ from replication.destination.resync import (
     txlog_id,
 )
 from replication.errors import ReplicationError
-from replication.storage.control import RetentionState, read_instance_config
+from replication.storage.control import Heartbeat, RetentionState, read_instance_config
 from replication.storage.layout import StorageLayout, link_name
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 ACK_POLL_S = 0.05
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 15.0
+#: How often the addresses are looked at during a back-off, for an instance that has started at one.
+ADDRESS_CHECK_S = 0.5
 
 
 class DestinationManager:
@@ -137,9 +139,32 @@ class DestinationManager:
                 state = self.link.snapshot().state
                 if state not in ("validation failed", "resync impossible"):
                     self.link.set(state="waiting", detail=f"no usable address; retrying in {backoff:.1f}s")
-                if self._stop.wait(backoff):
+                if self._wait_for_an_address(backoff):
                     return
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _wait_for_an_address(self, backoff: float) -> bool:
+        """Wait ``backoff`` seconds before the addresses are tried again, or less: an instance that starts (or
+        restarts) at one of them ends the wait, so a destination back up is used at once, not up to
+        ``BACKOFF_MAX_S`` later. True when the manager is stopped meanwhile."""
+        before = {address: self._started_at(address) for address in self.dest.inet_addrs}
+        deadline = time.monotonic() + backoff
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stop.wait(min(left, ADDRESS_CHECK_S)):
+                return True
+            if any(self._started_at(a) not in (None, before[a]) for a in self.dest.inet_addrs):
+                return False
+        return self._stop.is_set()
+
+    @staticmethod
+    def _started_at(address: str) -> float | None:
+        """When the instance running at ``address`` started (None: none runs there, by its heartbeat)."""
+        try:
+            down = StorageLayout.of(address)
+            beat = Heartbeat.read(down.heartbeat_json) if heartbeat_fresh(down) else None
+            return beat.started if beat is not None else None
+        except Exception:  # an unreadable address is not usable yet
+            return None
 
     def _give_up(self, address: str, exc: ReplicationError) -> None:
         """A terminal error: waiting will not fix it, so the link stops and says why until a restart."""
