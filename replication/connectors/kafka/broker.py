@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -295,6 +296,11 @@ class EmbeddedBroker:
 
     def _launch(self) -> None:
         cmd = self._java("kafka.Kafka", str(self.home / "server.properties"), options=JAVA_OPTIONS)
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            # (the demo's spark-submit ignores SIGTERM, and a JVM started with it ignored never stops on it:
+            # close() would wait its full timeout) the broker gets SIGTERM's default back before it starts
+            cmd = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+                   "os.execvp(sys.argv[1], sys.argv[1:])", *cmd]
         with open(self.home / "broker.out", "ab") as out:
             self._proc = subprocess.Popen(
                 cmd,
