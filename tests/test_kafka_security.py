@@ -69,7 +69,8 @@ def test_a_password_file_and_each_clients_settings(ca, tmp_path):
     assert security.password.reveal() == KAFKA_PASSWORD
     assert security.kafka_python() == {
         "security_protocol": "SASL_SSL", "ssl_cafile": str(ca), "ssl_check_hostname": True,
-        "sasl_mechanism": "PLAIN", "sasl_plain_username": KAFKA_USER, "sasl_plain_password": KAFKA_PASSWORD}
+        "sasl_mechanism": "PLAIN", "sasl_plain_username": KAFKA_USER, "sasl_plain_password": KAFKA_PASSWORD,
+        "reconnect_backoff_max_ms": 1000}
     assert security.librdkafka() == {
         "security.protocol": "sasl_ssl", "ssl.ca.location": str(ca), "sasl.mechanisms": "PLAIN",
         "sasl.username": KAFKA_USER, "sasl.password": KAFKA_PASSWORD}
