@@ -37,7 +37,7 @@ from replication.ingest.classify import TopicRecorder
 from replication.ingest.inputs import DriverRead, InboxRows, ingest_stream
 from replication.ingest.writer import IngestWriter
 from replication.queues.dispatcher import QueueDispatcher
-from replication.queues.wire import deliveries_topic
+from replication.queues.wire import DELIVERY_PARTITIONS, deliveries_topic
 from replication.sow.compactor import Compactor
 from replication.sow.keys import SowTopics
 from replication.sow.state import SowState
@@ -136,9 +136,11 @@ class Instance:
         if self.cfg.kafka_transports:
             transport = self.cfg.kafka_transports[0]
             try:
-                ensure_topics(",".join(transport.bootstrap_servers),
-                              [acks_topic(self.name)] + ([deliveries_topic(self.name)] if self.cfg.queues else []),
-                              security=transport.security)
+                bootstrap_servers = ",".join(transport.bootstrap_servers)
+                ensure_topics(bootstrap_servers, [acks_topic(self.name)], security=transport.security)
+                if self.cfg.queues:
+                    ensure_topics(bootstrap_servers, [deliveries_topic(self.name)], partitions=DELIVERY_PARTITIONS,
+                                  security=transport.security)
             except KafkaError as exc:
                 raise ReplicationError(
                     f"{self.name}: Kafka at {','.join(transport.bootstrap_servers)} "

@@ -14,7 +14,7 @@ from support.processes import InstanceProcess, running
 
 from replication.client import QueueConsumer
 from replication.errors import ReplicationError
-from replication.queues.wire import bookmarks_in
+from replication.queues.wire import DELIVERY_PARTITIONS, bookmarks_in
 from replication.storage.control import Heartbeat, RetentionState
 
 
@@ -54,6 +54,24 @@ def acknowledged_rows(fabric, short: str, queue: str = "/work") -> Counter:
     rows = fabric.rows(short).to_pylist()
     return Counter(b for r in rows if r["command"] == "sow_delete" and r["topic"] == queue
                    for b in bookmarks_in(r["sow_keys"]))
+
+
+def delivery_partitions(fabric, short: str) -> dict[str, set[int]]:
+    """The partitions of ``short``'s deliveries topic each client's deliveries are in."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = f"{fabric.name(short)}.deliveries"
+    reader = KafkaConsumer(bootstrap_servers=fabric.broker.bootstrap, enable_auto_commit=False,
+                           consumer_timeout_ms=2000)
+    parts = [TopicPartition(topic, p) for p in sorted(reader.partitions_for_topic(topic) or ())]
+    assert len(parts) == DELIVERY_PARTITIONS
+    reader.assign(parts)
+    reader.seek_to_beginning(*parts)
+    placed: dict[str, set[int]] = {}
+    for record in reader:
+        placed.setdefault(record.key.decode(), set()).add(record.partition)
+    reader.close()
+    return placed
 
 
 def take(worker: QueueConsumer, n: int, timeout: float = 60) -> list:
@@ -104,6 +122,9 @@ def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgem
     assert set(json.loads(shown.out)["consumers"]) == {"worker-0", "worker-1"}
     for w in workers:
         w.close()
+    # each consumer's deliveries are in its own partition (worker-0: 6, worker-1: 0), so it reads only those
+    placed = delivery_partitions(fabric, "a")
+    assert placed == {"worker-0": {6}, "worker-1": {0}}, placed
 
     # at-most-once: each message leaves the queue as it is delivered, its removal recorded first
     once = consumer(fabric, "once", "a", queue="/once", max_backlog=10)

@@ -23,6 +23,7 @@ instance's reason. The wire format is :mod:`replication.queues.wire`.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import deque
@@ -44,10 +45,11 @@ from replication.queues.wire import (
     SUBSCRIBE,
     UNSUBSCRIBE,
     deliveries_topic,
+    delivery_partition,
 )
 
 #: Acknowledgements sent together (one ``sow_delete`` naming them all) once this many wait, or after ACK_EVERY_S.
-ACK_BATCH = 20
+ACK_BATCH = 100
 ACK_EVERY_S = 0.05
 
 
@@ -78,26 +80,32 @@ class QueueConsumer:
                  store_path: str | Path | None = None, security: KafkaSecurity = PLAINTEXT) -> None:
         """``topic``: the instance's publish topic (commands and acknowledgements go there); ``filter``: a
         content filter on the queue's messages; ``max_backlog``: how many unacknowledged messages it holds."""
-        from kafka import KafkaConsumer, TopicPartition
+        from confluent_kafka import Consumer, TopicPartition
 
         self.name, self.queue, self.instance = name, queue, instance
         self._subscription = json.dumps({"filter": filter, "max_backlog": max_backlog}).encode()
         self.publisher = Publisher(name, bootstrap=bootstrap, topic=topic, instance=instance, store_path=store_path,
                                    security=security)
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap.split(","), **security.kafka_python(),
-                                       enable_auto_commit=False, fetch_max_wait_ms=100, consumer_timeout_ms=10)
+        # librdkafka, not kafka-python: each delivery is a record with five headers, and decoding them in
+        # Python was most of a consumer's time (bench/queues.py)
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, **security.librdkafka(),
+                                   "group.id": f"queue-consumer-{name}", "enable.auto.commit": False,
+                                   "fetch.wait.max.ms": 100, "enable.partition.eof": False,
+                                   "logger": logging.getLogger(__name__)})
         deliveries = deliveries_topic(instance)
         deadline = time.monotonic() + 30
-        while not (parts := self._consumer.partitions_for_topic(deliveries)):
+        while not (parts := self._partitions(deliveries)):
             if time.monotonic() > deadline:
                 self.publisher.close()
+                self._consumer.close()
                 raise ReplicationError(f"queue consumer {name}: topic {deliveries} does not exist; is {instance} "
                                        "running with a queue defined?")
             time.sleep(0.2)
-        partitions = [TopicPartition(deliveries, p) for p in sorted(parts)]
-        self._consumer.assign(partitions)
-        self._consumer.seek_to_end(*partitions)  # earlier deliveries are no longer leased to this session
-        self._consumer.poll(timeout_ms=0)  # (resolves the end positions before the subscribe goes out)
+        mine = TopicPartition(deliveries, delivery_partition(name, parts))
+        # from the end, resolved now (before the subscribe goes out): earlier deliveries are no longer leased
+        # to this session, and any made from now on are read
+        _low, end = self._consumer.get_watermark_offsets(mine, timeout=30)
+        self._consumer.assign([TopicPartition(deliveries, mine.partition, end)])
         self._ready: deque[QueueMessage] = deque()
         self._acks: list[str] = []
         self._acks_since = time.monotonic()
@@ -119,8 +127,7 @@ class QueueConsumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            for records in self._consumer.poll(timeout_ms=int(min(remaining, 0.2) * 1000)).values():
-                self._take(records)
+            self._take(self._consumer.consume(num_messages=1000, timeout=min(remaining, 0.2)))
         return self._ready.popleft()
 
     def messages(self, timeout: float = 5.0) -> Iterator[QueueMessage]:
@@ -128,16 +135,21 @@ class QueueConsumer:
         while (message := self.receive(timeout)) is not None:
             yield message
 
+    def _partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0: it does not exist yet)."""
+        found = self._consumer.list_topics(topic, timeout=10).topics.get(topic)
+        return 0 if found is None or found.error is not None else len(found.partitions)
+
     def _take(self, records: list) -> None:
         me = self.name.encode()
         for record in records:
-            if record.key != me:
-                continue
-            headers = {k: v.decode() for k, v in record.headers}
+            if record.error() is not None or record.key() != me:
+                continue  # (a transient fetch error is retried by the client; another client's delivery)
+            headers = {k: (v or b"").decode() for k, v in record.headers() or ()}
             if headers.get(HEADER_TOPIC) != self.queue:
                 continue
             self.received += 1
-            self._ready.append(QueueMessage(self.queue, headers[HEADER_BOOKMARK], record.value or b"",
+            self._ready.append(QueueMessage(self.queue, headers[HEADER_BOOKMARK], record.value() or b"",
                                             headers.get(HEADER_UNDERLYING_TOPIC, ""),
                                             int(headers.get(HEADER_LEASE_EXPIRES, "0")) / 1000, self))
 

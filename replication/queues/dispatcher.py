@@ -91,6 +91,7 @@ class QueueDispatcher:
         self._removals: list[tuple[int, QueueState, list[Delivery]]] = []
         """At-most-once deliveries whose removal (that publisher seq) is recorded and not yet stored."""
         self._producer: Any = None
+        self._partitions: int | None = None  # of the deliveries topic (as created, by us or by the user)
         self._publisher: Publisher | None = None
         self._thread: threading.Thread | None = None
         self.sent = 0
@@ -137,12 +138,13 @@ class QueueDispatcher:
     # -- the thread ------------------------------------------------------------------------------------------
 
     def start(self) -> QueueDispatcher:
-        from kafka import KafkaProducer
+        from confluent_kafka import Producer
 
-        # large batches: kafka-python wakes its sender thread at each new batch, and with its 16 KB default
-        # those wake-ups were most of the delivery thread's time (bench/queues.py: 3.8k -> 5.1k deliveries/s)
-        self._producer = KafkaProducer(bootstrap_servers=list(self._bootstrap), **self._security.kafka_python(),
-                                       acks=1, linger_ms=5, batch_size=256 * 1024, retries=5)
+        # librdkafka, not kafka-python: a delivery is one Kafka record, and kafka-python's encoding of each
+        # (with its five headers) was most of the delivery thread's time (bench/queues.py)
+        self._producer = Producer({"bootstrap.servers": ",".join(self._bootstrap), **self._security.librdkafka(),
+                                   "acks": "1", "linger.ms": 5, "enable.idempotence": False,
+                                   "message.send.max.retries": 5, "logger": log})
         self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)
         self._thread.start()
         return self
@@ -273,17 +275,29 @@ class QueueDispatcher:
         return self._publisher
 
     def _send(self, queue: QueueState, deliveries: list[Delivery]) -> None:
-        from replication.queues.wire import deliveries_topic
+        from replication.queues.wire import deliveries_topic, delivery_partition
 
         topic = deliveries_topic(self.cfg.name)
+        if self._partitions is None:
+            self._partitions = len(self._producer.list_topics(topic, timeout=30).topics[topic].partitions)
+        name, instance = queue.queue.name.encode(), self.cfg.name.encode()
         for delivery in deliveries:
             message = delivery.message
-            headers = [(HEADER_TOPIC, queue.queue.name.encode()), (HEADER_BOOKMARK, message.bookmark.encode()),
+            headers = [(HEADER_TOPIC, name), (HEADER_BOOKMARK, message.bookmark.encode()),
                        (HEADER_UNDERLYING_TOPIC, message.topic.encode()),
                        (HEADER_LEASE_EXPIRES, str(int(delivery.lease_expires * 1000)).encode()),
-                       (HEADER_INSTANCE, self.cfg.name.encode())]
-            self._producer.send(topic, key=delivery.client.encode(), value=message.data, headers=headers)
-        self._producer.flush(timeout=30)
+                       (HEADER_INSTANCE, instance)]
+            while True:
+                try:
+                    self._producer.produce(topic, value=message.data, key=delivery.client.encode(), headers=headers,
+                                           partition=delivery_partition(delivery.client, self._partitions))
+                    break
+                except BufferError:  # its local queue is full: let it send some
+                    self._producer.poll(0.1)
+        unsent = self._producer.flush(30)
+        if unsent:  # a lease that runs out brings these back; an at-most-once delivery is lost, as it may be
+            log.warning("%s: %d deliveries of %s not confirmed by Kafka within 30 s", self.cfg.name, unsent,
+                        queue.queue.name)
         self.sent += len(deliveries)
 
     # -- status and stop -------------------------------------------------------------------------------------
@@ -312,4 +326,5 @@ class QueueDispatcher:
         if self._publisher is not None:
             self._publisher.close()
         if self._producer is not None:
-            self._producer.close(timeout=5)
+            self._producer.flush(5)
+            self._producer = None  # (librdkafka's client ends with its last reference)

@@ -19,7 +19,9 @@ Between instances, through their txlogs (replicated like acknowledgements), an i
 ``<instance>.queues``: ``transfer_request`` (a non-owner asks the owner for messages) and ``transfer`` (the
 owner grants them), and the ``sow_delete`` that removes an at-most-once message it delivered.
 
-Out, on ``<instance>.deliveries`` (:func:`deliveries_topic`), one record per delivery: key the client name,
+Out, on ``<instance>.deliveries`` (:func:`deliveries_topic`, created with :data:`DELIVERY_PARTITIONS`
+partitions), one record per delivery, in the partition :func:`delivery_partition` of the client, so each
+consumer reads its own deliveries and few others': key the client name,
 value the message body, headers ``amps-topic`` (the queue), ``amps-bookmark``, ``amps-underlying-topic``,
 ``amps-lease-expires`` (epoch milliseconds; 0 for an at-most-once queue: nothing to acknowledge) and
 ``amps-instance``. A refused subscription is answered on ``<instance>.acks``:
@@ -29,6 +31,7 @@ value the message body, headers ``amps-topic`` (the queue), ``amps-bookmark``, `
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 
 SUBSCRIBE = "subscribe"
@@ -55,8 +58,19 @@ SILENT_AFTER_S = 5 * HEARTBEAT_S
 DEFAULT_MAX_BACKLOG = 10
 
 
+#: Partitions of a deliveries topic the instance creates. A consumer reads one: with several consumers, each
+#: decodes its own deliveries (and those of the few clients that share its partition), not every consumer's.
+DELIVERY_PARTITIONS = 16
+
+
 def deliveries_topic(instance: str) -> str:
     return f"{instance}.deliveries"
+
+
+def delivery_partition(client: str, partitions: int) -> int:
+    """The partition of a deliveries topic with ``partitions`` partitions that carries ``client``'s deliveries
+    (CRC-32 of its name, so any client library computes the same)."""
+    return zlib.crc32(client.encode()) % partitions
 
 
 def manager_client(instance: str) -> str:
