@@ -29,6 +29,7 @@ and exits 0 only when all holds::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -110,9 +111,15 @@ class _Group:
             pass
         self.proc.wait(timeout=60)
 
+    def signal_stop(self) -> None:
+        """Ask for the clean stop (SIGTERM: the JVM ignores it, the driver stops); :meth:`stop` waits for it."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the clean stop (the JVM ignores it, the driver stops)
+            self.signal_stop()
             try:
                 self.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
@@ -168,9 +175,9 @@ def soak(workdir: Path, bootstrap: str, *, minutes: float, kill_every: float = 3
     pubs: list[Publisher] = []
     stop = threading.Event()
     try:
-        for name in ("side-A", "side-B", "incoming"):  # lower tiers first: the upper ones find them up
+        for name in ("side-A", "side-B", "incoming"):  # all at once: an upper tier connects as a lower one starts
             groups[name] = _Group(name, workdir, env, conf)
-            wait_running(GROUPS[name], timeout=300)
+        wait_running(ALL, timeout=300)
         say(f"mesh running ({', '.join(ALL)})")
         pubs = [Publisher(f"soak-{n}", bootstrap=bootstrap, topic=f"{n}.publish", instance=n,
                           store_path=workdir / f"soak-{n}.store", resend_after=10, logon_timeout=120,
@@ -231,6 +238,8 @@ def soak(workdir: Path, bootstrap: str, *, minutes: float, kill_every: float = 3
         stop.set()
         for pub in pubs:
             pub.close()
+        for group in groups.values():  # (stopped together: each stop takes a few seconds)
+            group.signal_stop()
         for group in groups.values():
             group.stop()
     return result
