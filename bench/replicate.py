@@ -189,7 +189,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
         return f"{r(link.path.parents[2].name)}->{r(link.state.destination)}"
 
     def appended(appender: IdempotentAppender, *_a, **_k) -> str:
-        if appender.app_id == "ingest":
+        if appender.app_id.split(":")[0] == "ingest":
             return f"{r(appender.path.parent.name)} ingest / {appender.path.name} append"
         upstream, _, downstream = appender.app_id.partition("#")[0].partition("->")
         return f"{r(upstream)}->{r(downstream)} replicator / inbox append (write_deltalake)"

@@ -28,6 +28,7 @@ from replication.config.model import InstanceConfig
 from replication.config.security import check_security
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.connectors.kafka.broker import ensure_topics
+from replication.connectors.spark.planned_batch import query_id
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
 from replication.durability import AckSender, Durability, acks_topic
@@ -35,7 +36,7 @@ from replication.errors import ReplicationError
 from replication.inbox.staged_parts import StagedParts
 from replication.ingest.classify import TopicRecorder
 from replication.ingest.inputs import DriverRead, InboxRows, ingest_stream
-from replication.ingest.writer import IngestWriter
+from replication.ingest.writer import INGEST_APP, IngestWriter
 from replication.queues.dispatcher import QueueDispatcher
 from replication.queues.wire import DELIVERY_PARTITIONS, deliveries_topic
 from replication.sow.compactor import Compactor
@@ -118,8 +119,8 @@ class Instance:
     def start(self) -> Instance:
         self.layout.root.mkdir(parents=True, exist_ok=True)
         write_instance_config(self.cfg, self.layout.instance_json)
-        txlog = IdempotentAppender(self.layout.txlog, TXLOG_SCHEMA, app_id="ingest", name=f"{self.name} txlog")
-        rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id="ingest",
+        txlog = IdempotentAppender(self.layout.txlog, TXLOG_SCHEMA, app_id=INGEST_APP, name=f"{self.name} txlog")
+        rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id=INGEST_APP,
                                       name=f"{self.name} rejected")
         if bootstrap.needed(self.cfg, self.layout):  # before anything is served: no ingest, acks or replication yet
             bootstrap.run(self.cfg, self.layout, progress=self._log_bootstrap)
@@ -187,6 +188,7 @@ class Instance:
             on_clash=(lambda clash: sender.send_clash(clash.client, clash.later, clash.reason)) if sender else None,
             queues=self.queues,
             queue_committed=self.queues.committed if self.queues is not None else None,
+            checkpoint_id=lambda: query_id(self.layout.checkpoint(INGEST_QUERY)),
         )
         self._start_ingest()
         if self.queues is not None:

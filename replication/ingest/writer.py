@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The app transaction of the ingest's commits to the txlog and ``rejected/``, before ``:<checkpoint id>``.
+INGEST_APP = "ingest"
+
 
 class IngestWriter:
     """``foreachBatch`` of the ingest query.
@@ -85,8 +88,13 @@ class IngestWriter:
         on_clash: Callable[[Clash], None] | None = None,
         queues: QueueAcks | None = None,
         queue_committed: Callable[[pa.Table, list[QueueRequest], int, int], None] | None = None,
+        checkpoint_id: Callable[[], str | None] | None = None,
     ) -> None:
+        """``checkpoint_id``: the ingest query's checkpoint identity (read at the first batch, when Spark has
+        written it); batches commit as the app transaction ``ingest:<it>``, so a checkpoint lost and begun
+        again (batch ids from 0) does not take its batches for ones already committed."""
         self.cfg = cfg
+        self._checkpoint_id = checkpoint_id
         self.txlog = txlog
         self.rejected = rejected
         self.state = state
@@ -160,6 +168,11 @@ class IngestWriter:
 
     def write_arrow(self, batch: pa.Table, batch_id: int) -> None:
         started = time.perf_counter()
+        if self._checkpoint_id is not None:
+            checkpoint, self._checkpoint_id = self._checkpoint_id(), None
+            if checkpoint:
+                for appender in (self.txlog, self.rejected):
+                    appender.rebind(f"{INGEST_APP}:{checkpoint}")
         if self.txlog.is_committed(batch_id):
             log.info("%s: ingest batch %d already committed; replay skipped", self.cfg.name, batch_id)
             self.on_commit(self.state.max_seq, Classified.empty(logons_in(batch)))

@@ -145,6 +145,12 @@ class IdempotentAppender:
         self.table.update_incremental()
         self._committed = self.table.transaction_version(self.app_id)
 
+    def rebind(self, app_id: str) -> None:
+        """Commit as ``app_id`` from now on (its committed version read from the table)."""
+        with self._lock:
+            self.app_id = app_id
+            self.refresh()
+
     def is_committed(self, version: int) -> bool:
         return self._committed is not None and self._committed >= version
 

@@ -26,7 +26,17 @@ from pathlib import Path
 
 from replication.connectors.spark.driver_read import DRIVER_READ_MAX_ROWS
 
-__all__ = ["DRIVER_READ_MAX_ROWS", "PlannedBatch"]
+__all__ = ["DRIVER_READ_MAX_ROWS", "PlannedBatch", "query_id"]
+
+
+def query_id(checkpoint: str | Path) -> str | None:
+    """The id Spark gave the query of ``checkpoint`` (its ``metadata`` file, written at the query's first start
+    and kept while the checkpoint is): a new checkpoint has a new one. None: not readable."""
+    try:
+        found = json.loads((Path(checkpoint) / "metadata").read_text()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) and found else None
 
 
 class PlannedBatch:
