@@ -61,15 +61,19 @@ def delivery_partitions(fabric, short: str) -> dict[str, set[int]]:
     from kafka import KafkaConsumer, TopicPartition
 
     topic = f"{fabric.name(short)}.deliveries"
-    reader = KafkaConsumer(bootstrap_servers=fabric.broker.bootstrap, enable_auto_commit=False,
-                           consumer_timeout_ms=2000)
+    reader = KafkaConsumer(bootstrap_servers=fabric.broker.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50)
     parts = [TopicPartition(topic, p) for p in sorted(reader.partitions_for_topic(topic) or ())]
     assert len(parts) == DELIVERY_PARTITIONS
     reader.assign(parts)
     reader.seek_to_beginning(*parts)
+    left = sum(reader.end_offsets(parts).values())  # (nothing removed by retention yet: every record from 0)
     placed: dict[str, set[int]] = {}
-    for record in reader:
-        placed.setdefault(record.key.decode(), set()).add(record.partition)
+    deadline = time.monotonic() + 120
+    while left > 0 and time.monotonic() < deadline:
+        for records in reader.poll(timeout_ms=200).values():
+            left -= len(records)
+            for record in records:
+                placed.setdefault(record.key.decode(), set()).add(record.partition)
     reader.close()
     return placed
 

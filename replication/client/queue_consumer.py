@@ -104,8 +104,12 @@ class QueueConsumer:
         mine = TopicPartition(deliveries, delivery_partition(name, parts))
         # from the end, resolved now (before the subscribe goes out): earlier deliveries are no longer leased
         # to this session, and any made from now on are read
-        _low, end = self._consumer.get_watermark_offsets(mine, timeout=30)
-        self._consumer.assign([TopicPartition(deliveries, mine.partition, end)])
+        marks = self._consumer.get_watermark_offsets(mine, timeout=30)
+        if marks is None:
+            self.publisher.close()
+            self._consumer.close()
+            raise ReplicationError(f"queue consumer {name}: Kafka did not say where {deliveries} ends within 30 s")
+        self._consumer.assign([TopicPartition(deliveries, mine.partition, marks[1])])
         self._ready: deque[QueueMessage] = deque()
         self._acks: list[str] = []
         self._acks_since = time.monotonic()

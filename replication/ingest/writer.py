@@ -166,17 +166,33 @@ class IngestWriter:
         finally:
             self.step, self.idle_since = None, time.monotonic()
 
+    def _without_stored_inbox_versions(self, batch: pa.Table) -> pa.Table:
+        """The batch without inbox versions the txlog has folded in already. Only a new checkpoint (one lost
+        and begun again) reads them: its inbox stream starts at the first version, whose files inbox cleanup
+        may have removed, and whose rows are stored."""
+        stored = _stored_versions(batch, self.state.inbox_version)
+        if stored is None:
+            return batch
+        log.info("%s: %d inbox versions already stored (through %d) are not read again", self.cfg.name,
+                 pc.sum(stored).as_py(), self.state.inbox_version)
+        return batch.filter(pc.invert(stored))
+
     def write_arrow(self, batch: pa.Table, batch_id: int) -> None:
         started = time.perf_counter()
         if self._checkpoint_id is not None:
-            checkpoint, self._checkpoint_id = self._checkpoint_id(), None
-            if checkpoint:
+            checkpoint = self._checkpoint_id()
+            if checkpoint:  # (Spark writes it before the first batch; until it is read, asked again)
+                self._checkpoint_id = None
                 for appender in (self.txlog, self.rejected):
                     appender.rebind(f"{INGEST_APP}:{checkpoint}")
+            else:
+                log.warning("%s: the ingest checkpoint's query id is not readable yet; batch %d commits as %r",
+                            self.cfg.name, batch_id, self.txlog.app_id)
         if self.txlog.is_committed(batch_id):
             log.info("%s: ingest batch %d already committed; replay skipped", self.cfg.name, batch_id)
             self.on_commit(self.state.max_seq, Classified.empty(logons_in(batch)))
             return
+        batch = self._without_stored_inbox_versions(batch)
         inbox_version = _newest_inbox_version(batch)
         if self.expand is not None:
             batch = self.expand(batch)
@@ -269,6 +285,14 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _stored_versions(batch: pa.Table, stored_through: int) -> pa.Array | None:
+    """Which of the batch's rows are inbox versions at or below ``stored_through`` (None: no such row)."""
+    if stored_through < 0 or "inbox_version" not in batch.column_names:
+        return None
+    stored = pc.fill_null(pc.less_equal(batch["inbox_version"], stored_through), False)
+    return stored if pc.any(stored).as_py() else None
 
 
 def _newest_inbox_version(batch: pa.Table) -> int | None:

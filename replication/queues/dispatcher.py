@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from replication.config.model import InstanceConfig
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
+from replication.errors import ReplicationError
 from replication.messages import HEADER_TOPIC
 from replication.queues.book import COLUMNS, QueueBook
 from replication.queues.state import Delivery, QueueState
@@ -278,8 +279,12 @@ class QueueDispatcher:
         from replication.queues.wire import deliveries_topic, delivery_partition
 
         topic = deliveries_topic(self.cfg.name)
-        if self._partitions is None:
-            self._partitions = len(self._producer.list_topics(topic, timeout=30).topics[topic].partitions)
+        if not self._partitions:
+            found = self._producer.list_topics(topic, timeout=30).topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                raise ReplicationError(f"{self.cfg.name}: the deliveries topic {topic} is not in Kafka's metadata "
+                                       f"({found.error if found is not None else 'missing'}); retrying")
+            self._partitions = len(found.partitions)  # (fixed while the instance runs: consumers hash the same)
         name, instance = queue.queue.name.encode(), self.cfg.name.encode()
         for delivery in deliveries:
             message = delivery.message

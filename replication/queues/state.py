@@ -340,6 +340,19 @@ class QueueState:
         # walks over every removed slot, which made a 100k-message queue's deliveries quadratic.
         scans = {s.client: iter(self.waiting.values()) for s in turn}
         taken: set[str] = set()
+        try:
+            self._deal(turn, given, scans, taken, out, now, limit)
+        finally:  # (even if a round fails half way: what was leased must not stay waiting too)
+            for bookmark in taken:
+                del self.waiting[bookmark]
+            self._removed += len(taken)
+            if self._removed > len(self.waiting):  # (a dict keeps removed slots until it grows: copy it, amortized)
+                self.waiting, self._removed = dict(self.waiting), 0
+        return out
+
+    def _deal(self, turn: list[Subscriber], given: dict[str, int], scans: dict[str, Iterator[Message]],
+              taken: set[str], out: list[Delivery], now: float, limit: int) -> None:
+        """:meth:`dispatch`'s rounds: one message to each subscriber with room in turn, into ``out``."""
         while turn and len(taken) < len(self.waiting) and len(out) < limit:
             still = []
             for subscriber in turn:
@@ -365,12 +378,6 @@ class QueueState:
                     out.append(Delivery(subscriber.client, message, expires))
                 still.append(subscriber)
             turn = still
-        for bookmark in taken:
-            del self.waiting[bookmark]
-        self._removed += len(taken)
-        if self._removed > len(self.waiting):  # (a dict keeps removed slots until it grows: copy it, amortized)
-            self.waiting, self._removed = dict(self.waiting), 0
-        return out
 
     def undo(self, deliveries: list[Delivery]) -> None:
         """At-most-once deliveries whose removal could not be recorded: back to the queue, undelivered."""

@@ -183,7 +183,7 @@ def test_destination_down_then_back_and_lost_checkpoint_resync_without_loss_or_d
     # taken for batches already committed. This publisher does not resend, so nothing else would store it.
     late = fabric.publisher("after-loss", "a", resend_after=600)
     publish_orders(late, 100)
-    late.flush(timeout=60)
+    late.flush(timeout=240)
     pub.flush(timeout=240)
     assert_exactly_once(fabric.rows("b"), {"resync": 600, "after-loss": 100})
     # Resync started where B's marks said, not at the beginning of A's log.
