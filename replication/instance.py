@@ -137,11 +137,9 @@ class Instance:
         if self.cfg.kafka_transports:
             transport = self.cfg.kafka_transports[0]
             try:
-                bootstrap_servers = ",".join(transport.bootstrap_servers)
-                ensure_topics(bootstrap_servers, [acks_topic(self.name)], security=transport.security)
-                if self.cfg.queues:
-                    ensure_topics(bootstrap_servers, [deliveries_topic(self.name)], partitions=DELIVERY_PARTITIONS,
-                                  security=transport.security)
+                deliveries = {deliveries_topic(self.name): DELIVERY_PARTITIONS} if self.cfg.queues else {}
+                ensure_topics(",".join(transport.bootstrap_servers), [acks_topic(self.name), *deliveries],
+                              partitions=deliveries, security=transport.security)
             except KafkaError as exc:
                 raise ReplicationError(
                     f"{self.name}: Kafka at {','.join(transport.bootstrap_servers)} "

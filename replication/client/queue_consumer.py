@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 from replication.client.publisher import FailedMessage, Publisher
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
@@ -46,6 +47,7 @@ from replication.queues.wire import (
     UNSUBSCRIBE,
     deliveries_topic,
     delivery_partition,
+    partition_count,
 )
 
 #: Acknowledgements sent together (one ``sow_delete`` naming them all) once this many wait, or after ACK_EVERY_S.
@@ -94,21 +96,17 @@ class QueueConsumer:
                                    "logger": logging.getLogger(__name__)})
         deliveries = deliveries_topic(instance)
         deadline = time.monotonic() + 30
-        while not (parts := self._partitions(deliveries)):
+        while not (parts := partition_count(self._consumer, deliveries, timeout=10)):
             if time.monotonic() > deadline:
-                self.publisher.close()
-                self._consumer.close()
-                raise ReplicationError(f"queue consumer {name}: topic {deliveries} does not exist; is {instance} "
-                                       "running with a queue defined?")
+                self._abandon(f"queue consumer {name}: topic {deliveries} does not exist; is {instance} running "
+                              "with a queue defined?")
             time.sleep(0.2)
         mine = TopicPartition(deliveries, delivery_partition(name, parts))
         # from the end, resolved now (before the subscribe goes out): earlier deliveries are no longer leased
         # to this session, and any made from now on are read
         marks = self._consumer.get_watermark_offsets(mine, timeout=30)
         if marks is None:
-            self.publisher.close()
-            self._consumer.close()
-            raise ReplicationError(f"queue consumer {name}: Kafka did not say where {deliveries} ends within 30 s")
+            self._abandon(f"queue consumer {name}: Kafka did not say where {deliveries} ends within 30 s")
         self._consumer.assign([TopicPartition(deliveries, mine.partition, marks[1])])
         self._ready: deque[QueueMessage] = deque()
         self._acks: list[str] = []
@@ -139,10 +137,11 @@ class QueueConsumer:
         while (message := self.receive(timeout)) is not None:
             yield message
 
-    def _partitions(self, topic: str) -> int:
-        """How many partitions ``topic`` has (0: it does not exist yet)."""
-        found = self._consumer.list_topics(topic, timeout=10).topics.get(topic)
-        return 0 if found is None or found.error is not None else len(found.partitions)
+    def _abandon(self, reason: str) -> NoReturn:
+        """A start that cannot go on: close both clients, then raise ``reason``."""
+        self.publisher.close()
+        self._consumer.close()
+        raise ReplicationError(reason)
 
     def _take(self, records: list) -> None:
         me = self.name.encode()

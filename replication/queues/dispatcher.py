@@ -47,7 +47,10 @@ from replication.queues.wire import (
     TRANSFER_REQUEST,
     QueueRequest,
     Refusal,
+    deliveries_topic,
+    delivery_partition,
     manager_client,
+    partition_count,
     transfer_body,
 )
 from replication.storage.control import ProxiedTransfer
@@ -276,15 +279,12 @@ class QueueDispatcher:
         return self._publisher
 
     def _send(self, queue: QueueState, deliveries: list[Delivery]) -> None:
-        from replication.queues.wire import deliveries_topic, delivery_partition
-
         topic = deliveries_topic(self.cfg.name)
         if not self._partitions:
-            found = self._producer.list_topics(topic, timeout=30).topics.get(topic)
-            if found is None or found.error is not None or not found.partitions:
+            self._partitions = partition_count(self._producer, topic)  # (fixed while it runs: consumers hash alike)
+            if not self._partitions:
                 raise ReplicationError(f"{self.cfg.name}: the deliveries topic {topic} is not in Kafka's metadata "
-                                       f"({found.error if found is not None else 'missing'}); retrying")
-            self._partitions = len(found.partitions)  # (fixed while the instance runs: consumers hash the same)
+                                       "with its partitions; retrying")
         name, instance = queue.queue.name.encode(), self.cfg.name.encode()
         for delivery in deliveries:
             message = delivery.message

@@ -65,8 +65,8 @@ class QueueState:
         self.queue = queue
         self.instance = instance
         self.waiting: dict[str, Message] = {}
-        self._removed = 0  # messages delivered out of ``waiting`` since it was last copied
         """Messages this instance owns and may deliver, by bookmark, in seq order (see :meth:`_sort`)."""
+        self._removed = 0  # messages delivered out of ``waiting`` since it was last copied
         self.leased: dict[str, tuple[Message, str]] = {}
         """Bookmark -> (message, client holding it)."""
         self.elsewhere: dict[str, Message] = {}

@@ -390,9 +390,10 @@ class EmbeddedBroker:
         return "\n".join(t for t in texts if t.strip()) or "<empty>"
 
 
-def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1,
+def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int | Mapping[str, int] = 1,
                   security: KafkaSecurity = PLAINTEXT) -> None:
-    """Create the Kafka topics ``names`` that do not exist yet (existing ones are left as they are), and
+    """Create the Kafka topics ``names`` that do not exist yet (existing ones are left as they are), with
+    ``partitions`` each (or per topic, 1 for one not named), and
     return once every one is in the brokers' metadata (a creation is acknowledged by the controller before
     the brokers list the topic).
 
@@ -410,7 +411,8 @@ def ensure_topics(bootstrap: str, names: Iterable[str], partitions: int = 1,
                              **security.kafka_python())
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(name, partitions, 1) for name in wanted if name not in existing]
+        each = partitions if isinstance(partitions, Mapping) else dict.fromkeys(wanted, partitions)
+        missing = [NewTopic(name, each.get(name, 1), 1) for name in wanted if name not in existing]
         for topic in missing:
             try:
                 admin.create_topics([topic])
