@@ -7,20 +7,35 @@ import sys
 
 import pytest
 
+from replication.connectors.spark import class_archive
 from replication.connectors.spark.session import SHORT_LIVED_JAVA_OPTIONS, session
+
+
+def vm_option(spark, name: str) -> str:
+    jvm = spark._jvm
+    bean_class = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class)
+    return bean.getVMOption(name).getValue()
 
 
 def tiered_stop_at(spark) -> str:
     """The highest JIT tier the session's JVM compiles to (4: C2, the JVM's default; 1: C1 alone)."""
-    jvm = spark._jvm
-    bean_class = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class)
-    return bean.getVMOption("TieredStopAtLevel").getValue()
+    return vm_option(spark, "TieredStopAtLevel")
 
 
 def test_an_instances_session_keeps_the_jvms_c2_compiler(spark):
     # the test session is built as the instances' is (replication run, notebooks)
     assert tiered_stop_at(spark) == "4"
+
+
+def test_an_instances_session_maps_its_classes_from_the_archive_the_install_built(spark, monkeypatch):
+    archive = class_archive.archive_path()
+    assert archive is not None and archive.is_file(), "the README's install command builds it"
+    assert vm_option(spark, "SharedArchiveFile") == str(archive)
+    # the JVM took it: a class path or JVM that no longer matches starts without sharing
+    assert "sharing" in spark._jvm.java.lang.System.getProperty("java.vm.info")
+    monkeypatch.setenv(class_archive.SWITCH_ENV, "off")
+    assert class_archive.java_options() == ""
 
 
 @pytest.mark.e2e  # a Spark session of its own, in a process of its own

@@ -28,7 +28,7 @@ DELTA_SQL_CONF: dict[str, str] = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
-INSTALL_FIX = "run the README's install command (it ends with: mvn -q -f jvm/pom.xml generate-resources)"
+INSTALL_FIX = "run the README's install command (its mvn -q -f jvm/pom.xml generate-resources step)"
 
 
 class JvmArtifactsMissing(ConfigError):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from replication.connectors import jvm
-from replication.connectors.spark import local_fs
+from replication.connectors.spark import class_archive, local_fs
 from replication.connectors.spark.worker_python import interpreter
 
 if TYPE_CHECKING:
@@ -137,9 +137,10 @@ def session(app_name: str = "replication", *, master: str | None = None,
             builder = builder.config(key, value)
     if not _launches_jvm():
         spark = builder.getOrCreate()
-    elif short_lived:
-        spark = _without_sigterm(lambda: _with_java_options(SHORT_LIVED_JAVA_OPTIONS, builder.getOrCreate))
     else:
-        spark = _without_sigterm(builder.getOrCreate)
+        # the class archive (when the install built it) and, for one command, C1 alone
+        options = " ".join(o for o in (class_archive.java_options(), SHORT_LIVED_JAVA_OPTIONS if short_lived else "")
+                           if o)
+        spark = _without_sigterm(lambda: _with_java_options(options, builder.getOrCreate))
     spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))
     return spark
