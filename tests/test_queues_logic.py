@@ -87,6 +87,29 @@ def test_at_least_once_leases_in_turn_redelivers_after_the_lease_and_takes_only_
     assert state.status(12.0)["acknowledged"] == 2 and state.redelivered == 2
 
 
+def test_a_checked_acknowledgement_frees_backlog_room_before_it_is_stored_and_a_lapsed_lease_takes_it_back():
+    state = QueueState(queue(lease_period_s=10.0), "amps-1")
+    for seq in range(1, 6):
+        state.add(seq, f"9|{seq}", "/tasks", b"{}", origin="amps-1")
+    state.subscribe("w1", None, 2, now=0.0)
+    assert [d.message.seq for d in state.dispatch(now=1.0)] == [1, 2]
+    assert state.check_ack("w1", ["9|1"], set()) is None  # its batch commits: not stored yet
+    assert [d.message.seq for d in state.dispatch(now=1.1)] == [3]  # room for one more already
+    assert state.dispatch(now=1.2) == []
+    assert state.check_ack("w1", ["9|1"], set()) is None  # the batch tried again: the same answer, no more room
+    assert state.dispatch(now=1.3) == []
+    assert state.status(1.3)["consumers"]["w1"]["acknowledging"] == 1
+    state.remove(["9|1"], "w1")  # stored
+    assert state.status(1.4)["consumers"]["w1"] == {**state.status(1.4)["consumers"]["w1"], "leased": 2,
+                                                    "acknowledging": 0}
+    assert state.check_ack("w1", ["9|2"], set()) is None  # and its batch never commits: the lease ends
+    assert [d.message.seq for d in state.dispatch(now=1.5)] == [4]
+    state.subscribers["w1"].seen = 11.2
+    assert state.expire(now=11.2, silent_after=100) == 2  # 9|2 and 9|3 come back, 9|2 no longer acknowledging
+    assert state.status(11.2)["consumers"]["w1"]["acknowledging"] == 0
+    assert [d.message.seq for d in state.dispatch(now=11.3)] == [2]  # 9|4 still held: room for one, not two
+
+
 def test_silent_subscribers_and_unsubscribes_give_their_messages_back():
     state = QueueState(queue(), "amps-1")
     state.add(1, "9|1", "/tasks", b"{}", origin="amps-1")

@@ -124,7 +124,10 @@ class QueueDispatcher:
         """Classify's question (:class:`replication.ingest.classify.QueueAcks`)."""
         with self._lock:
             self._take_rows()
-            return self.book.check_acks(acks, self.manager)
+            answers = self.book.check_acks(acks, self.manager)
+        if acks:
+            self._wake.set()  # (a good acknowledgement frees room in its consumer's backlog already)
+        return answers
 
     def _take_rows(self) -> None:
         """Fold in the commits handed over (lock held); a commit this dispatcher missed is read from the txlog."""

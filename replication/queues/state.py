@@ -48,6 +48,13 @@ class Subscriber:
     session: str | None = None
     delivered: int = 0
     acknowledged: int = 0
+    acking: set[str] = field(default_factory=set)
+    """Leased bookmarks whose acknowledgement passed the check and is being stored: they leave its backlog at
+    once, so deliveries go on while the acknowledgement's batch commits (a lease ending drops them too)."""
+
+    def holds(self) -> int:
+        """How many unacknowledged messages count against its ``max_backlog``."""
+        return len(self.leased) - len(self.acking)
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,7 @@ class QueueState:
                 subscriber = self.subscribers.get(held[1])
                 if subscriber is not None:
                     subscriber.leased.pop(bookmark, None)
+                    subscriber.acking.discard(bookmark)
             elif self.waiting.pop(bookmark, None) is None and self.elsewhere.pop(bookmark, None) is None \
                     and self.barriers.pop(bookmark, None) is None:
                 continue
@@ -173,7 +181,8 @@ class QueueState:
 
     def check_ack(self, client: str, bookmarks: list[str], taken: set[str]) -> str | None:
         """Why an acknowledgement ``client`` published here cannot be stored, or None. ``taken``: bookmarks
-        acknowledged earlier in the same batch (added to it when this one is good)."""
+        acknowledged earlier in the same batch (added to it when this one is good). A good one frees its room
+        in the client's backlog now (:attr:`Subscriber.acking`): a batch tried again checks it again alike."""
         name = self.queue.name
         if not bookmarks:
             return (f"an acknowledgement on queue {name!r} must name the bookmarks it acknowledges in its "
@@ -194,6 +203,9 @@ class QueueState:
                 return (f"bookmark {bookmark} of queue {name!r} is leased to another client, not {client!r}: only "
                         "the client it was delivered to acknowledges it")
         taken.update(bookmarks)
+        subscriber = self.subscribers.get(client)
+        if subscriber is not None:
+            subscriber.acking.update(bookmarks)
         return None
 
     # -- subscribers ------------------------------------------------------------------------------------
@@ -228,6 +240,7 @@ class QueueState:
             if ended:
                 for bookmark in ended:
                     del subscriber.leased[bookmark]
+                    subscriber.acking.discard(bookmark)
                     self._lapsed[bookmark] = subscriber.client
                 back += self._return(ended)
         return back
@@ -317,7 +330,7 @@ class QueueState:
                 self.arrived.setdefault(bookmark, now)
 
     def _room(self, subscriber: Subscriber) -> int:
-        return subscriber.max_backlog - (0 if self.at_most_once else len(subscriber.leased))
+        return subscriber.max_backlog - (0 if self.at_most_once else subscriber.holds())
 
     def _takes_it(self, subscriber: Subscriber, message: Message) -> bool:
         return subscriber.filter is None or subscriber.filter.matches(message.data, self.queue.message_type)
@@ -333,7 +346,7 @@ class QueueState:
             return []
         self._sort()
         out: list[Delivery] = []
-        turn = sorted(self.subscribers.values(), key=lambda s: (len(s.leased), s.client))
+        turn = sorted(self.subscribers.values(), key=lambda s: (s.holds(), s.client))
         given: dict[str, int] = {s.client: 0 for s in turn}
         # Each subscriber scans the waiting messages once per round, from the oldest, and what is taken leaves
         # ``waiting`` after the round: a dict iterated from its start again after each removal at its front
@@ -357,7 +370,7 @@ class QueueState:
             still = []
             for subscriber in turn:
                 room = subscriber.max_backlog - (given[subscriber.client] if self.at_most_once
-                                                 else len(subscriber.leased))
+                                                 else subscriber.holds())
                 if room <= 0:
                     continue
                 message = self._next_for(subscriber, scans[subscriber.client], taken)
@@ -446,7 +459,8 @@ class QueueState:
             "typical_ack_seconds": round(self.typical_ack_s, 3),
             "proxied_transfer_for": sorted(self.proxy_for),
             "consumers": {
-                s.client: {"leased": len(s.leased), "delivered": s.delivered, "acknowledged": s.acknowledged,
+                s.client: {"leased": len(s.leased), "acknowledging": len(s.acking), "delivered": s.delivered,
+                           "acknowledged": s.acknowledged,
                            "max_backlog": s.max_backlog, "filter": s.filter.text if s.filter else None,
                            "seen_seconds_ago": round(now - s.seen, 1)}
                 for s in sorted(self.subscribers.values(), key=lambda s: s.client)
