@@ -64,9 +64,19 @@ case " ${spark_args[*]} " in
       while IFS= read -r line; do spark_args+=("$line"); done < <("$venv/bin/python" -m replication.connectors.spark.local_fs) ;;
     esac ;;
 esac
-# (and the class-data sharing archive the install built: the driver JVM starts ~3 s sooner)
+# (and the class-data sharing archive the install built: the driver JVM starts ~3 s sooner), after the
+# user's own --driver-java-options: spark-submit keeps only the last one given
 archive="$("$venv/bin/python" -m replication.connectors.spark.class_archive --java-options)" || archive=""
-spark_args+=(--driver-java-options "-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties $archive")
+java_options="-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties $archive"
+kept=()
+while [ ${#spark_args[@]} -gt 0 ]; do
+  if [ "${spark_args[0]}" = "--driver-java-options" ]; then
+    java_options="${spark_args[1]} $java_options"; spark_args=("${spark_args[@]:2}")
+  else
+    kept+=("${spark_args[0]}"); spark_args=("${spark_args[@]:1}")
+  fi
+done
+spark_args=("${kept[@]+"${kept[@]}"}" --driver-java-options "$java_options")
 # delta-spark (with its SQL extension and catalog) and Spark's Kafka source, from jvm/pom.xml's jars.
 jvm_args="$("$venv/bin/python" -m replication.connectors.jvm)" || exit 2
 while IFS= read -r line; do spark_args+=("$line"); done <<< "$jvm_args"

@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         build(log=lambda line: print(line, file=sys.stderr))
-    except RuntimeError as exc:
-        print(f"class archive: {exc}", file=sys.stderr)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        print(f"class archive: not built ({exc}); Spark sessions start without it", file=sys.stderr)
         return 1
     return 0
 
