@@ -64,14 +64,22 @@ case " ${spark_args[*]} " in
       while IFS= read -r line; do spark_args+=("$line"); done < <("$venv/bin/python" -m replication.connectors.spark.local_fs) ;;
     esac ;;
 esac
-# (and the class-data sharing archive the install built: the driver JVM starts ~3 s sooner), after the
-# user's own --driver-java-options: spark-submit keeps only the last one given
-archive="$("$venv/bin/python" -m replication.connectors.spark.class_archive --java-options)" || archive=""
+# One --driver-java-options (spark-submit keeps only the last given): the log4j file and, on a local master,
+# the class-data sharing archive the install built (the driver JVM starts ~3 s sooner), then the user's own.
+master="" class_path=""
+for ((i = 0; i + 1 < ${#spark_args[@]}; i++)); do
+  case "${spark_args[i]}" in
+    --master) master="${spark_args[i + 1]}" ;;
+    --driver-class-path) class_path="${spark_args[i + 1]}" ;;
+  esac
+done
+archive="$("$venv/bin/python" -m replication.connectors.spark.class_archive --java-options "$master $class_path")" \
+  || archive=""
 java_options="-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties $archive"
 kept=()
 while [ ${#spark_args[@]} -gt 0 ]; do
   if [ "${spark_args[0]}" = "--driver-java-options" ]; then
-    java_options="${spark_args[1]} $java_options"; spark_args=("${spark_args[@]:2}")
+    java_options="$java_options ${spark_args[1]}"; spark_args=("${spark_args[@]:2}")
   else
     kept+=("${spark_args[0]}"); spark_args=("${spark_args[@]:1}")
   fi

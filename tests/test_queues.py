@@ -124,6 +124,9 @@ def test_a_queue_gives_each_message_to_one_consumer_and_takes_their_acknowledgem
     assert shown.code == 0 and json.loads(shown.out)["acknowledged"] == 300
     assert json.loads(shown.out)["state"] == "running"
     assert set(json.loads(shown.out)["consumers"]) == {"worker-0", "worker-1"}
+    table = run_cli("queue", fabric.paths["a"], "--topic", "/work")
+    assert table.code == 0 and "acknowledging" in table.out, table.out
+    assert any(line.split()[:3] == ["worker-0", "0", "0"] for line in table.out.splitlines()), table.out
     for w in workers:
         w.close()
     # each consumer's deliveries are in its own partition (worker-0: 6, worker-1: 0), so it reads only those

@@ -29,13 +29,18 @@ def test_an_instances_session_keeps_the_jvms_c2_compiler(spark):
 
 
 def test_an_instances_session_maps_its_classes_from_the_archive_the_install_built(spark, monkeypatch):
-    archive = class_archive.archive_path()
+    archive = class_archive.archive_path(class_archive.local_driver_class_path())
     assert archive is not None and archive.is_file(), "the README's install command builds it"
     assert vm_option(spark, "SharedArchiveFile") == str(archive)
     # the JVM took it: a class path or JVM that no longer matches starts without sharing
     assert "sharing" in spark._jvm.java.lang.System.getProperty("java.vm.info")
+    # not for a driver on another machine, nor for a class path it was not built for
+    assert class_archive.java_options("spark://elsewhere:7077", class_archive.local_driver_class_path()) == ""
+    assert class_archive.java_options("local[2]", "/another/extra.jar") == ""
+    assert class_archive.java_options("local[2]", class_archive.local_driver_class_path()) == \
+        f"-XX:SharedArchiveFile={archive}"
     monkeypatch.setenv(class_archive.SWITCH_ENV, "off")
-    assert class_archive.java_options() == ""
+    assert class_archive.java_options("local[2]", class_archive.local_driver_class_path()) == ""
 
 
 @pytest.mark.e2e  # a Spark session of its own, in a process of its own

@@ -77,10 +77,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  proxied transfer for: {', '.join(status['proxied_transfer_for'])}")
     consumers = status["consumers"]
     if consumers:
-        print(f"  {'consumer':<24} {'leased':>7} {'delivered':>10} {'acknowledged':>13} {'backlog':>8}  seen")
+        # (acknowledging: checked, its batch being stored; it no longer counts against the backlog)
+        print(f"  {'consumer':<24} {'leased':>7} {'acknowledging':>14} {'delivered':>10} {'acknowledged':>13} "
+              f"{'backlog':>8}  seen")
         for client, c in consumers.items():
-            print(f"  {client:<24} {c['leased']:>7} {c['delivered']:>10} {c['acknowledged']:>13} "
-                  f"{c['max_backlog']:>8}  {c['seen_seconds_ago']}s ago")
+            print(f"  {client:<24} {c['leased']:>7} {c['acknowledging']:>14} {c['delivered']:>10} "
+                  f"{c['acknowledged']:>13} {c['max_backlog']:>8}  {c['seen_seconds_ago']}s ago")
     else:
         print("  no consumer subscribed")
     return 0

@@ -88,7 +88,8 @@ class QueueAcks(Protocol):
     topics: frozenset[str]
 
     def check(self, acks: list[tuple[str, str, str | None]]) -> list[str | None]:
-        """Why each ``(client, queue topic, sow_keys)`` cannot be stored; None where it can."""
+        """Why each ``(client, queue topic, sow_keys)`` cannot be stored; None where it can. A good one frees
+        its consumer's room at once, ahead of the commit that stores it (asked again alike on a retried batch)."""
         ...
 
 
@@ -206,6 +207,9 @@ def classify(
         # (a resent acknowledgement already stored is a duplicate, dropped as any: only new ones are checked)
         local = queue_ack & headers_ok & pc.fill_null(pc.equal(batch["source"], "kafka"), False).to_numpy(
             zero_copy_only=False)
+        local &= sizes <= MAX_MESSAGE_BYTES
+        if reasons:  # (refused already: a checked acknowledgement frees its consumer's room at once)
+            local[np.fromiter(reasons, dtype=np.int64)] = False
         local &= _first_new_per_publisher(codes, seqs, local, floors)
         reasons.update(_queue_ack_reasons(batch, local, queues))
     # Rows on SOW topics (and every other sow_delete) are parsed and checked once, for their keys.

@@ -129,18 +129,21 @@ def session(app_name: str = "replication", *, master: str | None = None,
                 value = f"{given.get(key)},{value}"
             if key == "spark.jars" or not given.contains(key):
                 builder = builder.config(key, value)
+    driver_master = master or given.get("spark.master", "")
+    driver_class_path = given.get("spark.driver.extraClassPath", None)
     if _launches_jvm() and not given.contains("spark.hadoop.fs.file.impl"):
         # Checkpoint files without a forked chmod each (local_fs); the class
         # path can only be set here, before this process starts the JVM.
-        extra = given.get("spark.driver.extraClassPath", None)
-        for key, value in local_fs.spark_conf(master or given.get("spark.master", ""), extra).items():
+        for key, value in local_fs.spark_conf(driver_master, driver_class_path).items():
             builder = builder.config(key, value)
+            if key == "spark.driver.extraClassPath":
+                driver_class_path = value
     if not _launches_jvm():
         spark = builder.getOrCreate()
     else:
         # the class archive (when the install built it) and, for one command, C1 alone
-        options = " ".join(o for o in (class_archive.java_options(), SHORT_LIVED_JAVA_OPTIONS if short_lived else "")
-                           if o)
+        archive = class_archive.java_options(driver_master, driver_class_path)
+        options = " ".join(o for o in (archive, SHORT_LIVED_JAVA_OPTIONS if short_lived else "") if o)
         spark = _without_sigterm(lambda: _with_java_options(options, builder.getOrCreate))
     spark.sparkContext.setLogLevel(os.environ.get("REPLICATION_SPARK_LOG_LEVEL", "WARN"))
     return spark
