@@ -22,14 +22,14 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from replication.connectors.jvm import lib_dir
+from replication.connectors import jvm
+from replication.connectors.jvm import JvmArtifactsMissing, lib_dir
 
 #: ``off``: never use the archive.
 SWITCH_ENV = "REPLICATION_CLASS_ARCHIVE"
@@ -57,10 +57,11 @@ print("CLASS-ARCHIVE " + json.dumps({"classpath": system.getProperty("java.class
 
 
 def java_binary() -> Path | None:
-    """The ``java`` Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on ``PATH``."""
-    home = os.environ.get("JAVA_HOME")
-    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    return Path(found).resolve() if found and Path(found).exists() else None
+    """The ``java`` JVMs start with (:func:`replication.connectors.jvm.java`), resolved; None without one."""
+    try:
+        return Path(jvm.java()).resolve()
+    except JvmArtifactsMissing:
+        return None
 
 
 def _class_path_stamp(extra_class_path: str | None) -> str:
@@ -125,16 +126,17 @@ def build(*, log=print) -> Path:
         found = [line for line in listing.stdout.splitlines() if line.startswith("CLASS-ARCHIVE ")]
         if listing.returncode != 0 or not found:
             raise RuntimeError(f"the session listing the classes failed: {listing.stderr.strip()[-2000:]}")
-        jvm = json.loads(found[-1].removeprefix("CLASS-ARCHIVE "))
-        target = Path(jvm["archive"])
+        listed = json.loads(found[-1].removeprefix("CLASS-ARCHIVE "))
+        target = Path(listed["archive"])
         target.parent.mkdir(parents=True, exist_ok=True)
-        options = [o for o in jvm["options"] if not o.startswith(("-XX:DumpLoadedClassList", "-XX:SharedArchiveFile"))]
+        options = [o for o in listed["options"]
+                   if not o.startswith(("-XX:DumpLoadedClassList", "-XX:SharedArchiveFile"))]
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         log(f"class archive: dumping {sum(1 for _ in classes.open())} classes ...")
         try:
-            dump = subprocess.run([str(Path(jvm["java"]) / "bin" / "java"), "-Xshare:dump",
+            dump = subprocess.run([str(Path(listed["java"]) / "bin" / "java"), "-Xshare:dump",
                                    f"-XX:SharedClassListFile={classes}", f"-XX:SharedArchiveFile={partial}",
-                                   "-cp", jvm["classpath"], *options], capture_output=True, text=True, timeout=900)
+                                   "-cp", listed["classpath"], *options], capture_output=True, text=True, timeout=900)
             if dump.returncode != 0 or not partial.is_file():
                 raise RuntimeError(f"the JVM could not dump the archive: {dump.stderr.strip()[-2000:]}")
             with open(partial, "rb") as written:
