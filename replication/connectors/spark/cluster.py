@@ -56,11 +56,17 @@ class StandaloneCluster:
     def master_url(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the master, then of each worker (whose children are its executors)."""
+        return [proc.pid for proc in self._procs]
+
     def worker_dir(self, index: int) -> Path:
         """Where worker ``index`` runs its executors: ``app-*/<executor id>/stderr`` are their logs."""
         return self.home / f"worker-{index}"
 
     def start(self) -> StandaloneCluster:
+        self.home.mkdir(parents=True, exist_ok=True)  # (a home given by the caller may not exist yet)
         self.port, self.ui_port = free_loopback_port(), free_loopback_port()
         self._launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                      "--port", str(self.port), "--webui-port", str(self.ui_port))
