@@ -316,3 +316,14 @@ def test_a_resent_acknowledgement_is_a_duplicate_and_a_subscribe_to_an_instance_
                        now=datetime.now(timezone.utc))
     assert refused.rejected_rows.column("reason").to_pylist() == [
         "amps-1 has no queue: define one in <SOW> (<Queue>, <GroupLocalQueue> or <LocalQueue>) to subscribe to it"]
+
+
+def test_kafka_gives_up_a_delivery_when_the_shortest_at_least_once_lease_ends():
+    """A delivery Kafka confirms after its lease ended would reach a consumer while the message is leased to
+    another: the producer's message timeout is the shortest at-least-once lease (at-most-once: the default)."""
+    from replication.queues.dispatcher import DELIVERY_TIMEOUT_DEFAULT_MS, delivery_timeout_ms
+
+    assert delivery_timeout_ms([queue(lease_period_s=45.0), queue(name="/b", lease_period_s=12.5)]) == 12_500
+    assert delivery_timeout_ms([queue(lease_period_s=0.2)]) == 1_000, "never below a second: Kafka may retry"
+    assert delivery_timeout_ms([queue(semantics="at-most-once", lease_period_s=5.0)]) == DELIVERY_TIMEOUT_DEFAULT_MS
+    assert delivery_timeout_ms([]) == DELIVERY_TIMEOUT_DEFAULT_MS

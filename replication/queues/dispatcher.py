@@ -24,14 +24,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.config.model import InstanceConfig
+from replication.config.model import InstanceConfig, QueueTopic
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.errors import ReplicationError
 from replication.messages import HEADER_TOPIC
@@ -65,6 +65,24 @@ log = logging.getLogger(__name__)
 TICK_S = 0.05
 #: How often the instances this one stands in for are read again (seconds).
 PROXIED_READ_S = 1.0
+#: How long Kafka may take to confirm a delivery when no at-least-once queue bounds it (librdkafka's default).
+DELIVERY_TIMEOUT_DEFAULT_MS = 300_000
+#: The shortest such bound: a lease shorter than this still lets Kafka retry a send once or twice.
+DELIVERY_TIMEOUT_MIN_MS = 1_000
+
+
+def delivery_timeout_ms(queues: Iterable[QueueTopic]) -> int:
+    """How long the producer may keep trying a delivery: the shortest lease of an at-least-once queue.
+
+    A delivery Kafka takes after its lease ended would reach a consumer while the message is already leased
+    to another (and that consumer's ack would be refused): once the lease is over the send is given up and
+    the message goes back to the queue. At-most-once deliveries are not retried by anyone else, so they keep
+    librdkafka's default.
+    """
+    leases = [q.lease_period_s for q in queues if q.semantics == "at-least-once"]
+    if not leases:
+        return DELIVERY_TIMEOUT_DEFAULT_MS
+    return max(DELIVERY_TIMEOUT_MIN_MS, int(min(leases) * 1000))
 
 
 class QueueDispatcher:
@@ -95,6 +113,7 @@ class QueueDispatcher:
         self._removals: list[tuple[int, QueueState, list[Delivery]]] = []
         """At-most-once deliveries whose removal (that publisher seq) is recorded and not yet stored."""
         self._producer: Any = None
+        self._delivery_timeout_ms = delivery_timeout_ms(cfg.queues)
         self._partitions: int | None = None  # of the deliveries topic (as created, by us or by the user)
         self._publisher: Publisher | None = None
         self._thread: threading.Thread | None = None
@@ -151,7 +170,8 @@ class QueueDispatcher:
         # (with its five headers) was most of the delivery thread's time (bench/queues.py)
         self._producer = Producer({"bootstrap.servers": ",".join(self._bootstrap), **self._security.librdkafka(),
                                    "acks": "1", "linger.ms": 5, "enable.idempotence": False,
-                                   "message.send.max.retries": 5, "logger": log})
+                                   "message.send.max.retries": 5, "message.timeout.ms": self._delivery_timeout_ms,
+                                   "logger": log})
         self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)
         self._thread.start()
         return self
@@ -302,10 +322,11 @@ class QueueDispatcher:
                     break
                 except BufferError:  # its local queue is full: let it send some
                     self._producer.poll(0.1)
-        unsent = self._producer.flush(30)
+        wait_s = min(30.0, self._delivery_timeout_ms / 1000)
+        unsent = self._producer.flush(wait_s)
         if unsent:  # a lease that runs out brings these back; an at-most-once delivery is lost, as it may be
-            log.warning("%s: %d deliveries of %s not confirmed by Kafka within 30 s", self.cfg.name, unsent,
-                        queue.queue.name)
+            log.warning("%s: %d deliveries of %s not confirmed by Kafka within %.0f s", self.cfg.name, unsent,
+                        queue.queue.name, wait_s)
         self.sent += len(deliveries)
 
     # -- status and stop -------------------------------------------------------------------------------------

@@ -329,8 +329,10 @@ class QueueState:
                 self.elsewhere[bookmark] = message
                 self.arrived.setdefault(bookmark, now)
 
-    def _room(self, subscriber: Subscriber) -> int:
-        return subscriber.max_backlog - (0 if self.at_most_once else subscriber.holds())
+    def _room(self, subscriber: Subscriber, given: int = 0) -> int:
+        """Messages ``subscriber`` may still be given: at-least-once, what it holds counts against its backlog;
+        at-most-once, only the ``given`` of the round being dealt."""
+        return subscriber.max_backlog - (given if self.at_most_once else subscriber.holds())
 
     def _takes_it(self, subscriber: Subscriber, message: Message) -> bool:
         return subscriber.filter is None or subscriber.filter.matches(message.data, self.queue.message_type)
@@ -369,9 +371,7 @@ class QueueState:
         while turn and len(taken) < len(self.waiting) and len(out) < limit:
             still = []
             for subscriber in turn:
-                room = subscriber.max_backlog - (given[subscriber.client] if self.at_most_once
-                                                 else subscriber.holds())
-                if room <= 0:
+                if self._room(subscriber, given[subscriber.client]) <= 0:
                     continue
                 message = self._next_for(subscriber, scans[subscriber.client], taken)
                 if message is None:
