@@ -142,3 +142,110 @@ def test_an_s3_address_that_cannot_be_used_is_one_line_naming_it_and_the_fix(s3,
     assert expected in message and str(address) in message and "Fix:" in message
     assert "\n" not in message and "s3cr3t-value" not in message and access.secret_key not in message
     assert s3.access.client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0  # nothing written
+
+
+def upload(s3, bucket: str, key: str, body: bytes) -> None:
+    s3.access.client().put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def parquet_bytes(table) -> bytes:
+    import io
+
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def test_a_backfill_reads_parquet_under_an_s3_prefix_and_a_delta_table_on_s3_in_order(s3, tmp_path):
+    """``--input s3://...``: a prefix's Parquet objects sorted by key (``_``/``.`` names and other formats left
+    out) and a Delta table on S3, read by the backfill's Spark tasks with the process's AWS settings."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from support.cli import run_cli
+    from support.factories import write_config
+
+    from replication.inbox.staged_parts import StagedPart
+    from replication.inbox.versions import staged_parts
+
+    bucket = f"in-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    for part, ids in (("b", [3, 4, 5]), ("a", [1, 2])):  # uploaded out of order: read in key order
+        upload(s3, bucket, f"orders/day=1/{part}.parquet", parquet_bytes(pa.table({"id": ids})))
+    upload(s3, bucket, "orders/_SUCCESS", b"")
+    upload(s3, bucket, "orders/.hidden.parquet", b"not parquet")
+    upload(s3, bucket, "orders/notes.txt", b"not parquet either")
+    write_deltalake(f"s3://{bucket}/trades", pa.table({"trade": [7, 8]}), storage_options=s3.access.delta_options())
+    write_deltalake(f"s3://{bucket}/trades", pa.table({"trade": [9]}), mode="append",
+                    storage_options=s3.access.delta_options())
+    cfg = write_config(tmp_path, "solo", "localhost:9")
+
+    for client, fmt, source, topic in (("pq", "parquet", f"s3://{bucket}/orders/", "/orders"),
+                                       ("dt", "delta", f"s3://{bucket}/trades", "/trades")):
+        done = run_cli("backfill", cfg, "--input", source, "--format", fmt, "--client", client, "--topic", topic,
+                       env=s3.environment())
+        assert done.code == 0, done.err[-3000:]
+        assert f"backfilled {3 if client == 'dt' else 5} rows as client {client}" in done.out, done.out
+        assert s3.secret_key not in done.out + done.err
+
+    inbox = tmp_path / "solo" / "inbox"
+    parts = [StagedPart.from_json(text) for _, text in staged_parts(str(inbox), 0, DeltaTable(str(inbox)).version())]
+    import pyarrow.parquet as pq
+
+    rows = pa.concat_tables([pq.read_table(inbox / p.file, columns=["publisher", "publisher_seq", "data"])
+                             for p in parts]).to_pylist()
+    assert [(r["publisher"], r["publisher_seq"], r["data"]) for r in rows[:5]] == [
+        ("pq", 1, b'{"id":1}'), ("pq", 2, b'{"id":2}'), ("pq", 3, b'{"id":3}'), ("pq", 4, b'{"id":4}'),
+        ("pq", 5, b'{"id":5}')], "the prefix's objects in key order, each row once"
+    # a Delta table's files in its snapshot's order (not necessarily the order they were added in)
+    assert [(r["publisher"], r["publisher_seq"]) for r in rows[5:]] == [("dt", 1), ("dt", 2), ("dt", 3)]
+    assert sorted(r["data"] for r in rows[5:]) == [b'{"trade":7}', b'{"trade":8}', b'{"trade":9}']
+
+
+def test_json_lines_and_csv_objects_on_s3_read_as_local_files_do(s3, tmp_path, monkeypatch):
+    from replication.connectors import files
+
+    bucket = f"txt-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    lines, cells = b'{"a": 1}\n\n{"a": [2]}\n', b'\xef\xbb\xbfzip,name\n02134,"x, y"\n,""\n'
+    upload(s3, bucket, "in/t.jsonl", lines)
+    upload(s3, bucket, "in/c.csv", cells)
+    (tmp_path / "t.jsonl").write_bytes(lines)
+    (tmp_path / "c.csv").write_bytes(cells)
+    for name, value in s3.environment().items():
+        monkeypatch.setenv(name, value)
+    files._s3_access.cache_clear()
+    try:
+        for name, fmt in (("t.jsonl", "jsonl"), ("c.csv", "csv")):
+            remote = [b.to_pylist() for b in files.batches(f"s3://{bucket}/in/{name}", fmt)]
+            assert remote == [b.to_pylist() for b in files.batches(str(tmp_path / name), fmt)]
+            assert files.describe(f"s3://{bucket}/in/{name}", fmt).rows == 2
+        assert files.expand([f"s3://{bucket}/in"], "csv") == [f"s3://{bucket}/in/c.csv"]
+    finally:
+        files._s3_access.cache_clear()
+
+
+@pytest.mark.parametrize("problem", ["missing bucket", "missing prefix", "wrong credentials"])
+def test_a_backfill_input_on_s3_that_cannot_be_read_is_one_line_and_exit_2_before_spark(s3, tmp_path, problem):
+    from support.cli import run_cli
+    from support.factories import write_config
+
+    bucket = f"bad-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    env = s3.environment()
+    source = f"s3://{bucket}/absent/"
+    expected = f"{source}: no such object or prefix in bucket '{bucket}'"
+    if problem == "missing bucket":
+        source = f"s3://{bucket}-gone/orders"
+        expected = f"input s3://{bucket}-gone/orders: bucket '{bucket}-gone' does not exist"
+    elif problem == "wrong credentials":
+        env.update(AWS_ACCESS_KEY_ID="someone-else", AWS_SECRET_ACCESS_KEY="s3cr3t-value")
+        expected = "refused the credentials"
+    cfg = write_config(tmp_path, "solo", "localhost:9")
+    done = run_cli("backfill", cfg, "--input", source, "--format", "parquet", "--client", "c", "--topic", "/t",
+                   env=env)
+    assert done.code == 2, done.err[-2000:]
+    assert len(done.err.strip().splitlines()) == 1 and expected in done.err, done.err
+    assert "Traceback" not in done.err and "s3cr3t-value" not in done.err
+    assert not (tmp_path / "solo").exists(), "nothing written"

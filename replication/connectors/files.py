@@ -4,17 +4,25 @@ Used by backfill, inside Spark tasks: a file is read batch by batch (memory
 does not grow with its size), rows in the order the file holds them. A JSON
 lines row keeps its raw line (``_line``) next to its fields, so a backfill can
 store the line exactly as written.
+
+A path is a local one or an object-store address (``s3://bucket/key``, read
+with the credentials, region and endpoint of the standard AWS settings of the
+process reading it: the driver lists and counts, the Spark tasks read).
 """
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import orjson
 import pyarrow as pa
 
+from replication.connectors.s3.access import S3Access, S3Address, StorageAccessError, check_reachable
 from replication.errors import InputError
 
 FORMATS = ("parquet", "jsonl", "csv", "delta")
@@ -49,6 +57,63 @@ class DeltaFile:
     """The table's columns, in order (a file written before a column was added lacks it: null)."""
 
 
+@functools.cache
+def _s3_access() -> S3Access:
+    """This process's S3 settings (resolved once: a profile or an instance role is looked up once)."""
+    return S3Access.from_environment()
+
+
+def _in_s3(path: str) -> tuple[Any, str] | None:
+    """(An Arrow S3 filesystem, ``bucket/key``) for an ``s3://`` path; None for a local one."""
+    address = S3Address.parse(path)
+    if address is None:
+        return None
+    return _s3_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    """The file read front to back (JSON lines, CSV)."""
+    s3 = _in_s3(path)
+    if s3 is None:
+        return open(path, "rb")  # noqa: SIM115 (the caller's with-block closes it)
+    filesystem, key = s3
+    return io.BufferedReader(filesystem.open_input_stream(key), 1 << 20)
+
+
+def _parquet_file(path: str) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` of the path (its footer read; rows read on demand)."""
+    import pyarrow.parquet as pq
+
+    s3 = _in_s3(path)
+    if s3 is None:
+        return pq.ParquetFile(path)
+    filesystem, key = s3
+    return pq.ParquetFile(filesystem.open_input_file(key))
+
+
+def _s3_files(raw: str, address: S3Address, fmt: str) -> list[str]:
+    """The object ``raw`` names, or the objects of format ``fmt`` under it as a folder, sorted by key."""
+    from pyarrow import fs
+
+    try:
+        check_reachable(address, _s3_access(), what="input")
+    except StorageAccessError as exc:
+        raise InputError(str(exc)) from None
+    filesystem, key = _s3_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
+    info = filesystem.get_file_info(key)
+    if info.type == fs.FileType.File:
+        return [address.uri]
+    if info.type != fs.FileType.Directory:
+        raise InputError(f"{raw}: no such object or prefix in bucket {address.bucket!r}")
+    found = sorted(
+        f"s3://{entry.path}" for entry in filesystem.get_file_info(fs.FileSelector(key, recursive=True))
+        if entry.type == fs.FileType.File and Path(entry.path).suffix.lower() in _SUFFIXES[fmt]
+        and not any(part.startswith(("_", ".")) for part in Path(entry.path).relative_to(key).parts))
+    if not found:
+        raise InputError(f"{raw}: the prefix holds no {fmt} object ({', '.join(_SUFFIXES[fmt])})")
+    return found
+
+
 def delta_files(paths: list[str]) -> dict[str, DeltaFile]:
     """Each data file of the Delta tables ``paths``, in order (a table's files in its snapshot's order): its
     path, partition values and the table's columns, all from one snapshot of each table. A table this reader
@@ -60,8 +125,13 @@ def delta_files(paths: list[str]) -> dict[str, DeltaFile]:
 
     out: dict[str, DeltaFile] = {}
     for raw in paths:
+        address = S3Address.parse(raw)
         try:
-            table = DeltaTable(raw)
+            if address is not None:
+                check_reachable(address, _s3_access(), what="input")
+            table = DeltaTable(raw, storage_options=_s3_access().delta_options() if address else None)
+        except StorageAccessError as exc:
+            raise InputError(str(exc)) from None
         except Exception as exc:  # deltalake's own error types
             raise InputError(f"{raw}: not a readable Delta table ({exc})") from None
         mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
@@ -100,6 +170,10 @@ def expand(paths: list[str], fmt: str) -> list[str]:
         return list(delta_files(paths))
     out: list[str] = []
     for raw in paths:
+        address = S3Address.parse(raw)
+        if address is not None:
+            out.extend(_s3_files(raw, address, fmt))
+            continue
         path = Path(raw)
         if path.is_dir():
             found = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIXES[fmt]
@@ -118,9 +192,7 @@ def describe(path: str, fmt: str) -> InputFile:
     """Row count and columns of one file (JSON lines: the fields any line has); InputError when unreadable."""
     try:
         if fmt in COUNTED_IN_FOOTER:
-            import pyarrow.parquet as pq
-
-            meta = pq.ParquetFile(path)
+            meta = _parquet_file(path)
             return InputFile(path, meta.metadata.num_rows, tuple(meta.schema_arrow.names), meta.schema_arrow)
         rows, columns = 0, {}
         for batch in batches(path, fmt):
@@ -137,9 +209,7 @@ def batches(path: str, fmt: str, delta: DeltaFile | None = None) -> Iterator[pa.
     """The file's rows, ``BATCH_ROWS`` at a time, in file order (a Delta table's file: with its partition
     values, in the table's columns)."""
     if fmt in ("parquet", "delta"):
-        import pyarrow.parquet as pq
-
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
+        for batch in _parquet_file(path).iter_batches(batch_size=BATCH_ROWS):
             table = pa.Table.from_batches([batch])
             yield table if delta is None else _as_table_row(table, delta)
     elif fmt == "csv":
@@ -171,18 +241,20 @@ def _csv_cells(path: str) -> Iterator[pa.Table]:
 
     import pyarrow.csv as csv
 
-    with open(path, newline="", encoding="utf-8-sig") as fh:  # (a byte order mark is not in the first name)
+    # (a byte order mark is not in the first name)
+    with io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", newline="") as fh:
         header = next(text_csv.reader(fh), [])
     options = csv.ConvertOptions(column_types={name: pa.string() for name in header}, null_values=[""],
                                  strings_can_be_null=True, quoted_strings_can_be_null=False)
-    for batch in csv.open_csv(path, convert_options=options):
-        yield pa.Table.from_batches([batch])
+    with _open_binary(path) as raw:
+        for batch in csv.open_csv(raw, convert_options=options):
+            yield pa.Table.from_batches([batch])
 
 
 def _json_lines(path: str) -> Iterator[pa.Table]:
     lines: list[bytes] = []
     numbers: list[int] = []
-    with open(path, "rb") as fh:
+    with _open_binary(path) as fh:
         for number, line in enumerate(fh, start=1):
             line = line.strip()
             if not line:
