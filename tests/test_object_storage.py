@@ -249,3 +249,63 @@ def test_a_backfill_input_on_s3_that_cannot_be_read_is_one_line_and_exit_2_befor
     assert len(done.err.strip().splitlines()) == 1 and expected in done.err, done.err
     assert "Traceback" not in done.err and "s3cr3t-value" not in done.err
     assert not (tmp_path / "solo").exists(), "nothing written"
+
+
+def test_control_files_on_s3_read_back_what_was_written_and_a_missing_one_reads_as_none(s3):
+    from replication.connectors.s3.objects import ObjectPath
+    from replication.errors import StorageError
+    from replication.storage.control import Ack, Heartbeat, read_json
+
+    bucket = f"ctl-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    control = ObjectPath.of(f"s3://{bucket}/amps-1/_control", s3.access)
+    assert Heartbeat.read(control / "heartbeat.json") is None and not control.exists()
+    Heartbeat("amps-1", time=12.5, running=True, max_seq=7).write(control / "heartbeat.json")
+    Ack(41, 3.0, ((43, 45),)).write(control / "acks" / "amps-2.json")
+    assert Heartbeat.read(control / "heartbeat.json") == Heartbeat("amps-1", time=12.5, running=True, max_seq=7)
+    assert Ack.read(control / "acks" / "amps-2.json") == Ack(41, 3.0, ((43, 45),))
+    assert sorted(p.name for p in control.iterdir()) == ["acks", "heartbeat.json"]
+    assert [p.name for p in (control / "acks").glob("*.json")] == ["amps-2.json"]
+    assert control.is_dir() and (control / "acks").is_dir() and not (control / "heartbeat.json").is_dir()
+    (control / "acks" / "amps-2.json").unlink()
+    assert not (control / "acks").exists() and Ack.read(control / "acks" / "amps-2.json") is None
+    (control / "bad.json").write_bytes(b"{not json")
+    with pytest.raises(StorageError, match=rf"control file s3://{bucket}/amps-1/_control/bad.json is not valid JSON"):
+        read_json(control / "bad.json")
+    assert s3.secret_key not in repr(control) and s3.secret_key not in str(control)
+
+
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_writers_updating_one_control_file_at_once_lose_no_update(s3, tmp_path, where):
+    """``update_json``: on S3 a put conditional on what was read (done again when overtaken); locally a flock."""
+    from replication.connectors.s3.objects import ObjectPath
+    from replication.storage.control import update_json
+
+    if where == "s3":
+        bucket = f"upd-{uuid.uuid4().hex[:8]}"
+        s3.create_bucket(bucket)
+        path = ObjectPath.of(f"s3://{bucket}/amps-1/_control/proxied_transfer.json", s3.access)
+    else:
+        path = tmp_path / "_control" / "proxied_transfer.json"
+    writers, rounds = 6, 4
+    start = threading.Barrier(writers)
+    failures: list[BaseException] = []
+
+    def add(name: str) -> None:
+        start.wait()
+        try:
+            for n in range(rounds):
+                update_json(path, lambda saved, item=f"{name}-{n}": {"instances": sorted(
+                    {*(saved or {}).get("instances", []), item})})
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            failures.append(exc)
+
+    threads = [threading.Thread(target=add, args=(f"w{i}",)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    from replication.storage.control import read_json
+
+    assert read_json(path)["instances"] == sorted(f"w{i}-{n}" for i in range(writers) for n in range(rounds))

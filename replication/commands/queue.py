@@ -22,7 +22,7 @@ from replication import config
 from replication.destination.resync import HEARTBEAT_STALE_S
 from replication.errors import ConfigError
 from replication.queues.book import QueueBook
-from replication.storage.control import Heartbeat, ProxiedTransfer
+from replication.storage.control import Heartbeat, ProxiedTransfer, update_json
 from replication.storage.layout import StorageLayout
 from replication.txlog.reader import TxlogReader
 
@@ -97,10 +97,13 @@ def _proxied_transfer(cfg, owner: str | None, *, enable: bool) -> int:
     if not cfg.queues:
         raise ConfigError(f"{cfg.name} has no queue: proxied transfer is for the messages of a queue")
     layout = StorageLayout.of(cfg.storage)
-    saved = ProxiedTransfer.read(layout.proxied_transfer_json)
-    instances = set(saved.instances) if saved else set()
-    instances = instances | {owner} if enable else instances - {owner}
-    ProxiedTransfer(sorted(instances), time.time()).write(layout.proxied_transfer_json)
+
+    def changed(saved: dict | None) -> dict:  # (two operators at once: neither change is lost)
+        instances = set(ProxiedTransfer.from_json(saved).instances) if saved else set()
+        instances = instances | {owner} if enable else instances - {owner}
+        return ProxiedTransfer(sorted(instances), time.time()).to_json()
+
+    update_json(layout.proxied_transfer_json, changed)
     if enable:
         print(f"{cfg.name} now takes over the queue messages owned by {owner} (within a second if it runs). "
               f"Careful: a message {owner} delivered before it went down may be delivered twice if {owner} comes "

@@ -1,7 +1,9 @@
 """Every file under an instance's ``_control/``: a frozen dataclass each, with its reader and writer.
 
-All are JSON, replaced atomically (temporary file in the same directory,
-fsync, rename), so a reader never sees a torn file. A missing file reads as
+All are JSON, replaced atomically (on a filesystem: temporary file in the same
+directory, fsync, rename; on S3: one put, which replaces an object whole), so a
+reader never sees a torn file; a file two writers may update is updated with
+:func:`update_json` (a conditional put on S3). A missing file reads as
 None. Who writes each file and who reads it is the protocol between instances:
 
 ==========================  ===================================  ==========================================
@@ -40,28 +42,39 @@ acknowledged on that link, and releases its publishers' persisted acks.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from replication.config import effective
 from replication.config.model import InstanceConfig
+from replication.connectors.s3.objects import ObjectPath, PreconditionFailed
 from replication.errors import ConfigError, StorageError
+from replication.storage.layout import StoragePath
 
 T = TypeVar("T", bound="ControlFile")
 
 
-def write_json_atomic(path: Path, payload: Any, *, indent: int | None = None) -> None:
-    """Replace ``path`` with ``payload`` as JSON so readers never see a torn file."""
+def _dumps(payload: Any, indent: int | None) -> str:
+    return json.dumps(payload, indent=indent, separators=(",", ": ") if indent else (",", ":"), sort_keys=True)
+
+
+def write_json_atomic(path: StoragePath, payload: Any, *, indent: int | None = None) -> None:
+    """Replace ``path`` with ``payload`` as JSON so readers never see a torn file (on S3 a put replaces an
+    object whole; on a filesystem a temporary file is renamed over it)."""
+    if isinstance(path, ObjectPath):
+        path.write_bytes(_dumps(payload, indent).encode())
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=indent, separators=(",", ": ") if indent else (",", ":"), sort_keys=True)
+            fh.write(_dumps(payload, indent))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -73,15 +86,43 @@ def write_json_atomic(path: Path, payload: Any, *, indent: int | None = None) ->
         raise
 
 
-def read_json(path: Path, default: Any = None) -> Any:
+def read_json(path: StoragePath, default: Any = None) -> Any:
     """Read a control file; a missing file gives ``default``."""
     try:
-        with open(path) as fh:
-            return json.load(fh)
+        text = path.read_bytes()
     except FileNotFoundError:
         return default
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise StorageError(f"control file {path} is not valid JSON ({exc}); delete it to rebuild it") from exc
+
+
+def update_json(path: StoragePath, change: Callable[[Any], Any], *, attempts: int = 20) -> Any:
+    """Replace the JSON at ``path`` with ``change(what it holds)`` (None when missing) and return it, never
+    losing another writer's update: on S3 the put is conditional on the object read (``If-Match``, or
+    ``If-None-Match`` when there was none) and is done again over the newer one when refused; on a
+    filesystem the update holds an exclusive ``flock`` beside the file."""
+    if not isinstance(path, ObjectPath):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(f".{path.name}.lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            new = change(read_json(path))
+            write_json_atomic(path, new)
+            return new
+    for _ in range(attempts):
+        try:
+            body, etag = path.read_with_etag()
+            current: Any = json.loads(body)
+        except FileNotFoundError:
+            current, etag = None, None
+        new = change(current)
+        try:
+            path.write_bytes(_dumps(new, None).encode(), if_match=etag, if_none_match=etag is None)
+            return new
+        except PreconditionFailed:
+            continue  # another writer got there first: change what it wrote
+    raise StorageError(f"{path}: {attempts} updates in a row were overtaken by other writers; try again")
 
 
 class ControlFile:
@@ -97,11 +138,11 @@ class ControlFile:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def read(cls: type[T], path: Path) -> T | None:
+    def read(cls: type[T], path: StoragePath) -> T | None:
         payload = read_json(path)
         return cls.from_json(payload) if payload else None
 
-    def write(self, path: Path) -> None:
+    def write(self, path: StoragePath) -> None:
         write_json_atomic(path, self.to_json())
 
 
@@ -305,16 +346,15 @@ class BootstrapState(ControlFile):
     finished: float = 0.0
 
 
-def write_instance_config(cfg: InstanceConfig, path: Path) -> None:
+def write_instance_config(cfg: InstanceConfig, path: StoragePath) -> None:
     """``instance.json``: the effective config (see :mod:`replication.config.effective`)."""
     write_json_atomic(path, effective.to_dict(cfg), indent=2)
 
 
-def read_instance_config(path: Path) -> InstanceConfig:
+def read_instance_config(path: StoragePath) -> InstanceConfig:
     """Read ``instance.json``; a layout this version cannot read is a :class:`ConfigError`
     (terminal: waiting will not fix it). A missing file raises ``FileNotFoundError``."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    text = path.read_text(encoding="utf-8")
     try:
         payload = json.loads(text)
     except ValueError as exc:

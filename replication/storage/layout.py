@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from replication.connectors.s3.objects import ObjectPath
 from replication.errors import UnsupportedAddressError
+
+#: Where an instance keeps a table or a control file: a local (or mounted) path, or a key in an S3 bucket.
+StoragePath = Path | ObjectPath
 
 #: Checkpoint folder of the ingest query.
 INGEST_QUERY = "ingest"
