@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from replication.connectors.s3.access import S3Address
 from replication.connectors.s3.objects import ObjectPath
 from replication.errors import UnsupportedAddressError
 
@@ -23,7 +24,7 @@ StoragePath = Path | ObjectPath
 INGEST_QUERY = "ingest"
 
 
-def local_path(uri: str) -> Path:
+def local_path(uri: str) -> StoragePath:
     """Turn ``file:///abs/path`` or a plain path into a local :class:`Path`.
 
     Control files need a local (or mounted) filesystem today; any other scheme
@@ -52,95 +53,107 @@ def link_name(upstream: str, destination: str, incarnation: str | None = None) -
 
 @dataclass(frozen=True)
 class StorageLayout:
-    """Paths of one instance's tables and control files under its storage root."""
+    """Paths of one instance's tables and control files under its storage root: a local (or mounted) folder,
+    or a prefix in an S3 bucket (reached with the standard AWS settings of this process)."""
 
-    root: Path
+    root: StoragePath
 
     @classmethod
     def of(cls, uri: str) -> StorageLayout:
+        if S3Address.parse(uri) is not None:
+            return cls(ObjectPath.of(uri))
         return cls(local_path(uri))
 
     @property
-    def txlog(self) -> Path:
+    def on_s3(self) -> bool:
+        return isinstance(self.root, ObjectPath)
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """deltalake's options for this instance's tables (None: local ones need none)."""
+        return self.root.storage_options if isinstance(self.root, ObjectPath) else None
+
+    @property
+    def txlog(self) -> StoragePath:
         return self.root / "txlog"
 
     @property
-    def inbox(self) -> Path:
+    def inbox(self) -> StoragePath:
         return self.root / "inbox"
 
     @property
-    def rejected(self) -> Path:
+    def rejected(self) -> StoragePath:
         return self.root / "rejected"
 
-    def sow(self, topic_id: str) -> Path:
+    def sow(self, topic_id: str) -> StoragePath:
         return self.root / "sow" / topic_id
 
     @property
-    def control(self) -> Path:
+    def control(self) -> StoragePath:
         return self.root / "_control"
 
     @property
-    def instance_json(self) -> Path:
+    def instance_json(self) -> StoragePath:
         return self.control / "instance.json"
 
     @property
-    def heartbeat_json(self) -> Path:
+    def heartbeat_json(self) -> StoragePath:
         return self.control / "heartbeat.json"
 
     @property
-    def publishers_json(self) -> Path:
+    def publishers_json(self) -> StoragePath:
         return self.control / "publishers.json"
 
     @property
-    def durable_json(self) -> Path:
+    def durable_json(self) -> StoragePath:
         return self.control / "durable.json"
 
     @property
-    def retention_json(self) -> Path:
+    def retention_json(self) -> StoragePath:
         """What retention removed from the txlog (:mod:`replication.txlog.retention`)."""
         return self.control / "retention.json"
 
     @property
-    def bootstrap_json(self) -> Path:
+    def bootstrap_json(self) -> StoragePath:
         return self.control / "bootstrap.json"
 
     @property
-    def bootstrap_staging(self) -> Path:
+    def bootstrap_staging(self) -> StoragePath:
         """Where a bootstrap keeps the source's SOW records until its txlog copy is done."""
         return self.root / "_bootstrap"
 
-    def backfill_parts(self, client: str) -> Path:
+    def backfill_parts(self, client: str) -> StoragePath:
         """Where the Spark tasks of a backfill by ``client`` announce each part they have written (see
         :mod:`replication.backfill`); scratch, cleared by the client's next backfill."""
         return self.root / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]  # (any name, any length)
 
-    def backfill_staging(self, client: str) -> Path:
+    def backfill_staging(self, client: str) -> StoragePath:
         """Where a backfill by ``client`` stages its parts as txlog files until the instance stores them (moved
         into the txlog as they are, see :mod:`replication.ingest.staged_parts`): in the inbox, its entrance."""
         return self.inbox / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]  # (staged_parts.STAGING)
 
-    def backfill_input(self, client: str) -> Path:
+    def backfill_input(self, client: str) -> StoragePath:
         """The files (name, rows) of the backfills by ``client``, in order: a re-run must give them first."""
         return self.control / "backfill" / f"{hashlib.sha256(client.encode()).hexdigest()[:32]}.json"
 
-    def ack_file(self, upstream: str) -> Path:
+    def ack_file(self, upstream: str) -> StoragePath:
         return self.control / "acks" / f"{upstream}.json"
 
-    def link_file(self, destination: str) -> Path:
+    def link_file(self, destination: str) -> StoragePath:
         return self.control / "links" / f"{destination}.json"
 
-    def manual_downgrade_file(self, destination: str) -> Path:
+    def manual_downgrade_file(self, destination: str) -> StoragePath:
         """Present while an operator has downgraded ``destination`` (``replication downgrade``)."""
         return self.control / "downgraded" / f"{destination}.json"
 
     @property
-    def proxied_transfer_json(self) -> Path:
+    def proxied_transfer_json(self) -> StoragePath:
         """The instances whose queue messages this one takes over (``replication queue``)."""
         return self.control / "proxied_transfer.json"
 
-    def checkpoint(self, query: str) -> Path:
+    def checkpoint(self, query: str) -> StoragePath:
         return self.root / "_checkpoints" / query
 
-    def replicator_checkpoint(self, destination: str, incarnation: str) -> Path:
+    def replicator_checkpoint(self, destination: str, incarnation: str) -> StoragePath:
         """Checkpoint of one replicator incarnation toward ``destination`` (new at each resync)."""
         return self.checkpoint(f"replicate-{destination}-{incarnation}")
