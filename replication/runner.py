@@ -27,7 +27,8 @@ def stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
 
 
 def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds") -> list[Instance]:
-    spark = session("replication " + " ".join(c.name for c in configs))
+    spark = session("replication " + " ".join(c.name for c in configs),
+                    object_storage=any(c.storage.startswith("s3://") for c in configs))
     started: list[Instance] = []
     try:
         for cfg in configs:

@@ -205,6 +205,7 @@ def test_a_backfill_reads_parquet_under_an_s3_prefix_and_a_delta_table_on_s3_in_
 
 def test_json_lines_and_csv_objects_on_s3_read_as_local_files_do(s3, tmp_path, monkeypatch):
     from replication.connectors import files
+    from replication.connectors.s3.access import environment_access
 
     bucket = f"txt-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(bucket)
@@ -215,7 +216,7 @@ def test_json_lines_and_csv_objects_on_s3_read_as_local_files_do(s3, tmp_path, m
     (tmp_path / "c.csv").write_bytes(cells)
     for name, value in s3.environment().items():
         monkeypatch.setenv(name, value)
-    files._s3_access.cache_clear()
+    environment_access.cache_clear()
     try:
         for name, fmt in (("t.jsonl", "jsonl"), ("c.csv", "csv")):
             remote = [b.to_pylist() for b in files.batches(f"s3://{bucket}/in/{name}", fmt)]
@@ -223,7 +224,7 @@ def test_json_lines_and_csv_objects_on_s3_read_as_local_files_do(s3, tmp_path, m
             assert files.describe(f"s3://{bucket}/in/{name}", fmt).rows == 2
         assert files.expand([f"s3://{bucket}/in"], "csv") == [f"s3://{bucket}/in/c.csv"]
     finally:
-        files._s3_access.cache_clear()
+        environment_access.cache_clear()
 
 
 @pytest.mark.parametrize("problem", ["missing bucket", "missing prefix", "wrong credentials"])

@@ -225,6 +225,20 @@ def exclusions(value: str, at: Node) -> frozenset[str]:
 # Addresses
 
 
+def storage_location(value: str, at: Node) -> str:
+    """``<Storage>``: what :func:`location` takes, or an S3 prefix ``s3://bucket/prefix`` (``s3a://`` too),
+    returned as ``s3://bucket/prefix``."""
+    scheme_match = _URI.match(value)
+    if scheme_match and scheme_match.group(1).lower() in ("s3", "s3a"):
+        parts = urlsplit(value)
+        prefix = parts.path.strip("/")
+        if not parts.netloc or parts.query or parts.fragment or "//" in prefix:
+            at.fail(f"'{value}' is not an S3 prefix", "write s3://BUCKET/PREFIX (a bucket, then the instance's "
+                    "folder in it; no ? or #)")
+        return f"s3://{parts.netloc}/{prefix}" if prefix else f"s3://{parts.netloc}"
+    return location(value, at)
+
+
 def location(value: str, at: Node) -> str:
     """A storage root: file URI, absolute or config-relative path (remote URIs: not supported yet)."""
     try:

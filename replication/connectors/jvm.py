@@ -64,6 +64,12 @@ def spark_jars() -> list[str]:
     return [str(jar) for jar in _jars("spark")]
 
 
+def s3a_jars() -> list[str]:
+    """Hadoop's S3A filesystem and the AWS SDK it needs (paths): added by a session only when an instance's
+    storage is on S3 (its streaming checkpoints are written through ``s3a://``)."""
+    return [str(jar) for jar in _jars("s3a")]
+
+
 def spark_conf() -> dict[str, str]:
     """Settings of a session that reads Delta with delta-spark and Kafka with Spark's own source."""
     return {"spark.jars": ",".join(spark_jars()), **DELTA_SQL_CONF}

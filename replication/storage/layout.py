@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 from urllib.parse import unquote, urlparse
 
 from replication.connectors.s3.access import S3Address
@@ -24,7 +25,7 @@ StoragePath = Path | ObjectPath
 INGEST_QUERY = "ingest"
 
 
-def local_path(uri: str) -> StoragePath:
+def local_path(uri: str) -> Path:
     """Turn ``file:///abs/path`` or a plain path into a local :class:`Path`.
 
     Control files need a local (or mounted) filesystem today; any other scheme
@@ -41,6 +42,13 @@ def local_path(uri: str) -> StoragePath:
     )
 
 
+def spark_location(path: StoragePath) -> str:
+    """How Spark (Hadoop's filesystems) names ``path``: ``s3a://bucket/key`` for a key in a bucket."""
+    if isinstance(path, ObjectPath):
+        return f"s3a://{path.address.bucket}/{path.address.key}"
+    return str(path)
+
+
 def link_name(upstream: str, destination: str, incarnation: str | None = None) -> str:
     """``<upstream>-><destination>`` (``#<incarnation>`` for one replicator incarnation).
 
@@ -51,18 +59,31 @@ def link_name(upstream: str, destination: str, incarnation: str | None = None) -
     return f"{name}#{incarnation}" if incarnation else name
 
 
+#: A layout's kind of path: local (:class:`Path`) or in a bucket (:class:`ObjectPath`).
+P = TypeVar("P", Path, ObjectPath)
+
+
 @dataclass(frozen=True)
-class StorageLayout:
+class StorageLayout(Generic[P]):
     """Paths of one instance's tables and control files under its storage root: a local (or mounted) folder,
     or a prefix in an S3 bucket (reached with the standard AWS settings of this process)."""
 
-    root: StoragePath
+    root: P
 
-    @classmethod
-    def of(cls, uri: str) -> StorageLayout:
+    @staticmethod
+    def of(uri: str) -> StorageLayout[Path] | StorageLayout[ObjectPath]:
         if S3Address.parse(uri) is not None:
-            return cls(ObjectPath.of(uri))
-        return cls(local_path(uri))
+            return StorageLayout(ObjectPath.of(uri))
+        return StorageLayout(local_path(uri))
+
+    @staticmethod
+    def local(uri: str, what: str) -> StorageLayout[Path]:
+        """The layout of a local (or mounted) root, for ``what`` that is not supported on object storage yet
+        (:class:`UnsupportedAddressError` for an S3 one; config load refuses what would get here)."""
+        layout = StorageLayout.of(uri)
+        if isinstance(layout.root, ObjectPath):
+            raise UnsupportedAddressError(f"{what} at {uri}: not supported on object storage yet")
+        return StorageLayout(layout.root)
 
     @property
     def on_s3(self) -> bool:
@@ -74,86 +95,86 @@ class StorageLayout:
         return self.root.storage_options if isinstance(self.root, ObjectPath) else None
 
     @property
-    def txlog(self) -> StoragePath:
+    def txlog(self) -> P:
         return self.root / "txlog"
 
     @property
-    def inbox(self) -> StoragePath:
+    def inbox(self) -> P:
         return self.root / "inbox"
 
     @property
-    def rejected(self) -> StoragePath:
+    def rejected(self) -> P:
         return self.root / "rejected"
 
-    def sow(self, topic_id: str) -> StoragePath:
+    def sow(self, topic_id: str) -> P:
         return self.root / "sow" / topic_id
 
     @property
-    def control(self) -> StoragePath:
+    def control(self) -> P:
         return self.root / "_control"
 
     @property
-    def instance_json(self) -> StoragePath:
+    def instance_json(self) -> P:
         return self.control / "instance.json"
 
     @property
-    def heartbeat_json(self) -> StoragePath:
+    def heartbeat_json(self) -> P:
         return self.control / "heartbeat.json"
 
     @property
-    def publishers_json(self) -> StoragePath:
+    def publishers_json(self) -> P:
         return self.control / "publishers.json"
 
     @property
-    def durable_json(self) -> StoragePath:
+    def durable_json(self) -> P:
         return self.control / "durable.json"
 
     @property
-    def retention_json(self) -> StoragePath:
+    def retention_json(self) -> P:
         """What retention removed from the txlog (:mod:`replication.txlog.retention`)."""
         return self.control / "retention.json"
 
     @property
-    def bootstrap_json(self) -> StoragePath:
+    def bootstrap_json(self) -> P:
         return self.control / "bootstrap.json"
 
     @property
-    def bootstrap_staging(self) -> StoragePath:
+    def bootstrap_staging(self) -> P:
         """Where a bootstrap keeps the source's SOW records until its txlog copy is done."""
         return self.root / "_bootstrap"
 
-    def backfill_parts(self, client: str) -> StoragePath:
+    def backfill_parts(self, client: str) -> P:
         """Where the Spark tasks of a backfill by ``client`` announce each part they have written (see
         :mod:`replication.backfill`); scratch, cleared by the client's next backfill."""
         return self.root / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]  # (any name, any length)
 
-    def backfill_staging(self, client: str) -> StoragePath:
+    def backfill_staging(self, client: str) -> P:
         """Where a backfill by ``client`` stages its parts as txlog files until the instance stores them (moved
         into the txlog as they are, see :mod:`replication.ingest.staged_parts`): in the inbox, its entrance."""
         return self.inbox / "_backfill" / hashlib.sha256(client.encode()).hexdigest()[:32]  # (staged_parts.STAGING)
 
-    def backfill_input(self, client: str) -> StoragePath:
+    def backfill_input(self, client: str) -> P:
         """The files (name, rows) of the backfills by ``client``, in order: a re-run must give them first."""
         return self.control / "backfill" / f"{hashlib.sha256(client.encode()).hexdigest()[:32]}.json"
 
-    def ack_file(self, upstream: str) -> StoragePath:
+    def ack_file(self, upstream: str) -> P:
         return self.control / "acks" / f"{upstream}.json"
 
-    def link_file(self, destination: str) -> StoragePath:
+    def link_file(self, destination: str) -> P:
         return self.control / "links" / f"{destination}.json"
 
-    def manual_downgrade_file(self, destination: str) -> StoragePath:
+    def manual_downgrade_file(self, destination: str) -> P:
         """Present while an operator has downgraded ``destination`` (``replication downgrade``)."""
         return self.control / "downgraded" / f"{destination}.json"
 
     @property
-    def proxied_transfer_json(self) -> StoragePath:
+    def proxied_transfer_json(self) -> P:
         """The instances whose queue messages this one takes over (``replication queue``)."""
         return self.control / "proxied_transfer.json"
 
-    def checkpoint(self, query: str) -> StoragePath:
+    def checkpoint(self, query: str) -> P:
         return self.root / "_checkpoints" / query
 
-    def replicator_checkpoint(self, destination: str, incarnation: str) -> StoragePath:
+    def replicator_checkpoint(self, destination: str, incarnation: str) -> P:
         """Checkpoint of one replicator incarnation toward ``destination`` (new at each resync)."""
         return self.checkpoint(f"replicate-{destination}-{incarnation}")
