@@ -4,8 +4,10 @@ errors for an address that cannot be used."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import uuid
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -310,3 +312,30 @@ def test_writers_updating_one_control_file_at_once_lose_no_update(s3, tmp_path, 
     from replication.storage.control import read_json
 
     assert read_json(path)["instances"] == sorted(f"w{i}-{n}" for i in range(writers) for n in range(rounds))
+
+
+def test_spark_submit_adds_s3a_for_an_instance_on_s3_only_with_no_secret(s3, tmp_path):
+    """``python -m replication.connectors.jvm CONFIG...`` (what spark-submit.sh runs): Hadoop's S3A filesystem
+    and the endpoint for an instance whose storage is on S3; nothing of it for a local one."""
+    import subprocess
+    import sys
+
+    from support.factories import write_config
+
+    local = write_config(tmp_path, "here", "localhost:9")
+    on_s3 = tmp_path / "there.xml"
+    on_s3.write_text(
+        "<AMPSConfig><Name>there</Name><Storage>s3://bkt/there</Storage><Transports><Transport><Name>k</Name>"
+        "<Type>kafka</Type><InetAddr>localhost:9</InetAddr><Topic>there.publish</Topic><MessageType>json"
+        "</MessageType></Transport></Transports><TransactionLog><Topic><Name>.*</Name><MessageType>json"
+        "</MessageType></Topic></TransactionLog></AMPSConfig>")
+
+    def args(*configs: Path) -> str:
+        done = subprocess.run([sys.executable, "-m", "replication.connectors.jvm", *map(str, configs)],
+                              capture_output=True, text=True, env={**os.environ, **s3.environment()}, check=True)
+        return done.stdout
+
+    assert "hadoop-aws" not in args(local) and "fs.s3a" not in args(local)
+    both = args(local, on_s3)
+    assert "hadoop-aws-" in both and f"spark.hadoop.fs.s3a.endpoint={s3.endpoint}" in both
+    assert "spark.hadoop.fs.s3a.path.style.access=true" in both and s3.secret_key not in both

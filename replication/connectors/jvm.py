@@ -86,17 +86,40 @@ def java() -> str:
     return found
 
 
-def spark_submit_args() -> list[str]:
-    """spark-submit options that add the Spark jars and delta-spark's settings."""
-    args = ["--jars", ",".join(spark_jars())]
-    for key, value in DELTA_SQL_CONF.items():
+def spark_submit_args(*, object_storage: bool = False) -> list[str]:
+    """spark-submit options that add the Spark jars and delta-spark's settings; ``object_storage``: also
+    Hadoop's S3A filesystem, with this process's S3 endpoint and region (an instance's storage is on S3)."""
+    jars, conf = spark_jars(), dict(DELTA_SQL_CONF)
+    if object_storage:
+        from replication.connectors.s3.access import environment_access
+
+        jars += s3a_jars()
+        conf.update(environment_access().hadoop_conf())
+    args = ["--jars", ",".join(jars)]
+    for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     return args
 
 
+def _on_object_storage(configs: list[str]) -> bool:
+    """Whether an instance of these config files keeps its storage on S3 (a config that does not load is
+    left to the job, which says what is wrong with it)."""
+    from replication import config
+    from replication.errors import ReplicationError
+
+    for path in configs:
+        try:
+            if config.load(path).storage.startswith("s3://"):
+                return True
+        except (ReplicationError, OSError):
+            continue
+    return False
+
+
 if __name__ == "__main__":
+    # python -m replication.connectors.jvm [CONFIG...]: spark-submit.sh's options for those instances
     try:
-        print("\n".join(spark_submit_args()))
+        print("\n".join(spark_submit_args(object_storage=_on_object_storage(sys.argv[1:]))))
     except JvmArtifactsMissing as exc:
         print(f"spark-submit.sh: {exc}", file=sys.stderr)
         sys.exit(2)
