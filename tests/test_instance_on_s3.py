@@ -112,8 +112,13 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
     [instance] = json.loads(status.out)
     assert (instance["instance"], instance["max_seq"], instance["durable_seq"]) == (name, published, published), \
         "status reads the heartbeat in the bucket"
+    replayed = run_cli("replay", cfg, "--topic", "/orders", "--fully-durable", env=s3.environment())
+    assert replayed.code == 0, replayed.err
+    assert [json.loads(line)["data"]["i"] for line in replayed.out.splitlines()] == list(range(1, published + 1))
+    verified = run_cli("verify", cfg, "--engine", "arrow", env=s3.environment())
+    assert verified.code == 0, verified.out + verified.err
     secret = s3.secret_key
-    assert secret not in status.out + status.err
+    assert secret not in status.out + status.err + replayed.err + verified.out + verified.err
     for run in range(2):
         assert secret not in (tmp_path / f"run{run}.log").read_text(errors="replace")
     client = s3.access.client()

@@ -339,3 +339,47 @@ def test_spark_submit_adds_s3a_for_an_instance_on_s3_only_with_no_secret(s3, tmp
     both = args(local, on_s3)
     assert "hadoop-aws-" in both and f"spark.hadoop.fs.s3a.endpoint={s3.endpoint}" in both
     assert "spark.hadoop.fs.s3a.path.style.access=true" in both and s3.secret_key not in both
+
+
+@pytest.mark.parametrize("problem", ["unreachable endpoint", "wrong credentials", "missing bucket"])
+def test_an_instance_or_query_on_s3_storage_that_cannot_be_reached_stops_in_one_line_writing_nothing(
+        s3, tmp_path, problem):
+    """``replication run`` stops before Spark starts, and a query command (``status``, ``replay``, ``verify``: one
+    per problem) exits 2: one line naming the address and the fix, no traceback, no secret, nothing written."""
+    from support.cli import run_cli
+
+    from replication.connectors.ports import free_loopback_port
+
+    bucket = f"reach-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    env, storage = s3.environment(), f"s3://{bucket}/amps-1"
+    if problem == "unreachable endpoint":
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_loopback_port()}"
+        expected = f"<Storage> {storage}: cannot reach http://127.0.0.1:"
+    elif problem == "wrong credentials":
+        env.update(AWS_ACCESS_KEY_ID="someone-else", AWS_SECRET_ACCESS_KEY="s3cr3t-value")
+        expected = f"<Storage> {storage}: {s3.endpoint} refused the credentials (InvalidAccessKeyId)"
+    else:
+        storage = f"s3://{bucket}-gone/amps-1"
+        expected = f"<Storage> {storage}: bucket '{bucket}-gone' does not exist"
+    cfg = tmp_path / "amps-1.xml"
+    cfg.write_text(
+        f"<AMPSConfig><Name>amps-1</Name><Storage>{storage}</Storage><Transports><Transport><Name>k</Name>"
+        "<Type>kafka</Type><InetAddr>localhost:9</InetAddr><Topic>amps-1.publish</Topic><MessageType>json"
+        "</MessageType></Transport></Transports><TransactionLog><Topic><Name>.*</Name><MessageType>json"
+        "</MessageType></Topic></TransactionLog></AMPSConfig>")
+    query = {"unreachable endpoint": "status", "wrong credentials": "replay", "missing bucket": "verify"}[problem]
+    for command, code in (("run", 2), (query, 2)):
+        extra = ["--topic", ".*"] if command == "replay" else []
+        done = run_cli(command, cfg, *extra, env=env)
+        assert done.code == code, (command, done.err[-2000:])
+        lines = [line for line in done.err.splitlines() if line.strip()]
+        assert len(lines) == 1 and expected in lines[0] and lines[0].startswith(f"replication {command}: "), \
+            (command, done.err)
+        assert "Traceback" not in done.err and "s3cr3t-value" not in done.out + done.err
+    assert keys(s3, bucket) == [], "nothing written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml"]
+
+
+def keys(s3, bucket: str) -> list[str]:
+    return [o["Key"] for o in s3.access.client().list_objects_v2(Bucket=bucket).get("Contents", [])]

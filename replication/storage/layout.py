@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 from urllib.parse import unquote, urlparse
 
-from replication.connectors.s3.access import S3Address
+from replication.connectors.s3.access import S3Address, check_reachable
 from replication.connectors.s3.objects import ObjectPath
 from replication.errors import UnsupportedAddressError
 
@@ -88,6 +88,14 @@ class StorageLayout(Generic[P]):
     @property
     def on_s3(self) -> bool:
         return isinstance(self.root, ObjectPath)
+
+    def check_reachable(self) -> StorageLayout[P]:
+        """This layout, once its bucket answered a listing with this process's settings (on S3); else a
+        :class:`~replication.connectors.s3.access.StorageAccessError`, one line naming the address and the
+        fix (unreachable endpoint, refused credentials, missing bucket). Writes nothing."""
+        if isinstance(self.root, ObjectPath):
+            check_reachable(self.root.address, self.root.access, what="<Storage>")
+        return self
 
     @property
     def storage_options(self) -> dict[str, str] | None:

@@ -19,18 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from replication.errors import StorageError
+from replication.errors import StorageAccessError
+
+__all__ = ["S3Access", "S3Address", "StorageAccessError", "check_reachable"]
 
 #: Schemes taken as S3 (``s3a`` is Hadoop's name for the same store).
 S3_SCHEMES = ("s3", "s3a")
 #: Seconds to wait for an endpoint before calling it unreachable.
 CONNECT_TIMEOUT_S = 5
-
-
-class StorageAccessError(StorageError):
-    """An object-store address cannot be used: unreachable endpoint, refused credentials, missing bucket."""
-
-    transient = False
 
 
 @dataclass(frozen=True)
