@@ -88,7 +88,7 @@ done
 spark_args=("${kept[@]+"${kept[@]}"}" --driver-java-options "$java_options")
 # delta-spark (with its SQL extension and catalog) and Spark's Kafka source, from jvm/pom.xml's jars; with
 # Hadoop's S3A filesystem when an instance's storage is on S3.
-jvm_args="$("$venv/bin/python" -m replication.connectors.jvm "${config_files[@]+"${config_files[@]}"}")" || exit 2
+jvm_args="$("$venv/bin/python" -m replication.launch "${config_files[@]+"${config_files[@]}"}")" || exit 2
 while IFS= read -r line; do spark_args+=("$line"); done <<< "$jvm_args"
 
 job="$here/jobs/demo.py"

@@ -315,7 +315,7 @@ def test_writers_updating_one_control_file_at_once_lose_no_update(s3, tmp_path, 
 
 
 def test_spark_submit_adds_s3a_for_an_instance_on_s3_only_with_no_secret(s3, tmp_path):
-    """``python -m replication.connectors.jvm CONFIG...`` (what spark-submit.sh runs): Hadoop's S3A filesystem
+    """``python -m replication.launch CONFIG...`` (what spark-submit.sh runs): Hadoop's S3A filesystem
     and the endpoint for an instance whose storage is on S3; nothing of it for a local one."""
     import subprocess
     import sys
@@ -331,7 +331,7 @@ def test_spark_submit_adds_s3a_for_an_instance_on_s3_only_with_no_secret(s3, tmp
         "</MessageType></Topic></TransactionLog></AMPSConfig>")
 
     def args(*configs: Path) -> str:
-        done = subprocess.run([sys.executable, "-m", "replication.connectors.jvm", *map(str, configs)],
+        done = subprocess.run([sys.executable, "-m", "replication.launch", *map(str, configs)],
                               capture_output=True, text=True, env={**os.environ, **s3.environment()}, check=True)
         return done.stdout
 

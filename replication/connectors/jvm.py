@@ -101,25 +101,9 @@ def spark_submit_args(*, object_storage: bool = False) -> list[str]:
     return args
 
 
-def _on_object_storage(configs: list[str]) -> bool:
-    """Whether an instance of these config files keeps its storage on S3 (a config that does not load is
-    left to the job, which says what is wrong with it)."""
-    from replication import config
-    from replication.errors import ReplicationError
-
-    for path in configs:
-        try:
-            if config.load(path).storage.startswith("s3://"):
-                return True
-        except (ReplicationError, OSError):
-            continue
-    return False
-
-
 if __name__ == "__main__":
-    # python -m replication.connectors.jvm [CONFIG...]: spark-submit.sh's options for those instances
     try:
-        print("\n".join(spark_submit_args(object_storage=_on_object_storage(sys.argv[1:]))))
+        print("\n".join(spark_submit_args()))
     except JvmArtifactsMissing as exc:
         print(f"spark-submit.sh: {exc}", file=sys.stderr)
         sys.exit(2)

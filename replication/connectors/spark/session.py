@@ -124,7 +124,7 @@ def session(app_name: str = "replication", *, master: str | None = None,
             builder = builder.config(key, value)
     if _launches_jvm():
         # delta-spark and Spark's Kafka source (jvm/pom.xml): jars can only be added before the JVM
-        # starts; under spark-submit, spark-submit.sh passes them (python -m replication.connectors.jvm).
+        # starts; under spark-submit, spark-submit.sh passes them (python -m replication.launch).
         conf = jvm.spark_conf()
         if object_storage:
             from replication.connectors.s3.access import environment_access
