@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 #: Where the instance is killed: its txlog commit done, Spark's checkpoint commit (in the bucket, through s3a)
 #: not, so the restarted instance runs that batch again from the bucket alone and must not store it twice.
 CRASH_POINT = "ingest.after_txlog_commit@2"
-PER_RUN = 600
+PER_RUN = 400
 
 
 def s3_config(directory: Path, name: str, bucket: str, bootstrap: str) -> Path:
@@ -40,7 +40,7 @@ def s3_config(directory: Path, name: str, bucket: str, bootstrap: str) -> Path:
     <Transport>
       <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
       <Topic>{name}.publish</Topic><MessageType>json</MessageType>
-      <MaxOffsetsPerTrigger>150</MaxOffsetsPerTrigger>
+      <MaxOffsetsPerTrigger>100</MaxOffsetsPerTrigger>
     </Transport>
   </Transports>
   <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
