@@ -10,10 +10,11 @@ Storage locations (``<Storage>``, the ``<InetAddr>`` of replication transports,
 destinations and bootstrap) may be ``file:///abs/path``, an absolute path or a
 relative path; they come back as normalised absolute paths. A relative path is
 resolved against the directory of the config file (not the working directory),
-so a config means the same wherever the instance is started from. Remote URIs
-(``s3://``, ``abfss://``...) are refused as not supported yet: an instance's
-control files (heartbeat, acks, link state) need a local or mounted filesystem,
-and a location the engine cannot use must stop the start, not a link later.
+so a config means the same wherever the instance is started from. ``<Storage>``
+also takes an S3 prefix (``s3://bucket/prefix``, :func:`storage_location`);
+other remote URIs (``abfss://``, ``gs://``..., and ``s3://`` for replication
+and bootstrap addresses) are refused as not supported yet: a location the
+engine cannot use must stop the start, not a link later.
 """
 
 from __future__ import annotations

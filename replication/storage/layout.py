@@ -26,19 +26,16 @@ INGEST_QUERY = "ingest"
 
 
 def local_path(uri: str) -> Path:
-    """Turn ``file:///abs/path`` or a plain path into a local :class:`Path`.
-
-    Control files need a local (or mounted) filesystem today; any other scheme
-    is refused with :class:`UnsupportedAddressError`.
-    """
+    """Turn ``file:///abs/path`` or a plain path into a local :class:`Path`; a scheme other than ``file``
+    (or ``s3``, which :meth:`StorageLayout.of` takes first) is refused with :class:`UnsupportedAddressError`."""
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         return Path(unquote(parsed.path) if parsed.scheme else uri)
     if len(parsed.scheme) == 1:  # a Windows drive letter, not a scheme
         return Path(uri)
     raise UnsupportedAddressError(
-        f"storage address {uri!r} uses scheme {parsed.scheme!r}, which is not supported yet: an instance's "
-        "control files need a local or mounted filesystem. Fix: use file:///path or a plain path"
+        f"storage address {uri!r} uses scheme {parsed.scheme!r}, which is not supported yet. Fix: use "
+        "s3://bucket/prefix, file:///path or a plain path"
     )
 
 
@@ -85,10 +82,6 @@ class StorageLayout(Generic[P]):
             raise UnsupportedAddressError(f"{what} at {uri}: not supported on object storage yet")
         return StorageLayout(layout.root)
 
-    @property
-    def on_s3(self) -> bool:
-        return isinstance(self.root, ObjectPath)
-
     def check_reachable(self) -> StorageLayout[P]:
         """This layout, once its bucket answered a listing with this process's settings (on S3); else a
         :class:`~replication.connectors.s3.access.StorageAccessError`, one line naming the address and the
@@ -96,11 +89,6 @@ class StorageLayout(Generic[P]):
         if isinstance(self.root, ObjectPath):
             check_reachable(self.root.address, self.root.access, what="<Storage>")
         return self
-
-    @property
-    def storage_options(self) -> dict[str, str] | None:
-        """deltalake's options for this instance's tables (None: local ones need none)."""
-        return self.root.storage_options if isinstance(self.root, ObjectPath) else None
 
     @property
     def txlog(self) -> P:
