@@ -32,6 +32,7 @@ fi
 spark_args=()
 job_args=()
 configs=0
+config_files=()
 bootstrap=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,7 +42,7 @@ while [ $# -gt 0 ]; do
       spark_args+=("$1" "$2"); shift ;;
     --verbose|--supervise) spark_args+=("$1") ;;
     --bootstrap) bootstrap=1 ;;
-    *.xml) job_args+=("$1"); configs=1 ;;
+    *.xml) job_args+=("$1"); configs=1; config_files+=("$1") ;;
     *) job_args+=("$1") ;;
   esac
   shift
@@ -85,8 +86,9 @@ while [ ${#spark_args[@]} -gt 0 ]; do
   fi
 done
 spark_args=("${kept[@]+"${kept[@]}"}" --driver-java-options "$java_options")
-# delta-spark (with its SQL extension and catalog) and Spark's Kafka source, from jvm/pom.xml's jars.
-jvm_args="$("$venv/bin/python" -m replication.connectors.jvm)" || exit 2
+# delta-spark (with its SQL extension and catalog) and Spark's Kafka source, from jvm/pom.xml's jars; with
+# Hadoop's S3A filesystem when an instance's storage is on S3.
+jvm_args="$("$venv/bin/python" -m replication.launch "${config_files[@]+"${config_files[@]}"}")" || exit 2
 while IFS= read -r line; do spark_args+=("$line"); done <<< "$jvm_args"
 
 job="$here/jobs/demo.py"

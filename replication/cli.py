@@ -11,7 +11,7 @@ import importlib
 import sys
 from typing import NoReturn
 
-from replication.errors import ConfigError, InputError, ReplicationError
+from replication.errors import ConfigError, InputError, ReplicationError, StorageAccessError
 
 #: subcommand -> (module under replication.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(_module(COMMANDS[args.command][0]).run(args) or 0)
-    except (ConfigError, InputError) as exc:  # the user's input: say what to change, no traceback
+    except (ConfigError, InputError, StorageAccessError) as exc:  # the user's input: what to change, no traceback
         print(f"replication {args.command}: {exc}", file=sys.stderr)
         return 2
     except ReplicationError as exc:

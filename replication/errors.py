@@ -55,6 +55,13 @@ class StorageError(ReplicationError):
     transient = True
 
 
+class StorageAccessError(StorageError):
+    """An object-store address cannot be used: unreachable endpoint, refused credentials, missing bucket. The
+    user's to fix (a command exits 2), not worth retrying."""
+
+    transient = False
+
+
 class SowRefusal(ReplicationError):
     """A message a SOW topic cannot take (no key, a delete that names nothing, a body that is not of its
     message type or cannot be merged); its text is the reason the message is stored with in ``rejected/``."""

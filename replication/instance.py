@@ -44,7 +44,7 @@ from replication.sow.keys import SowTopics
 from replication.sow.state import SowState
 from replication.sow.table import SowTable, rebuild_state
 from replication.storage.control import Heartbeat, write_instance_config
-from replication.storage.layout import INGEST_QUERY, StorageLayout
+from replication.storage.layout import INGEST_QUERY, StorageLayout, spark_location
 from replication.txlog.files import TxlogFiles, read_range
 from replication.txlog.publishers import recover_state
 from replication.txlog.reader import TxlogReader
@@ -257,7 +257,7 @@ class Instance:
         self.query = (
             stream.writeStream.queryName(f"{self.name}.ingest")
             .foreachBatch(self.writer)
-            .option("checkpointLocation", str(self.layout.checkpoint(INGEST_QUERY)))
+            .option("checkpointLocation", spark_location(self.layout.checkpoint(INGEST_QUERY)))
             .trigger(processingTime=self.trigger_interval)
             .start()
         )

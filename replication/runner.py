@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from replication.config.model import InstanceConfig
 from replication.connectors.spark.session import session
 from replication.instance import Instance
+from replication.storage.layout import StorageLayout
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,10 @@ def stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
 
 
 def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds") -> list[Instance]:
-    spark = session("replication " + " ".join(c.name for c in configs))
+    for cfg in configs:  # (before Spark starts: a bucket that cannot be used is said in one line)
+        StorageLayout.of(cfg.storage).check_reachable()
+    spark = session("replication " + " ".join(c.name for c in configs),
+                    object_storage=any(c.storage.startswith("s3://") for c in configs))
     started: list[Instance] = []
     try:
         for cfg in configs:

@@ -541,8 +541,8 @@ BAD: list[tuple[str, str, str]] = [
     (
         "remote storage",
         mutate("<Storage>file:///var/lib/replication/amps-1</Storage>",
-               "<Storage>s3://bucket/amps-1/</Storage>" + MARK),
-        "s3:// locations are not supported yet",
+               "<Storage>gs://bucket/amps-1/</Storage>" + MARK),
+        "gs:// locations are not supported yet",
     ),
     (
         "remote destination address",
@@ -802,3 +802,26 @@ def test_filters_read_fix_and_nvfix_fields():
         <Transport><Type>amps-replication</Type><InetAddr>/b</InetAddr></Transport>
       </Destination></Replication></AMPSConfig>""")
     assert cfg.destinations[0].topics[0].filter.matches(b"55=IBM\x01", "fix")
+
+
+def test_storage_on_s3_loads_for_an_instance_that_ingests_and_refuses_what_is_not_built_there_yet():
+    from replication.config.parser import parse_string
+
+    plain = """<AMPSConfig><Name>amps-1</Name><Storage>{storage}</Storage><Transports>
+<Transport><Name>k</Name><Type>kafka</Type><InetAddr>localhost:9092</InetAddr><Topic>amps-1.publish</Topic>
+<MessageType>json</MessageType></Transport>{inbox}</Transports>
+<TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>{more}</AMPSConfig>"""
+    cfg = parse_string(plain.format(storage="s3a://bkt/fabric/amps-1/", inbox="", more=""), filename="a.xml")
+    assert cfg.storage == "s3://bkt/fabric/amps-1"
+    with pytest.raises(ConfigError, match=r"a.xml:1: AMPSConfig/Storage: 's3:///fabric' is not an S3 prefix\. "
+                                          r"Fix: write s3://BUCKET/PREFIX"):
+        parse_string(plain.format(storage="s3:///fabric", inbox="", more=""), filename="a.xml")
+    inbox = "\n<Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>"
+    with pytest.raises(ConfigError, match=r"a\.xml:4: .*an incoming amps-replication transport on an instance whose "
+                                          r"<Storage> is on S3 is not supported yet"):
+        parse_string(plain.format(storage="s3://bkt/a", inbox=inbox, more=""), filename="a.xml")
+    sow = "\n<SOW><Topic><Name>/o</Name><MessageType>json</MessageType><Key>/id</Key></Topic></SOW>"
+    with pytest.raises(ConfigError, match=r"a\.xml:5: AMPSConfig/SOW: <SOW> on an instance whose <Storage> is on "
+                                          r"S3 is not supported yet: SOW and queue tables on object storage are not "
+                                          r"built yet\. Fix: remove it"):
+        parse_string(plain.format(storage="s3://bkt/a", inbox="", more=sow), filename="a.xml")

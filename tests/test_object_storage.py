@@ -4,8 +4,10 @@ errors for an address that cannot be used."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import uuid
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -158,11 +160,10 @@ def parquet_bytes(table) -> bytes:
     return sink.getvalue()
 
 
-def test_a_backfill_reads_parquet_under_an_s3_prefix_and_a_delta_table_on_s3_in_order(s3, tmp_path):
+def test_a_backfill_reads_parquet_under_an_s3_prefix_in_key_order(s3, tmp_path):
     """``--input s3://...``: a prefix's Parquet objects sorted by key (``_``/``.`` names and other formats left
-    out) and a Delta table on S3, read by the backfill's Spark tasks with the process's AWS settings."""
+    out), read by the backfill's Spark tasks with the process's AWS settings."""
     import pyarrow as pa
-    from deltalake import write_deltalake
     from support.cli import run_cli
     from support.factories import write_config
 
@@ -176,18 +177,13 @@ def test_a_backfill_reads_parquet_under_an_s3_prefix_and_a_delta_table_on_s3_in_
     upload(s3, bucket, "orders/_SUCCESS", b"")
     upload(s3, bucket, "orders/.hidden.parquet", b"not parquet")
     upload(s3, bucket, "orders/notes.txt", b"not parquet either")
-    write_deltalake(f"s3://{bucket}/trades", pa.table({"trade": [7, 8]}), storage_options=s3.access.delta_options())
-    write_deltalake(f"s3://{bucket}/trades", pa.table({"trade": [9]}), mode="append",
-                    storage_options=s3.access.delta_options())
     cfg = write_config(tmp_path, "solo", "localhost:9")
 
-    for client, fmt, source, topic in (("pq", "parquet", f"s3://{bucket}/orders/", "/orders"),
-                                       ("dt", "delta", f"s3://{bucket}/trades", "/trades")):
-        done = run_cli("backfill", cfg, "--input", source, "--format", fmt, "--client", client, "--topic", topic,
-                       env=s3.environment())
-        assert done.code == 0, done.err[-3000:]
-        assert f"backfilled {3 if client == 'dt' else 5} rows as client {client}" in done.out, done.out
-        assert s3.secret_key not in done.out + done.err
+    done = run_cli("backfill", cfg, "--input", f"s3://{bucket}/orders/", "--format", "parquet", "--client", "pq",
+                   "--topic", "/orders", env=s3.environment())
+    assert done.code == 0, done.err[-3000:]
+    assert "backfilled 5 rows as client pq" in done.out, done.out
+    assert s3.secret_key not in done.out + done.err
 
     inbox = tmp_path / "solo" / "inbox"
     parts = [StagedPart.from_json(text) for _, text in staged_parts(str(inbox), 0, DeltaTable(str(inbox)).version())]
@@ -195,16 +191,16 @@ def test_a_backfill_reads_parquet_under_an_s3_prefix_and_a_delta_table_on_s3_in_
 
     rows = pa.concat_tables([pq.read_table(inbox / p.file, columns=["publisher", "publisher_seq", "data"])
                              for p in parts]).to_pylist()
-    assert [(r["publisher"], r["publisher_seq"], r["data"]) for r in rows[:5]] == [
+    assert [(r["publisher"], r["publisher_seq"], r["data"]) for r in rows] == [
         ("pq", 1, b'{"id":1}'), ("pq", 2, b'{"id":2}'), ("pq", 3, b'{"id":3}'), ("pq", 4, b'{"id":4}'),
         ("pq", 5, b'{"id":5}')], "the prefix's objects in key order, each row once"
-    # a Delta table's files in its snapshot's order (not necessarily the order they were added in)
-    assert [(r["publisher"], r["publisher_seq"]) for r in rows[5:]] == [("dt", 1), ("dt", 2), ("dt", 3)]
-    assert sorted(r["data"] for r in rows[5:]) == [b'{"trade":7}', b'{"trade":8}', b'{"trade":9}']
 
 
-def test_json_lines_and_csv_objects_on_s3_read_as_local_files_do(s3, tmp_path, monkeypatch):
+def test_json_lines_csv_and_delta_objects_on_s3_read_as_local_files_do(s3, tmp_path, monkeypatch):
+    import pyarrow as pa
+
     from replication.connectors import files
+    from replication.connectors.s3.access import environment_access
 
     bucket = f"txt-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(bucket)
@@ -215,15 +211,27 @@ def test_json_lines_and_csv_objects_on_s3_read_as_local_files_do(s3, tmp_path, m
     (tmp_path / "c.csv").write_bytes(cells)
     for name, value in s3.environment().items():
         monkeypatch.setenv(name, value)
-    files._s3_access.cache_clear()
+    environment_access.cache_clear()
     try:
         for name, fmt in (("t.jsonl", "jsonl"), ("c.csv", "csv")):
             remote = [b.to_pylist() for b in files.batches(f"s3://{bucket}/in/{name}", fmt)]
             assert remote == [b.to_pylist() for b in files.batches(str(tmp_path / name), fmt)]
             assert files.describe(f"s3://{bucket}/in/{name}", fmt).rows == 2
         assert files.expand([f"s3://{bucket}/in"], "csv") == [f"s3://{bucket}/in/c.csv"]
+        # a Delta table on S3: its files from one snapshot, each read with the table's columns
+        from deltalake import write_deltalake
+
+        table, options = f"s3://{bucket}/trades", s3.access.delta_options()
+        write_deltalake(table, pa.table({"trade": [7, 8]}), storage_options=options)
+        write_deltalake(table, pa.table({"trade": [9], "desk": ["fx"]}), mode="append", schema_mode="merge",
+                        storage_options=options)
+        found = files.delta_files([table])
+        assert len(found) == 2 and all(uri.startswith(f"{table}/") for uri in found)
+        rows = [r for uri, delta in found.items() for b in files.batches(uri, "delta", delta) for r in b.to_pylist()]
+        assert sorted(rows, key=lambda r: r["trade"]) == [
+            {"trade": 7, "desk": None}, {"trade": 8, "desk": None}, {"trade": 9, "desk": "fx"}]
     finally:
-        files._s3_access.cache_clear()
+        environment_access.cache_clear()
 
 
 @pytest.mark.parametrize("problem", ["missing bucket", "missing prefix", "wrong credentials"])
@@ -309,3 +317,74 @@ def test_writers_updating_one_control_file_at_once_lose_no_update(s3, tmp_path, 
     from replication.storage.control import read_json
 
     assert read_json(path)["instances"] == sorted(f"w{i}-{n}" for i in range(writers) for n in range(rounds))
+
+
+def test_spark_submit_adds_s3a_for_an_instance_on_s3_only_with_no_secret(s3, tmp_path):
+    """``python -m replication.launch CONFIG...`` (what spark-submit.sh runs): Hadoop's S3A filesystem
+    and the endpoint for an instance whose storage is on S3; nothing of it for a local one."""
+    import subprocess
+    import sys
+
+    from support.factories import write_config
+
+    local = write_config(tmp_path, "here", "localhost:9")
+    on_s3 = tmp_path / "there.xml"
+    on_s3.write_text(
+        "<AMPSConfig><Name>there</Name><Storage>s3://bkt/there</Storage><Transports><Transport><Name>k</Name>"
+        "<Type>kafka</Type><InetAddr>localhost:9</InetAddr><Topic>there.publish</Topic><MessageType>json"
+        "</MessageType></Transport></Transports><TransactionLog><Topic><Name>.*</Name><MessageType>json"
+        "</MessageType></Topic></TransactionLog></AMPSConfig>")
+
+    def args(*configs: Path) -> str:
+        done = subprocess.run([sys.executable, "-m", "replication.launch", *map(str, configs)],
+                              capture_output=True, text=True, env={**os.environ, **s3.environment()}, check=True)
+        return done.stdout
+
+    assert "hadoop-aws" not in args(local) and "fs.s3a" not in args(local)
+    both = args(local, on_s3)
+    assert "hadoop-aws-" in both and f"spark.hadoop.fs.s3a.endpoint={s3.endpoint}" in both
+    assert "spark.hadoop.fs.s3a.path.style.access=true" in both and s3.secret_key not in both
+
+
+@pytest.mark.parametrize("problem", ["unreachable endpoint", "wrong credentials", "missing bucket"])
+def test_an_instance_or_query_on_s3_storage_that_cannot_be_reached_stops_in_one_line_writing_nothing(
+        s3, tmp_path, problem):
+    """``replication run`` stops before Spark starts, and a query command (``status``, ``replay``, ``verify``: one
+    per problem) exits 2: one line naming the address and the fix, no traceback, no secret, nothing written."""
+    from support.cli import run_cli
+
+    from replication.connectors.ports import free_loopback_port
+
+    bucket = f"reach-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    env, storage = s3.environment(), f"s3://{bucket}/amps-1"
+    if problem == "unreachable endpoint":
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_loopback_port()}"
+        expected = f"<Storage> {storage}: cannot reach http://127.0.0.1:"
+    elif problem == "wrong credentials":
+        env.update(AWS_ACCESS_KEY_ID="someone-else", AWS_SECRET_ACCESS_KEY="s3cr3t-value")
+        expected = f"<Storage> {storage}: {s3.endpoint} refused the credentials (InvalidAccessKeyId)"
+    else:
+        storage = f"s3://{bucket}-gone/amps-1"
+        expected = f"<Storage> {storage}: bucket '{bucket}-gone' does not exist"
+    cfg = tmp_path / "amps-1.xml"
+    cfg.write_text(
+        f"<AMPSConfig><Name>amps-1</Name><Storage>{storage}</Storage><Transports><Transport><Name>k</Name>"
+        "<Type>kafka</Type><InetAddr>localhost:9</InetAddr><Topic>amps-1.publish</Topic><MessageType>json"
+        "</MessageType></Transport></Transports><TransactionLog><Topic><Name>.*</Name><MessageType>json"
+        "</MessageType></Topic></TransactionLog></AMPSConfig>")
+    query = {"unreachable endpoint": "status", "wrong credentials": "replay", "missing bucket": "verify"}[problem]
+    for command, code in (("run", 2), (query, 2)):
+        extra = ["--topic", ".*"] if command == "replay" else []
+        done = run_cli(command, cfg, *extra, env=env)
+        assert done.code == code, (command, done.err[-2000:])
+        lines = [line for line in done.err.splitlines() if line.strip()]
+        assert len(lines) == 1 and expected in lines[0] and lines[0].startswith(f"replication {command}: "), \
+            (command, done.err)
+        assert "Traceback" not in done.err and "s3cr3t-value" not in done.out + done.err
+    assert keys(s3, bucket) == [], "nothing written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml"]
+
+
+def keys(s3, bucket: str) -> list[str]:
+    return [o["Key"] for o in s3.access.client().list_objects_v2(Bucket=bucket).get("Contents", [])]

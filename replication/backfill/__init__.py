@@ -147,7 +147,7 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         progress: Progress | None = None) -> Result:
     """Backfill ``inputs`` into ``cfg``'s instance (see the module docstring)."""
     check(cfg, options)
-    layout = StorageLayout.of(cfg.storage)
+    layout = StorageLayout.local(cfg.storage, "a backfill")
     inbox = create_inbox(layout.inbox)
     rejected = open_or_create(layout.rejected, REJECTED_SCHEMA, name=f"{cfg.name} rejected")
     numbered = plan.numbered_files(spark, inputs, options)

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             bootstrap.choose_source(cfg, addresses, given_by="--from")
         except bootstrap.BootstrapError as exc:
             raise InputError(str(exc)) from None
-    layout = StorageLayout.of(cfg.storage)
+    layout = StorageLayout.local(cfg.storage, "a bootstrap")
     layout.root.mkdir(parents=True, exist_ok=True)
     write_instance_config(cfg, layout.instance_json)  # what the source checks: do we bootstrap from it?
     open_or_create(layout.txlog, TXLOG_SCHEMA, name=f"{cfg.name} txlog")

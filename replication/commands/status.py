@@ -57,7 +57,7 @@ def _seconds(text: str) -> float:
 def collect(cfg: InstanceConfig, *, now: float | None = None) -> dict:
     """One instance's status from its control files (works whether or not it is running)."""
     now = now or time.time()
-    layout = StorageLayout.of(cfg.storage)
+    layout = StorageLayout.of(cfg.storage).check_reachable()
     beat = Heartbeat.read(layout.heartbeat_json) or Heartbeat(cfg.name)
     alive = beat.fresh(HEARTBEAT_STALE_S, now=now)
     links = dict(beat.links)

@@ -18,6 +18,7 @@ import sys
 
 from replication.config.fabric import Fabric
 from replication.errors import ConfigError
+from replication.storage.layout import StorageLayout
 from replication.verify import ARROW_MAX_BYTES, verify
 from replication.verify.report import Compared, Report
 
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--topic {args.topic!r} is not a valid regular expression ({exc}); "
                               "write e.g. --topic '^/orders'") from None
     fabric = Fabric.load(args.configs)
+    for cfg in fabric:  # a bucket that cannot be used: one line with the fix, not a report of missing rows
+        StorageLayout.of(cfg.storage).check_reachable()
     report = verify(fabric, topic=args.topic, engine=args.engine)
     if args.format == "json":
         json.dump({"ok": report.ok, "engine": report.engine, "links": [c.to_dict() for c in report.links],

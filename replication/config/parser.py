@@ -28,10 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replication.config import sections, values
-from replication.config.model import Action, ActionStep, Destination, InstanceConfig, QueueTopic, TopicSpec
+from replication.config.model import (
+    Action,
+    ActionStep,
+    Destination,
+    InstanceConfig,
+    QueueTopic,
+    ReplicationTransport,
+    TopicSpec,
+)
 from replication.config.sections import COMPRESSIONS, DATA_TYPES
 from replication.config.values import parse_interval, parse_location
-from replication.config.xml_reader import MANY, OPT, Ctx, Node, one, read_root, some
+from replication.config.xml_reader import MANY, OPT, Ctx, Kids, Node, one, read_root, some
 from replication.errors import ConfigError
 from replication.routing import is_literal, regex_matches
 
@@ -138,7 +146,7 @@ def _instance(root: Node) -> InstanceConfig:
     kids = root.children(_ROOT_SCHEMA)
     name = kids.one("Name").read(values.name, "instance name")
     group = kids.text("Group") or name
-    storage = kids.one("Storage").read(values.location)
+    storage = kids.one("Storage").read(values.storage_location)
     kafka, inbox = sections.transports(kids.opt("Transports"), storage)
     txlog = sections.txlog_topics(kids.opt("TransactionLog"))
     sow_topics, queues = sections.sow(kids.opt("SOW"))
@@ -171,6 +179,8 @@ def _instance(root: Node) -> InstanceConfig:
     actions_node = kids.opt("Actions")
     actions = _actions(actions_node) if actions_node is not None else ()
     minimum_sync = _tuning(kids.opt("Tuning"))
+    if storage.startswith("s3://"):
+        _built_on_object_storage(kids, inbox)
     return InstanceConfig(
         name=name,
         group=group,
@@ -186,6 +196,31 @@ def _instance(root: Node) -> InstanceConfig:
         minimum_sync_destinations=minimum_sync,
         source=root.source(),
     )
+
+
+#: What an instance on object storage cannot have yet, and why: each is refused at load.
+_NOT_ON_OBJECT_STORAGE = {
+    "Replication": "replication between instances on object storage (their inboxes, link state and "
+                   "acknowledgements in a bucket) is not built yet",
+    "SOW": "SOW and queue tables on object storage are not built yet",
+    "Bootstrap": "a bootstrap into an instance on object storage is not built yet",
+    "Actions": "actions (retention, downgrade) on object storage are not built yet",
+}
+
+
+def _built_on_object_storage(kids: Kids, inbox: ReplicationTransport | None) -> None:
+    """An instance whose ``<Storage>`` is on S3 ingests Kafka into its txlog there; what it cannot do there yet
+    stops the load with "not supported yet", the reason and the fix."""
+    fix = "remove it, or keep <Storage> on a local or mounted path while this is not supported"
+    if inbox is not None:
+        kids.one("Transports").fail(
+            "an incoming amps-replication transport on an instance whose <Storage> is on S3 is not supported "
+            "yet: " + _NOT_ON_OBJECT_STORAGE["Replication"], f"{fix} (the amps-replication <Transport>)",
+            line=inbox.source.line)
+    for element, why in _NOT_ON_OBJECT_STORAGE.items():
+        node = kids.opt(element)
+        if node is not None:
+            node.fail(f"<{element}> on an instance whose <Storage> is on S3 is not supported yet: {why}", fix)
 
 
 def _local_queues_stay_local(root: Node, queues: tuple[QueueTopic, ...], destinations: tuple[Destination, ...]) -> None:

@@ -10,10 +10,11 @@ Storage locations (``<Storage>``, the ``<InetAddr>`` of replication transports,
 destinations and bootstrap) may be ``file:///abs/path``, an absolute path or a
 relative path; they come back as normalised absolute paths. A relative path is
 resolved against the directory of the config file (not the working directory),
-so a config means the same wherever the instance is started from. Remote URIs
-(``s3://``, ``abfss://``...) are refused as not supported yet: an instance's
-control files (heartbeat, acks, link state) need a local or mounted filesystem,
-and a location the engine cannot use must stop the start, not a link later.
+so a config means the same wherever the instance is started from. ``<Storage>``
+also takes an S3 prefix (``s3://bucket/prefix``, :func:`storage_location`);
+other remote URIs (``abfss://``, ``gs://``..., and ``s3://`` for replication
+and bootstrap addresses) are refused as not supported yet: a location the
+engine cannot use must stop the start, not a link later.
 """
 
 from __future__ import annotations
@@ -223,6 +224,20 @@ def exclusions(value: str, at: Node) -> frozenset[str]:
 
 # ---------------------------------------------------------------------------
 # Addresses
+
+
+def storage_location(value: str, at: Node) -> str:
+    """``<Storage>``: what :func:`location` takes, or an S3 prefix ``s3://bucket/prefix`` (``s3a://`` too),
+    returned as ``s3://bucket/prefix``."""
+    scheme_match = _URI.match(value)
+    if scheme_match and scheme_match.group(1).lower() in ("s3", "s3a"):
+        parts = urlsplit(value)
+        prefix = parts.path.strip("/")
+        if not parts.netloc or parts.query or parts.fragment or "//" in prefix:
+            at.fail(f"'{value}' is not an S3 prefix", "write s3://BUCKET/PREFIX (a bucket, then the instance's "
+                    "folder in it; no ? or #)")
+        return f"s3://{parts.netloc}/{prefix}" if prefix else f"s3://{parts.netloc}"
+    return location(value, at)
 
 
 def location(value: str, at: Node) -> str:

@@ -12,7 +12,6 @@ process reading it: the driver lists and counts, the Spark tasks read).
 
 from __future__ import annotations
 
-import functools
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import IO, Any
 import orjson
 import pyarrow as pa
 
-from replication.connectors.s3.access import S3Access, S3Address, StorageAccessError, check_reachable
+from replication.connectors.s3.access import S3Address, StorageAccessError, check_reachable, environment_access
 from replication.errors import InputError
 
 FORMATS = ("parquet", "jsonl", "csv", "delta")
@@ -57,18 +56,12 @@ class DeltaFile:
     """The table's columns, in order (a file written before a column was added lacks it: null)."""
 
 
-@functools.cache
-def _s3_access() -> S3Access:
-    """This process's S3 settings (resolved once: a profile or an instance role is looked up once)."""
-    return S3Access.from_environment()
-
-
 def _in_s3(path: str) -> tuple[Any, str] | None:
     """(An Arrow S3 filesystem, ``bucket/key``) for an ``s3://`` path; None for a local one."""
     address = S3Address.parse(path)
     if address is None:
         return None
-    return _s3_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
+    return environment_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
 
 
 def _open_binary(path: str) -> IO[bytes]:
@@ -96,10 +89,10 @@ def _s3_files(raw: str, address: S3Address, fmt: str) -> list[str]:
     from pyarrow import fs
 
     try:
-        check_reachable(address, _s3_access(), what="input")
+        check_reachable(address, environment_access(), what="input")
     except StorageAccessError as exc:
         raise InputError(str(exc)) from None
-    filesystem, key = _s3_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
+    filesystem, key = environment_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
     info = filesystem.get_file_info(key)
     if info.type == fs.FileType.File:
         return [address.uri]
@@ -128,8 +121,8 @@ def delta_files(paths: list[str]) -> dict[str, DeltaFile]:
         address = S3Address.parse(raw)
         try:
             if address is not None:
-                check_reachable(address, _s3_access(), what="input")
-            table = DeltaTable(raw, storage_options=_s3_access().delta_options() if address else None)
+                check_reachable(address, environment_access(), what="input")
+            table = DeltaTable(raw, storage_options=environment_access().delta_options() if address else None)
         except StorageAccessError as exc:
             raise InputError(str(exc)) from None
         except Exception as exc:  # deltalake's own error types

@@ -64,6 +64,12 @@ def spark_jars() -> list[str]:
     return [str(jar) for jar in _jars("spark")]
 
 
+def s3a_jars() -> list[str]:
+    """Hadoop's S3A filesystem and the AWS SDK it needs (paths): added by a session only when an instance's
+    storage is on S3 (its streaming checkpoints are written through ``s3a://``)."""
+    return [str(jar) for jar in _jars("s3a")]
+
+
 def spark_conf() -> dict[str, str]:
     """Settings of a session that reads Delta with delta-spark and Kafka with Spark's own source."""
     return {"spark.jars": ",".join(spark_jars()), **DELTA_SQL_CONF}
@@ -80,10 +86,17 @@ def java() -> str:
     return found
 
 
-def spark_submit_args() -> list[str]:
-    """spark-submit options that add the Spark jars and delta-spark's settings."""
-    args = ["--jars", ",".join(spark_jars())]
-    for key, value in DELTA_SQL_CONF.items():
+def spark_submit_args(*, object_storage: bool = False) -> list[str]:
+    """spark-submit options that add the Spark jars and delta-spark's settings; ``object_storage``: also
+    Hadoop's S3A filesystem, with this process's S3 endpoint and region (an instance's storage is on S3)."""
+    jars, conf = spark_jars(), dict(DELTA_SQL_CONF)
+    if object_storage:
+        from replication.connectors.s3.access import environment_access
+
+        jars += s3a_jars()
+        conf.update(environment_access().hadoop_conf())
+    args = ["--jars", ",".join(jars)]
+    for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     return args
 

@@ -22,12 +22,12 @@ import dataclasses
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 
 from replication import failpoints
 from replication.storage.control import LinkState
+from replication.storage.layout import StoragePath
 from replication.txlog.runs import Runs
 
 
@@ -37,7 +37,7 @@ class Link:
     ``version`` increases on every change, so a watcher knows when to re-check durability.
     """
 
-    def __init__(self, path: Path, destination: str, sync_type: str) -> None:
+    def __init__(self, path: StoragePath, destination: str, sync_type: str) -> None:
         self.path = path
         saved = LinkState.read(path)
         self.state = dataclasses.replace(saved or LinkState(destination, sync_type), sync_type=sync_type)

@@ -238,9 +238,11 @@ class IngestWriter:
         if inbox_version is not None:  # (inbox cleanup removes what is stored: versions through this one)
             metadata["inbox_version"] = inbox_version
         self._enter(batch_id, "committing to the txlog")
-        txlog_dir = self.txlog.path
-        assert isinstance(txlog_dir, Path), "staged parts are moved in place on local disks only"
-        files = taken.actions(txlog_dir, now) if taken is not None and taken.stored else None
+        files = None
+        if taken is not None and taken.stored:  # (there is no inbox on object storage: config load refuses one)
+            txlog_dir = self.txlog.path
+            assert isinstance(txlog_dir, Path), "staged parts are moved in place on local disks only"
+            files = taken.actions(txlog_dir, now)
         appended = self.txlog.append(result.txlog_rows, batch_id, metadata, files)
         failpoints.hit("ingest.after_txlog_commit")
         if taken is not None:

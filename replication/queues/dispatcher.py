@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -54,6 +53,7 @@ from replication.queues.wire import (
     transfer_body,
 )
 from replication.storage.control import ProxiedTransfer
+from replication.storage.layout import StoragePath
 
 if TYPE_CHECKING:
     from replication.client.publisher import Publisher
@@ -90,7 +90,7 @@ class QueueDispatcher:
 
     def __init__(self, cfg: InstanceConfig, reader: TxlogReader, *, bootstrap: tuple[str, ...],
                  security: KafkaSecurity = PLAINTEXT, refuse: Callable[[Refusal], None] | None = None,
-                 silent_after: float = SILENT_AFTER_S, proxied_file: Path | None = None) -> None:
+                 silent_after: float = SILENT_AFTER_S, proxied_file: StoragePath | None = None) -> None:
         """``proxied_file``: where ``replication queue --enable-proxied-transfer`` names the instances this one
         stands in for (read every second)."""
         self.cfg = cfg

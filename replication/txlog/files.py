@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlparse
 
 from replication.connectors.delta.log import appends_after, local_log_dir
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY
+from replication.connectors.s3.access import arrow_location, delta_options_for
 from replication.errors import StorageError
 from replication.txlog.schema import TXLOG_SCHEMA
 
@@ -107,7 +108,7 @@ class TxlogFiles:
             return
         if self._table is None:
             try:
-                self._table = DeltaTable(self.path)
+                self._table = DeltaTable(self.path, storage_options=delta_options_for(self.path))
             except TableNotFoundError:
                 return
         else:
@@ -279,12 +280,12 @@ def read_files(
     import pyarrow.parquet as pq
 
     where = [("seq", ">", start), ("seq", "<=", end)]
-    parts = [
+    parts = []
+    for uri in files:
+        path, filesystem = arrow_location(local_or_uri(uri))
         # schema=: a file written before a column was added reads it as null
-        pq.read_table(local_or_uri(uri), schema=TXLOG_SCHEMA, columns=(schema or TXLOG_SCHEMA).names, filters=where,
-                      partitioning=None)
-        for uri in files
-    ]
+        parts.append(pq.read_table(path, schema=TXLOG_SCHEMA, columns=(schema or TXLOG_SCHEMA).names,
+                                   filters=where, partitioning=None, filesystem=filesystem))
     schema = schema or TXLOG_SCHEMA
     parts = [p if p.schema == schema else p.cast(schema) for p in parts if p.num_rows]
     if not parts:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow.compute as pc
 
 from replication.connectors.delta.tables import commit_metadata_since
 from replication.storage.control import PublishersSnapshot
+from replication.storage.layout import StoragePath
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,12 @@ class PublisherState:
             inbox_version=int(saved.inbox_version),
         )
 
-    def save(self, path: Path) -> None:
+    def save(self, path: StoragePath) -> None:
         """Write ``publishers.json``."""
         self.snapshot().write(path)
 
 
-def recover_state(table, snapshot_path: Path) -> PublisherState:
+def recover_state(table, snapshot_path: StoragePath) -> PublisherState:
     """Rebuild :class:`PublisherState` from the snapshot plus the txlog commits after it."""
     saved = PublishersSnapshot.read(snapshot_path)
     state = PublisherState.from_snapshot(saved) if saved else PublisherState()

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 
 from replication import config
 from replication.config.model import InstanceConfig
+from replication.connectors.s3.access import delta_options_for
 from replication.errors import InputError
 from replication.messages import BOOKMARK_FORMS, Epoch, MessageBookmark, Now, PersistedAt, parse_bookmarks
 from replication.storage.control import DurableState, RetentionState
@@ -42,7 +43,7 @@ def open_txlog(source: Source) -> TxlogReader:
     load, :class:`~replication.errors.InputError` for anything else that names no instance.
     """
     if isinstance(source, InstanceConfig):
-        return TxlogReader(StorageLayout.of(source.storage), source.name)
+        return TxlogReader(StorageLayout.of(source.storage).check_reachable(), source.name)
     if not isinstance(source, (str, os.PathLike)):
         raise InputError(
             f"a replay source is a config file path, a parsed config or a storage root, not {type(source).__name__}"
@@ -50,8 +51,8 @@ def open_txlog(source: Source) -> TxlogReader:
     text = os.fspath(source)
     if text.lower().endswith(".xml") or Path(text).is_file():
         cfg = config.load(text)
-        return TxlogReader(StorageLayout.of(cfg.storage), cfg.name)
-    layout = StorageLayout.of(text)
+        return TxlogReader(StorageLayout.of(cfg.storage).check_reachable(), cfg.name)
+    layout = StorageLayout.of(text).check_reachable()
     if not layout.root.is_dir():
         raise InputError(
             f"{text!r} does not exist: give an instance's config file (e.g. conf/amps-1.xml), "
@@ -187,7 +188,7 @@ class TxlogReader:
 
     def _seeker(self) -> TxlogSeek:
         if self._seek is None:
-            self._seek = TxlogSeek(DeltaTable(self.path))
+            self._seek = TxlogSeek(DeltaTable(self.path, storage_options=delta_options_for(self.path)))
         return self._seek
 
 

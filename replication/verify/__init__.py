@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
+from replication.connectors.s3.access import delta_options_for
 from replication.storage.control import LinkState
 from replication.storage.layout import StorageLayout
 from replication.verify.report import Compared, Finding, Outcome, Report, count, listed, ranges_text
@@ -121,7 +122,8 @@ def _txlog_bytes(fabric: Fabric) -> int:
     total = 0
     for cfg in fabric:
         try:
-            sizes = DeltaTable(str(StorageLayout.of(cfg.storage).txlog)).get_add_actions(flatten=True)
+            txlog = str(StorageLayout.of(cfg.storage).txlog)
+            sizes = DeltaTable(txlog, storage_options=delta_options_for(txlog)).get_add_actions(flatten=True)
         except Exception:  # absent or unreadable: the comparison reports it
             continue
         total += sum(sizes.column("size_bytes").to_pylist())

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
+from replication.connectors.s3.access import delta_options_for
 from replication.storage.layout import StorageLayout
 from replication.verify.report import LISTED, Outcome, ranges_of, retained_since
 
@@ -78,8 +79,9 @@ class ArrowTxlogs:
     def _read(self, name: str) -> pa.Table:
         from deltalake import DeltaTable
 
-        path = StorageLayout.of(self.fabric[name].storage).txlog
-        table = DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=COLUMNS).sort_by("seq")
+        path = str(StorageLayout.of(self.fabric[name].storage).txlog)
+        table = DeltaTable(path, storage_options=delta_options_for(path)).to_pyarrow_dataset().to_table(
+            columns=COLUMNS).sort_by("seq")
         if self.pattern is not None and table.num_rows:
             topics = table["topic"].unique().to_pylist()
             keep = [t for t in topics if self.pattern.search(t)]

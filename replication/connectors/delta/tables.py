@@ -31,6 +31,7 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
 from replication.connectors.delta.stats import file_stats, stats_json
+from replication.connectors.s3.objects import ObjectPath
 
 #: Key of this product's record in each commit's commitInfo.
 COMMIT_METADATA_KEY = "replication.batch"
@@ -69,7 +70,7 @@ def log_file_options(columns: list[str]) -> dict:
 
 
 def open_or_create(
-    path: Path | str, schema: pa.Schema, *, name: str, configuration: dict[str, str] | None = None,
+    path: Path | str | ObjectPath, schema: pa.Schema, *, name: str, configuration: dict[str, str] | None = None,
     storage_options: dict[str, str] | None = None,
 ) -> DeltaTable:
     """Open the Delta table at ``path`` (a local path, or an object-store URI with its ``storage_options``),
@@ -79,6 +80,8 @@ def open_or_create(
     A table written by an earlier version that lacks nullable columns of
     ``schema`` gets them added (one schema-change commit); old rows read them as null.
     """
+    if storage_options is None and isinstance(path, ObjectPath):
+        storage_options = path.storage_options
     try:
         table = DeltaTable(str(path), storage_options=storage_options)
     except TableNotFoundError:
@@ -113,7 +116,7 @@ class IdempotentAppender:
 
     def __init__(
         self,
-        path: Path | str,
+        path: Path | str | ObjectPath,
         schema: pa.Schema,
         *,
         app_id: str,
@@ -125,6 +128,8 @@ class IdempotentAppender:
         """``writer_properties``: default :func:`log_writer_properties`. ``path``: a local path, or an
         object-store URI (``s3://...``) reached with ``storage_options``."""
         self.path = path
+        if storage_options is None and isinstance(path, ObjectPath):
+            storage_options = path.storage_options
         self.storage_options = storage_options
         self.schema = schema
         self.app_id = app_id

@@ -12,24 +12,21 @@ name the address and the endpoint, never a key.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from replication.errors import StorageError
+from replication.errors import StorageAccessError
+
+__all__ = ["S3Access", "S3Address", "StorageAccessError", "check_reachable"]
 
 #: Schemes taken as S3 (``s3a`` is Hadoop's name for the same store).
 S3_SCHEMES = ("s3", "s3a")
 #: Seconds to wait for an endpoint before calling it unreachable.
 CONNECT_TIMEOUT_S = 5
-
-
-class StorageAccessError(StorageError):
-    """An object-store address cannot be used: unreachable endpoint, refused credentials, missing bucket."""
-
-    transient = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +105,17 @@ class S3Access:
                 options["AWS_SESSION_TOKEN"] = self.session_token
         return options
 
+    def hadoop_conf(self) -> dict[str, str]:
+        """Spark settings of Hadoop's S3A filesystem for this endpoint and region. No credential: S3A reads
+        them as this process was given them (the standard AWS variables, or an instance role), so no secret
+        is put in a Spark setting."""
+        conf = {"spark.hadoop.fs.s3a.endpoint.region": self.region}
+        if self.endpoint:  # an S3-compatible server: its address, and buckets in the path, not the host name
+            conf["spark.hadoop.fs.s3a.endpoint"] = self.endpoint
+            conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+            conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(self.endpoint.startswith("https://")).lower()
+        return conf
+
     def arrow_filesystem(self) -> Any:
         """A ``pyarrow.fs.S3FileSystem`` with the same credentials, region and endpoint."""
         from pyarrow import fs
@@ -132,6 +140,34 @@ class S3Access:
             aws_session_token=self.session_token,
             config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=30,
                           retries={"max_attempts": 2, "mode": "standard"}))
+
+
+@functools.cache
+def environment_access() -> S3Access:
+    """This process's S3 settings (:meth:`S3Access.from_environment`), resolved once: a profile or an
+    instance role is looked up once, not at every table opened."""
+    return S3Access.from_environment()
+
+
+@functools.cache
+def environment_filesystem() -> Any:
+    """An Arrow S3 filesystem with this process's S3 settings (one per process: it pools connections)."""
+    return environment_access().arrow_filesystem()
+
+
+def arrow_location(uri: str) -> tuple[str, Any]:
+    """What ``pyarrow`` reads ``uri`` with: (``bucket/key``, the S3 filesystem) for an ``s3://`` URI, else
+    (the local path, None)."""
+    address = S3Address.parse(uri)
+    if address is None:
+        return uri, None
+    return f"{address.bucket}/{address.key}", environment_filesystem()
+
+
+def delta_options_for(uri: str) -> dict[str, str] | None:
+    """deltalake's ``storage_options`` for a table at ``uri``: this process's S3 settings for an ``s3://``
+    one, None for a local one."""
+    return environment_access().delta_options() if S3Address.parse(uri) is not None else None
 
 
 def check_reachable(address: S3Address, access: S3Access, *, what: str = "storage address") -> None:

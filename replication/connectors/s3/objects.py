@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from replication.connectors.s3.access import S3Access, S3Address
+from replication.connectors.s3.access import S3Access, S3Address, environment_access
 from replication.errors import StorageError
 
 
@@ -59,7 +59,7 @@ class ObjectPath:
         address = S3Address.parse(uri)
         if address is None:
             raise ValueError(f"{uri!r} is not an s3:// address")
-        return cls(address, access if access is not None else S3Access.from_environment())
+        return cls(address, access if access is not None else environment_access())
 
     # -- names -------------------------------------------------------------------------------------------
 

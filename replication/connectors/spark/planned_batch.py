@@ -24,17 +24,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from replication.connectors.s3.objects import ObjectPath
 from replication.connectors.spark.driver_read import DRIVER_READ_MAX_ROWS
+from replication.errors import StorageError
 
 __all__ = ["DRIVER_READ_MAX_ROWS", "PlannedBatch", "query_id"]
 
 
-def query_id(checkpoint: str | Path) -> str | None:
+def query_id(checkpoint: str | Path | ObjectPath) -> str | None:
     """The id Spark gave the query of ``checkpoint`` (its ``metadata`` file, written at the query's first start
     and kept while the checkpoint is): a new checkpoint has a new one. None: not readable."""
     try:
-        found = json.loads((Path(checkpoint) / "metadata").read_text()).get("id")
-    except (OSError, ValueError, AttributeError):
+        where = checkpoint if isinstance(checkpoint, ObjectPath) else Path(checkpoint)
+        found = json.loads((where / "metadata").read_text()).get("id")
+    except (OSError, ValueError, AttributeError, StorageError):
         return None
     return found if isinstance(found, str) and found else None
 
@@ -42,8 +45,9 @@ def query_id(checkpoint: str | Path) -> str | None:
 class PlannedBatch:
     """Reads the start and end offsets of a query's micro-batches from its checkpoint."""
 
-    def __init__(self, checkpoint: str | Path) -> None:
-        self.offsets = Path(checkpoint) / "offsets"
+    def __init__(self, checkpoint: str | Path | ObjectPath) -> None:
+        """``checkpoint``: a local folder, or a prefix on S3 (read with the same code: one GET per entry)."""
+        self.offsets = (checkpoint if isinstance(checkpoint, ObjectPath) else Path(checkpoint)) / "offsets"
         self._last: tuple[int, list[dict] | None] | None = None
         """The last entry read: a batch's end is the next batch's start."""
 
@@ -74,7 +78,7 @@ class PlannedBatch:
     def _read(self, batch_id: int) -> list[dict] | None:
         try:
             lines = (self.offsets / str(batch_id)).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError):
+        except (OSError, UnicodeDecodeError, StorageError):
             return None
         # v1: the version, the batch metadata, then one offset per source ("-": none yet).
         if len(lines) < 3 or lines[0].strip() != "v1":

@@ -92,14 +92,15 @@ def _with_java_options(options: str, launch: Callable[[], T]) -> T:
 
 
 def session(app_name: str = "replication", *, master: str | None = None,
-            short_lived: bool = False) -> SparkSession:
+            short_lived: bool = False, object_storage: bool = False) -> SparkSession:
     """Return the active SparkSession, or build one with :data:`DEFAULT_CONF`.
 
     A session this builds (its JVM started here) also has delta-spark and Spark's Kafka source on its
     classpath, with Delta's SQL extension and catalog (:func:`replication.connectors.jvm.spark_conf`).
     Settings given by ``spark-submit`` (``--master``, ``--conf``) win: defaults only fill gaps.
     ``short_lived``: the session serves one command and ends with it, so a JVM started here gets
-    :data:`SHORT_LIVED_JAVA_OPTIONS`.
+    :data:`SHORT_LIVED_JAVA_OPTIONS`. ``object_storage``: an instance of the session keeps its storage on
+    S3, so Hadoop's S3A filesystem is added (``jvm/lib/s3a``) with this process's endpoint and region.
     """
     from pyspark.sql import SparkSession
 
@@ -123,8 +124,14 @@ def session(app_name: str = "replication", *, master: str | None = None,
             builder = builder.config(key, value)
     if _launches_jvm():
         # delta-spark and Spark's Kafka source (jvm/pom.xml): jars can only be added before the JVM
-        # starts; under spark-submit, spark-submit.sh passes them (python -m replication.connectors.jvm).
-        for key, value in jvm.spark_conf().items():
+        # starts; under spark-submit, spark-submit.sh passes them (python -m replication.launch).
+        conf = jvm.spark_conf()
+        if object_storage:
+            from replication.connectors.s3.access import environment_access
+
+            conf["spark.jars"] += "," + ",".join(jvm.s3a_jars())
+            conf.update(environment_access().hadoop_conf())
+        for key, value in conf.items():
             if key == "spark.jars" and given.contains(key):
                 value = f"{given.get(key)},{value}"
             if key == "spark.jars" or not given.contains(key):

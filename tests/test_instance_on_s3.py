@@ -1,0 +1,127 @@
+"""An instance whose ``<Storage>`` is ``s3://`` (issue 36): its txlog, rejected table, control files and Spark's
+streaming checkpoint live in the bucket (the local S3 server), the machine keeps nothing but scratch.
+
+The instance runs in processes of its own, each with a private scratch folder (``TMPDIR``, Spark's local
+directories), killed with kill -9 mid-batch; its scratch is deleted before the next start, as when a machine
+is lost and a new one takes the same config.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from support.cli import run_cli
+from support.factories import assert_exactly_once
+from support.processes import InstanceProcess
+
+from replication.client import Publisher
+
+pytestmark = pytest.mark.slow
+
+#: Where the instance is killed: its txlog commit done, Spark's checkpoint commit (in the bucket, through s3a)
+#: not, so the restarted instance runs that batch again from the bucket alone and must not store it twice.
+CRASH_POINT = "ingest.after_txlog_commit@2"
+PER_RUN = 400
+
+
+def s3_config(directory: Path, name: str, bucket: str, bootstrap: str) -> Path:
+    path = directory / f"{name}.xml"
+    path.write_text(f"""<?xml version="1.0"?>
+<AMPSConfig>
+  <Name>{name}</Name>
+  <Storage>s3://{bucket}/fabric/{name}</Storage>
+  <Transports>
+    <Transport>
+      <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
+      <Topic>{name}.publish</Topic><MessageType>json</MessageType>
+      <MaxOffsetsPerTrigger>100</MaxOffsetsPerTrigger>
+    </Transport>
+  </Transports>
+  <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+</AMPSConfig>
+""")
+    return path
+
+
+def publish(pub: Publisher, published: int, count: int) -> int:
+    for n in range(published + 1, published + count + 1):
+        pub.publish("/orders", b'{"i": %d}' % n)
+    return published + count
+
+
+def keys(s3, bucket: str) -> list[str]:
+    pages = s3.access.client().get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_stores_every_message_once(
+        s3, broker, tmp_path):
+    name = f"s3i{uuid.uuid4().hex[:6]}"
+    bucket = f"fabric-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    cfg = s3_config(tmp_path, name, bucket, broker.bootstrap)
+
+    def start(run: int, failpoints: str | None) -> InstanceProcess:
+        scratch = tmp_path / f"scratch{run}"  # this machine's: temporary files, Spark's local directories
+        scratch.mkdir()
+        return InstanceProcess(cfg, tmp_path / f"run{run}.log", failpoints=failpoints,
+                               env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch)})
+
+    proc = start(0, CRASH_POINT)
+    pub = Publisher("s3-pub", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
+                    store_path=tmp_path / "pub.store", resend_after=3, logon_timeout=240)
+    published = 0
+    try:
+        published = publish(pub, published, PER_RUN)
+        assert proc.wait_killed(timeout=300) == -signal.SIGKILL, proc.log_text()[-3000:]
+        assert f"failpoint {CRASH_POINT.split('@')[0]} reached" in proc.log_text()
+        assert pub.persisted_seq < published, "the crash came after everything was acknowledged"
+        shutil.rmtree(tmp_path / "scratch0")  # the machine is lost with everything on its disk
+        proc = start(1, None)
+        published = publish(pub, published, PER_RUN // 2)
+        pub.flush(timeout=300)
+    finally:
+        pub.close()
+        proc.stop()
+    assert pub.persisted_seq == published, "every message acknowledged as persisted"
+
+    storage = f"s3://{bucket}/fabric/{name}"
+    rows = DeltaTable(f"{storage}/txlog", storage_options=s3.access.delta_options()).to_pyarrow_table(
+        columns=["seq", "publisher", "publisher_seq"]).sort_by("seq")
+    assert_exactly_once(rows, {"s3-pub": published})
+
+    stored = keys(s3, bucket)
+    prefix = f"fabric/{name}/"
+    assert all(k.startswith(prefix) for k in stored)
+    for expected in ("_control/instance.json", "_control/heartbeat.json", "_control/publishers.json",
+                     "_control/durable.json", "_checkpoints/ingest/metadata", "_checkpoints/ingest/commits/0",
+                     "txlog/_delta_log/00000000000000000000.json", "rejected/_delta_log/00000000000000000000.json"):
+        assert prefix + expected in stored, f"{expected} is in the bucket"
+    # on this machine: the config, the logs, the publisher's store and the scratch of the running one
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [cfg.name, "pub.store", "run0.log", "run1.log", "scratch1"])
+
+    status = run_cli("status", cfg, "--format", "json", env=s3.environment())
+    assert status.code == 0, status.err
+    [instance] = json.loads(status.out)
+    assert (instance["instance"], instance["max_seq"], instance["durable_seq"]) == (name, published, published), \
+        "status reads the heartbeat in the bucket"
+    replayed = run_cli("replay", cfg, "--topic", "/orders", "--fully-durable", env=s3.environment())
+    assert replayed.code == 0, replayed.err
+    assert [json.loads(line)["data"]["i"] for line in replayed.out.splitlines()] == list(range(1, published + 1))
+    verified = run_cli("verify", cfg, "--engine", "arrow", env=s3.environment())
+    assert verified.code == 0, verified.out + verified.err
+    secret = s3.secret_key
+    assert secret not in status.out + status.err + replayed.err + verified.out + verified.err
+    for run in range(2):
+        assert secret not in (tmp_path / f"run{run}.log").read_text(errors="replace")
+    client = s3.access.client()
+    for control in ("instance.json", "heartbeat.json"):
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}_control/{control}")["Body"].read().decode()
+        assert secret not in body, f"{control} names no secret"
