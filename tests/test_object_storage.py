@@ -36,6 +36,28 @@ def test_s3_addresses_parse_and_name_no_secret():
     assert "very-secret" not in repr(access) and "AKIDTEST" not in repr(access)
     assert access.region == "eu-west-3" and access.where == "http://127.0.0.1:9"
     assert access.delta_options()["AWS_ALLOW_HTTP"] == "true"
+    static = S3Access("eu-west-3", None, "AKIDTEST", "very-secret")
+    assert static.delta_options()["AWS_ACCESS_KEY_ID"] == "AKIDTEST", "keys that do not expire are handed over"
+    # temporary keys a provider renews (a role, SSO): a snapshot is given to no client, each renews its own
+    renewed = S3Access("eu-west-3", None, "ASIATEMP", "temp-secret", "token", expiring=True)
+    assert "AWS_ACCESS_KEY_ID" not in renewed.delta_options() and "AWS_SESSION_TOKEN" not in renewed.delta_options()
+    assert "temp-secret" not in repr(renewed)
+    provider = access.hadoop_conf()["spark.hadoop.fs.s3a.aws.credentials.provider"]
+    assert provider.endswith("software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider")
+
+
+def test_spark_reads_of_an_instance_on_s3_are_refused_until_built():
+    from replication import replay
+    from replication.connectors.s3.objects import ObjectPath
+    from replication.errors import UnsupportedAddressError
+    from replication.storage.layout import StorageLayout
+    from replication.txlog.reader import TxlogReader
+
+    access = S3Access("eu-west-3", "http://127.0.0.1:9", "k", "s")
+    log = TxlogReader(StorageLayout(ObjectPath.of("s3://bkt/amps-1", access)), "amps-1")
+    with pytest.raises(UnsupportedAddressError, match=r"amps-1: reading an instance on S3 \(s3://bkt/amps-1/txlog\) "
+                                                      r"with Spark is not supported yet"):
+        replay._spark_for(log, None)
 
 
 def test_the_local_s3_server_lets_one_of_racing_creates_of_an_object_win(s3):
@@ -382,7 +404,11 @@ def test_an_instance_or_query_on_s3_storage_that_cannot_be_reached_stops_in_one_
         assert len(lines) == 1 and expected in lines[0] and lines[0].startswith(f"replication {command}: "), \
             (command, done.err)
         assert "Traceback" not in done.err and "s3cr3t-value" not in done.out + done.err
-    assert keys(s3, bucket) == [], "nothing written"
+    if problem == "missing bucket":
+        assert f"{bucket}-gone" not in [b["Name"] for b in s3.access.client().list_buckets()["Buckets"]], \
+            "no bucket created"
+    else:
+        assert keys(s3, bucket) == [], "nothing written in the addressed bucket"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml"]
 
 

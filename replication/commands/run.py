@@ -21,6 +21,8 @@ def run(args: argparse.Namespace) -> int:
     from replication.runner import run_until_stopped, start_instances, stop_on_sigterm
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):  # their DEBUG lines print request headers,
+        logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))  # session tokens too
     configs = [config.load(path) for path in args.configs]  # all configs checked before Spark starts
     stop = stop_on_sigterm()  # from now on: a SIGTERM during start-up stops the instances once started
     instances = start_instances(configs, trigger_interval=args.trigger)

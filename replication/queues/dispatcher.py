@@ -76,8 +76,10 @@ def delivery_timeout_ms(queues: Iterable[QueueTopic]) -> int:
 
     A delivery Kafka takes after its lease ended would reach a consumer while the message is already leased
     to another (and that consumer's ack would be refused): once the lease is over the send is given up and
-    the message goes back to the queue. At-most-once deliveries are not retried by anyone else, so they keep
-    librdkafka's default.
+    the message goes back to the queue. The bound counts from the send, a little after the lease began, so
+    it errs late by that much. With no at-least-once queue, librdkafka's default; the instance's queues share
+    one producer, so an at-most-once delivery beside an at-least-once queue is given up at the same bound
+    (losing it is what at-most-once allows).
     """
     leases = [q.lease_period_s for q in queues if q.semantics == "at-least-once"]
     if not leases:
@@ -171,6 +173,8 @@ class QueueDispatcher:
         self._producer = Producer({"bootstrap.servers": ",".join(self._bootstrap), **self._security.librdkafka(),
                                    "acks": "1", "linger.ms": 5, "enable.idempotence": False,
                                    "message.send.max.retries": 5, "message.timeout.ms": self._delivery_timeout_ms,
+                                   # (a request in flight is bounded too: a broker that takes it late times out)
+                                   "request.timeout.ms": min(30_000, self._delivery_timeout_ms),
                                    "logger": log})
         self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)
         self._thread.start()

@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 
 from replication import config
 from replication.config.model import InstanceConfig
-from replication.connectors.s3.access import delta_options_for
+from replication.connectors.s3.access import arrow_location, delta_options_for
 from replication.errors import InputError
 from replication.messages import BOOKMARK_FORMS, Epoch, MessageBookmark, Now, PersistedAt, parse_bookmarks
 from replication.storage.control import DurableState, RetentionState
@@ -131,7 +131,8 @@ class TxlogReader:
         if not first:
             return
         try:
-            parquet = pq.ParquetFile(local_or_uri(first[0].uri))
+            path, filesystem = arrow_location(local_or_uri(first[0].uri))
+            parquet = pq.ParquetFile(filesystem.open_input_file(path) if filesystem is not None else path)
         except FileNotFoundError:  # compacted and vacuumed since listed: the checked read re-plans
             return
         seq_column = parquet.schema_arrow.get_field_index("seq")

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from replication.connectors.s3.access import arrow_location
 from replication.txlog.files import file_uri, local_or_uri
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ class TxlogSeek:
 
     def _read(self, index: SupportsIndex, columns: list[str], where: list[tuple]) -> pa.Table:
         self.files_read += 1
-        return pq.read_table(local_or_uri(self.uris[index]), columns=columns, filters=where, partitioning=None)
+        path, filesystem = arrow_location(local_or_uri(self.uris[index]))
+        return pq.read_table(path, columns=columns, filters=where, partitioning=None, filesystem=filesystem)
 
 
 def _strings(actions: pa.Table, name: str, order: np.ndarray) -> list[str | None]:

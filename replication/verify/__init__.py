@@ -39,6 +39,7 @@ from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
 from replication.connectors.s3.access import delta_options_for
+from replication.errors import UnsupportedAddressError
 from replication.storage.control import LinkState
 from replication.storage.layout import StorageLayout
 from replication.verify.report import Compared, Finding, Outcome, Report, count, listed, ranges_text
@@ -103,8 +104,13 @@ def verify(fabric: Fabric, *, topic: str | None = None, engine: Engine = "auto",
 
 def _txlogs(fabric: Fabric, pattern: re.Pattern[str] | None, engine: Engine,
             spark: SparkSession | None) -> Txlogs:
+    on_s3 = [cfg.name for cfg in fabric if cfg.storage.startswith("s3://")]
+    if engine == "spark" and on_s3:
+        raise UnsupportedAddressError(
+            f"verify --engine spark: reading instances on S3 ({', '.join(on_s3)}) with Spark is not supported yet. "
+            "Fix: --engine arrow (or auto, which takes it for them)")
     if engine == "auto":
-        engine = "spark" if _txlog_bytes(fabric) > ARROW_MAX_BYTES else "arrow"
+        engine = "spark" if _txlog_bytes(fabric) > ARROW_MAX_BYTES and not on_s3 else "arrow"
     if engine == "arrow":
         from replication.verify.arrow import ArrowTxlogs
 

@@ -25,6 +25,8 @@ __all__ = ["S3Access", "S3Address", "StorageAccessError", "check_reachable"]
 
 #: Schemes taken as S3 (``s3a`` is Hadoop's name for the same store).
 S3_SCHEMES = ("s3", "s3a")
+#: How botocore says it found keys that do not expire (anything else is renewed by its provider).
+STATIC_CREDENTIALS = frozenset({"env", "shared-credentials-file", "config-file", "explicit"})
 #: Seconds to wait for an endpoint before calling it unreachable.
 CONNECT_TIMEOUT_S = 5
 
@@ -66,6 +68,11 @@ class S3Access:
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
+    expiring: bool = False
+    """The credentials are temporary ones a provider renews (an instance or container role, web identity,
+    SSO, an assumed role): the keys above are a snapshot, so no client is given them; each client's own
+    chain (boto3's, delta-rs's, Arrow's) fetches and renews them."""
+    profile: str | None = None
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> S3Access:
@@ -80,10 +87,16 @@ class S3Access:
         frozen = credentials.get_frozen_credentials() if credentials else None
         region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or session.get_config_variable("region")
         endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        expiring = credentials is not None and getattr(credentials, "method", "") not in STATIC_CREDENTIALS
         return cls(region=region or "us-east-1", endpoint=endpoint,
                    access_key=frozen.access_key if frozen else None,
                    secret_key=frozen.secret_key if frozen else None,
-                   session_token=frozen.token if frozen else None)
+                   session_token=frozen.token if frozen else None,
+                   expiring=expiring, profile=env.get("AWS_PROFILE") or None)
+
+    @property
+    def _static_keys(self) -> bool:
+        return bool(self.access_key and self.secret_key) and not self.expiring
 
     @property
     def where(self) -> str:
@@ -98,7 +111,7 @@ class S3Access:
             options["AWS_ENDPOINT_URL"] = self.endpoint
             if self.endpoint.startswith("http://"):
                 options["AWS_ALLOW_HTTP"] = "true"
-        if self.access_key and self.secret_key:
+        if self._static_keys and self.access_key and self.secret_key:
             options["AWS_ACCESS_KEY_ID"] = self.access_key
             options["AWS_SECRET_ACCESS_KEY"] = self.secret_key
             if self.session_token:
@@ -109,7 +122,13 @@ class S3Access:
         """Spark settings of Hadoop's S3A filesystem for this endpoint and region. No credential: S3A reads
         them as this process was given them (the standard AWS variables, or an instance role), so no secret
         is put in a Spark setting."""
-        conf = {"spark.hadoop.fs.s3a.endpoint.region": self.region}
+        conf = {"spark.hadoop.fs.s3a.endpoint.region": self.region,
+                # S3A's own keys if a user set them, else the AWS SDK's default chain: the environment, a
+                # profile (AWS_PROFILE, as the Python side reads it), web identity, a container or instance role
+                "spark.hadoop.fs.s3a.aws.credentials.provider": ",".join((
+                    "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider",
+                    "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+                    "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"))}
         if self.endpoint:  # an S3-compatible server: its address, and buckets in the path, not the host name
             conf["spark.hadoop.fs.s3a.endpoint"] = self.endpoint
             conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
@@ -125,7 +144,7 @@ class S3Access:
             parsed = urlparse(self.endpoint)
             kwargs["endpoint_override"] = parsed.netloc or self.endpoint
             kwargs["scheme"] = parsed.scheme or "https"
-        if self.access_key and self.secret_key:
+        if self._static_keys:
             kwargs.update(access_key=self.access_key, secret_key=self.secret_key, session_token=self.session_token)
         return fs.S3FileSystem(**kwargs)
 
@@ -134,10 +153,10 @@ class S3Access:
         import boto3
         from botocore.config import Config
 
-        return boto3.client(
-            "s3", region_name=self.region, endpoint_url=self.endpoint,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
-            aws_session_token=self.session_token,
+        keys = {"aws_access_key_id": self.access_key, "aws_secret_access_key": self.secret_key,
+                "aws_session_token": self.session_token} if self._static_keys else {}
+        return boto3.Session(profile_name=self.profile).client(
+            "s3", region_name=self.region, endpoint_url=self.endpoint, **keys,
             config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=30,
                           retries={"max_attempts": 2, "mode": "standard"}))
 

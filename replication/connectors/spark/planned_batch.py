@@ -37,7 +37,8 @@ def query_id(checkpoint: str | Path | ObjectPath) -> str | None:
     try:
         where = checkpoint if isinstance(checkpoint, ObjectPath) else Path(checkpoint)
         found = json.loads((where / "metadata").read_text()).get("id")
-    except (OSError, ValueError, AttributeError, StorageError):
+    except (OSError, ValueError, AttributeError):  # (an S3 failure other than a missing key propagates: the
+        # batch fails and is run again, rather than committing under another app id)
         return None
     return found if isinstance(found, str) and found else None
 
