@@ -455,8 +455,8 @@ class Instance:
             self.compactor.stop()  # the SOW tables current as of the last batch
         if self.queues is not None:
             self.queues.stop()
-        if self._heartbeat is not None:
-            self._heartbeat.join(timeout=5)
+        if self._heartbeat is not None:  # (a put to S3 may take a while: the last word must be this one)
+            self._heartbeat.join(timeout=35)
         self.status().write(self.layout.heartbeat_json)
         if self.durability is not None:
             self.durability.close()

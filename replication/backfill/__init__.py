@@ -195,6 +195,10 @@ def check(cfg: InstanceConfig, options: Options) -> None:
     """Raise :class:`BackfillInputError` for a backfill that could store nothing: an instance without an
     inbox, an empty client, a ``--topic`` not recorded, bodies that cannot be of ``--type``. Needs no input
     and no Spark, so a command says it first."""
+    if cfg.storage.startswith("s3://"):
+        raise BackfillInputError(
+            f"backfill into {cfg.name} is not supported yet: its storage is on S3 ({cfg.storage}), where an inbox "
+            "is not built yet. Fix: backfill into an instance whose <Storage> is a local or mounted path")
     if cfg.replication_transport is None:
         raise BackfillInputError(
             f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "

@@ -1,13 +1,15 @@
 """The JVM artifacts of ``jvm/pom.xml``, as the README's install command left them: classpaths and jar lists.
 
 ``mvn -q -f jvm/pom.xml generate-resources`` copies them from Maven Central (through Maven's own
-cache) into two folders: ``jvm/lib/kafka/`` (the Apache Kafka broker, its tools and MirrorMaker 2,
-with all their dependencies: one classpath) and ``jvm/lib/spark/`` (delta-spark and Spark's Kafka
-source: the jars a Spark session adds to pyspark's own). ``REPLICATION_JVM_LIB`` names another
-folder holding the two (an installed copy of the package has no repository beside it).
+cache) into three folders: ``jvm/lib/kafka/`` (the Apache Kafka broker, its tools and MirrorMaker 2,
+with all their dependencies: one classpath), ``jvm/lib/spark/`` (delta-spark and Spark's Kafka
+source: the jars a Spark session adds to pyspark's own) and ``jvm/lib/s3a/`` (Hadoop's S3A
+filesystem, for sessions of instances on S3). ``REPLICATION_JVM_LIB`` names another folder holding
+them (an installed copy of the package has no repository beside it).
 
 Run as ``python -m replication.connectors.jvm``, it prints the spark-submit options that put the Spark
-jars on a session started by ``spark-submit`` (``spark-submit.sh`` uses it).
+jars on a session started by ``spark-submit``; ``spark-submit.sh`` asks :mod:`replication.launch`, which
+adds S3A for instances on S3.
 """
 
 from __future__ import annotations
