@@ -30,7 +30,7 @@ from replication.config.model import (
     TopicSpec,
 )
 from replication.config.parser import parse_interval, parse_string
-from replication.errors import ConfigError
+from replication.errors import ConfigError, ReplicationError
 from replication.expressions import Filter
 from replication.storage.control import read_instance_config, write_instance_config
 
@@ -813,6 +813,11 @@ def test_storage_on_s3_loads_for_an_instance_that_ingests_and_refuses_what_is_no
 <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>{more}</AMPSConfig>"""
     cfg = parse_string(plain.format(storage="s3a://bkt/fabric/amps-1/", inbox="", more=""), filename="a.xml")
     assert cfg.storage == "s3://bkt/fabric/amps-1"
+    from replication import backfill
+
+    with pytest.raises(ReplicationError, match=r"backfill into amps-1 is not supported yet: its storage is on S3 "
+                                               r"\(s3://bkt/fabric/amps-1\), where an inbox is not built yet"):
+        backfill.check(cfg, backfill.Options("loader", "parquet", topic="/orders"))
     with pytest.raises(ConfigError, match=r"a.xml:1: AMPSConfig/Storage: 's3:///fabric' is not an S3 prefix\. "
                                           r"Fix: write s3://BUCKET/PREFIX"):
         parse_string(plain.format(storage="s3:///fabric", inbox="", more=""), filename="a.xml")
