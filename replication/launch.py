@@ -19,7 +19,7 @@ def on_object_storage(configs: list[str]) -> bool:
     left to the job, which says what is wrong with it)."""
     for path in configs:
         try:
-            if config.load(path).storage.startswith("s3://"):
+            if config.load(path).on_object_storage:
                 return True
         except (ReplicationError, OSError):
             continue

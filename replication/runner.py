@@ -31,7 +31,7 @@ def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str 
     for cfg in configs:  # (before Spark starts: a bucket that cannot be used is said in one line)
         StorageLayout.of(cfg.storage).check_reachable()
     spark = session("replication " + " ".join(c.name for c in configs),
-                    object_storage=any(c.storage.startswith("s3://") for c in configs))
+                    object_storage=any(c.on_object_storage for c in configs))
     started: list[Instance] = []
     try:
         for cfg in configs:

@@ -195,7 +195,7 @@ def check(cfg: InstanceConfig, options: Options) -> None:
     """Raise :class:`BackfillInputError` for a backfill that could store nothing: an instance without an
     inbox, an empty client, a ``--topic`` not recorded, bodies that cannot be of ``--type``. Needs no input
     and no Spark, so a command says it first."""
-    if cfg.storage.startswith("s3://"):
+    if cfg.on_object_storage:
         raise BackfillInputError(
             f"backfill into {cfg.name} is not supported yet: its storage is on S3 ({cfg.storage}), where an inbox "
             "is not built yet. Fix: backfill into an instance whose <Storage> is a local or mounted path")

@@ -263,7 +263,7 @@ class InstanceConfig:
     group: str
     """``<Group>`` (default: the name)."""
     storage: str
-    """Storage root URI (``file:///...`` or a plain path)."""
+    """Storage root URI (``file:///...``, a plain path, or ``s3://bucket/prefix``)."""
     kafka_transports: tuple[KafkaTransport, ...] = ()
     replication_transport: ReplicationTransport | None = None
     txlog_topics: tuple[TopicSpec, ...] = ()
@@ -276,6 +276,11 @@ class InstanceConfig:
     """``<Tuning><MinimumSyncDestinations>``: the downgrade action never leaves fewer sync destinations
     than this (an instance-level setting, as in AMPS)."""
     source: Source = field(default_factory=Source, compare=False)
+
+    @property
+    def on_object_storage(self) -> bool:
+        """Whether ``<Storage>`` is an S3 prefix (``s3://bucket/prefix``: config load normalises ``s3a://``)."""
+        return self.storage.startswith("s3://")
 
     def destination(self, name: str) -> Destination:
         for dest in self.destinations:

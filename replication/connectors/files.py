@@ -21,7 +21,13 @@ from typing import IO, Any
 import orjson
 import pyarrow as pa
 
-from replication.connectors.s3.access import S3Address, StorageAccessError, check_reachable, environment_access
+from replication.connectors.s3.access import (
+    S3Address,
+    StorageAccessError,
+    arrow_location,
+    check_reachable,
+    environment_access,
+)
 from replication.errors import InputError
 
 FORMATS = ("parquet", "jsonl", "csv", "delta")
@@ -56,20 +62,11 @@ class DeltaFile:
     """The table's columns, in order (a file written before a column was added lacks it: null)."""
 
 
-def _in_s3(path: str) -> tuple[Any, str] | None:
-    """(An Arrow S3 filesystem, ``bucket/key``) for an ``s3://`` path; None for a local one."""
-    address = S3Address.parse(path)
-    if address is None:
-        return None
-    return environment_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
-
-
 def _open_binary(path: str) -> IO[bytes]:
     """The file read front to back (JSON lines, CSV)."""
-    s3 = _in_s3(path)
-    if s3 is None:
+    key, filesystem = arrow_location(path)
+    if filesystem is None:
         return open(path, "rb")  # noqa: SIM115 (the caller's with-block closes it)
-    filesystem, key = s3
     return io.BufferedReader(filesystem.open_input_stream(key), 1 << 20)
 
 
@@ -77,11 +74,8 @@ def _parquet_file(path: str) -> Any:
     """A ``pyarrow.parquet.ParquetFile`` of the path (its footer read; rows read on demand)."""
     import pyarrow.parquet as pq
 
-    s3 = _in_s3(path)
-    if s3 is None:
-        return pq.ParquetFile(path)
-    filesystem, key = s3
-    return pq.ParquetFile(filesystem.open_input_file(key))
+    key, filesystem = arrow_location(path)
+    return pq.ParquetFile(filesystem.open_input_file(key) if filesystem is not None else path)
 
 
 def _s3_files(raw: str, address: S3Address, fmt: str) -> list[str]:
@@ -92,7 +86,7 @@ def _s3_files(raw: str, address: S3Address, fmt: str) -> list[str]:
         check_reachable(address, environment_access(), what="input")
     except StorageAccessError as exc:
         raise InputError(str(exc)) from None
-    filesystem, key = environment_access().arrow_filesystem(), f"{address.bucket}/{address.key}".rstrip("/")
+    key, filesystem = arrow_location(address.uri)
     info = filesystem.get_file_info(key)
     if info.type == fs.FileType.File:
         return [address.uri]

@@ -72,9 +72,17 @@ def s3a_jars() -> list[str]:
     return [str(jar) for jar in _jars("s3a")]
 
 
-def spark_conf() -> dict[str, str]:
-    """Settings of a session that reads Delta with delta-spark and Kafka with Spark's own source."""
-    return {"spark.jars": ",".join(spark_jars()), **DELTA_SQL_CONF}
+def spark_conf(*, object_storage: bool = False) -> dict[str, str]:
+    """Settings of a session that reads Delta with delta-spark and Kafka with Spark's own source;
+    ``object_storage``: also Hadoop's S3A filesystem, with this process's S3 endpoint and region (an
+    instance's storage is on S3)."""
+    jars, conf = spark_jars(), dict(DELTA_SQL_CONF)
+    if object_storage:
+        from replication.connectors.s3.access import environment_access
+
+        jars += s3a_jars()
+        conf.update(environment_access().hadoop_conf())
+    return {"spark.jars": ",".join(jars), **conf}
 
 
 def java() -> str:
@@ -89,15 +97,9 @@ def java() -> str:
 
 
 def spark_submit_args(*, object_storage: bool = False) -> list[str]:
-    """spark-submit options that add the Spark jars and delta-spark's settings; ``object_storage``: also
-    Hadoop's S3A filesystem, with this process's S3 endpoint and region (an instance's storage is on S3)."""
-    jars, conf = spark_jars(), dict(DELTA_SQL_CONF)
-    if object_storage:
-        from replication.connectors.s3.access import environment_access
-
-        jars += s3a_jars()
-        conf.update(environment_access().hadoop_conf())
-    args = ["--jars", ",".join(jars)]
+    """:func:`spark_conf` as spark-submit options."""
+    conf = spark_conf(object_storage=object_storage)
+    args = ["--jars", conf.pop("spark.jars")]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     return args

@@ -104,7 +104,7 @@ def verify(fabric: Fabric, *, topic: str | None = None, engine: Engine = "auto",
 
 def _txlogs(fabric: Fabric, pattern: re.Pattern[str] | None, engine: Engine,
             spark: SparkSession | None) -> Txlogs:
-    on_s3 = [cfg.name for cfg in fabric if cfg.storage.startswith("s3://")]
+    on_s3 = [cfg.name for cfg in fabric if cfg.on_object_storage]
     if engine == "spark" and on_s3:
         raise UnsupportedAddressError(
             f"verify --engine spark: reading instances on S3 ({', '.join(on_s3)}) with Spark is not supported yet. "

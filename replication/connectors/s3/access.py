@@ -180,7 +180,7 @@ def arrow_location(uri: str) -> tuple[str, Any]:
     address = S3Address.parse(uri)
     if address is None:
         return uri, None
-    return f"{address.bucket}/{address.key}", environment_filesystem()
+    return f"{address.bucket}/{address.key}".rstrip("/"), environment_filesystem()
 
 
 def delta_options_for(uri: str) -> dict[str, str] | None:

@@ -125,13 +125,7 @@ def session(app_name: str = "replication", *, master: str | None = None,
     if _launches_jvm():
         # delta-spark and Spark's Kafka source (jvm/pom.xml): jars can only be added before the JVM
         # starts; under spark-submit, spark-submit.sh passes them (python -m replication.launch).
-        conf = jvm.spark_conf()
-        if object_storage:
-            from replication.connectors.s3.access import environment_access
-
-            conf["spark.jars"] += "," + ",".join(jvm.s3a_jars())
-            conf.update(environment_access().hadoop_conf())
-        for key, value in conf.items():
+        for key, value in jvm.spark_conf(object_storage=object_storage).items():
             if key == "spark.jars" and given.contains(key):
                 value = f"{given.get(key)},{value}"
             if key == "spark.jars" or not given.contains(key):
