@@ -29,7 +29,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replication import validation
@@ -47,7 +46,7 @@ from replication.destination.resync import (
 )
 from replication.errors import ReplicationError
 from replication.storage.control import Heartbeat, RetentionState, read_instance_config
-from replication.storage.layout import StorageLayout, link_name
+from replication.storage.layout import StorageLayout, StoragePath, link_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -215,7 +214,7 @@ class DestinationManager:
         self.link.set(state="connected" if index == 0 else "failed over", detail="")
         return True
 
-    def _checkpoint(self, incarnation: str) -> Path:
+    def _checkpoint(self, incarnation: str) -> StoragePath:
         return self.layout.replicator_checkpoint(self.dest.name, incarnation)
 
     def _watch(self, down: StorageLayout) -> bool:

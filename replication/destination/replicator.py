@@ -23,7 +23,6 @@ A crash between 2 and 3 replays ``b``: step 2 is skipped, step 3 runs.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +38,7 @@ from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.inbox import signing
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
-from replication.storage.layout import link_name
+from replication.storage.layout import StoragePath, link_name, spark_location
 from replication.txlog import stream as txlog_stream
 from replication.txlog.files import TxlogFiles
 from replication.txlog.runs import runs_of
@@ -58,8 +57,8 @@ _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW",
 class ReplicatorWriter:
     """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
 
-    def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: Path, inbox: Path, incarnation: str,
-                 link: Link, target: str, checkpoint: Path | None = None) -> None:
+    def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: StoragePath, inbox: StoragePath,
+                 incarnation: str, link: Link, target: str, checkpoint: StoragePath | None = None) -> None:
         self.cfg = cfg
         self.dest = dest
         self.link = link
@@ -163,9 +162,9 @@ def start_query(
     cfg: InstanceConfig,
     dest: Destination,
     *,
-    txlog: Path,
-    inbox: Path,
-    checkpoint: Path,
+    txlog: StoragePath,
+    inbox: StoragePath,
+    checkpoint: StoragePath,
     start_seq: int,
     incarnation: str,
     link: Link,
@@ -190,7 +189,7 @@ def start_query(
     query = (
         stream.writeStream.queryName(link_name(cfg.name, dest.name, incarnation))
         .foreachBatch(writer)
-        .option("checkpointLocation", str(checkpoint))
+        .option("checkpointLocation", spark_location(checkpoint))
         .trigger(processingTime=trigger_interval)
         .start()
     )

@@ -8,11 +8,11 @@ table id (see :mod:`replication.storage.control` for who writes each file).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
+from replication.connectors.delta.tables import open_table
 from replication.errors import ReplicationError
 from replication.storage.control import Ack, Heartbeat, PublishersSnapshot
-from replication.storage.layout import StorageLayout
+from replication.storage.layout import StorageLayout, StoragePath
 
 #: A heartbeat older than this means the instance is not running.
 HEARTBEAT_STALE_S = 5.0
@@ -49,10 +49,8 @@ def stored_per_publisher(layout: StorageLayout) -> dict[str, int]:
 
 def txlog_id(layout: StorageLayout) -> str | None:
     """The Delta table id of the destination's txlog: a new id is a new (rebuilt) instance."""
-    from deltalake import DeltaTable
-
     try:
-        return DeltaTable(str(layout.txlog)).metadata().id
+        return open_table(layout.txlog).metadata().id
     except Exception:  # no txlog yet
         return None
 
@@ -61,7 +59,7 @@ class ResyncGapError(ReplicationError):
     """The downstream lacks rows that retention removed here: no resync can give them."""
 
 
-def resync_start(txlog_path: Path, have: dict[str, int], *, after: int, first_seq: int = 1,
+def resync_start(txlog_path: StoragePath, have: dict[str, int], *, after: int, first_seq: int = 1,
                  first_bookmark: str | None = None) -> int:
     """Local seq to replicate after so that the downstream gets every row it lacks.
 
@@ -73,9 +71,7 @@ def resync_start(txlog_path: Path, have: dict[str, int], *, after: int, first_se
     """
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(txlog_path))
+    table = open_table(txlog_path)
     rows = table.to_pyarrow_dataset().to_table(
         columns=["seq", "publisher", "publisher_seq"], filter=ds.field("seq") > after
     )

@@ -102,14 +102,15 @@ def predicate(chosen: dict[str, tuple[int, list[str], int]]) -> str:
 
 def clean(inbox: str, stored_version: int, acked: dict[str, int]) -> Removal | None:
     """One run on the inbox at ``inbox`` (see the module docstring); None when nothing may go."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
+
+    from replication.connectors.delta.tables import open_table
 
     if stored_version < 0 or not acked:
         return None
     try:
-        table = DeltaTable(inbox)
-        stored = DeltaTable(inbox, version=stored_version)
+        table = open_table(inbox)
+        stored = open_table(inbox, version=stored_version)
     except (TableNotFoundError, OSError, ValueError) as exc:  # (a version whose log was cleaned up)
         log.info("inbox cleanup of %s skipped: %s", inbox, exc)
         return None

@@ -187,9 +187,9 @@ class CommitVerifier:
         """The replicator ``app``'s app-transaction version in the inbox just before ``version`` (-1: none)."""
         if version <= 0:
             return -1
-        from deltalake import DeltaTable
+        from replication.connectors.delta.tables import open_table
 
-        committed = DeltaTable(self.path, version=version - 1).transaction_version(app)
+        committed = open_table(self.path, version=version - 1).transaction_version(app)
         return -1 if committed is None else int(committed)
 
 

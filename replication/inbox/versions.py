@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replication.connectors.delta.log import appends_after, local_log_dir, newest_version
+from replication.connectors.delta.tables import open_table
+from replication.connectors.s3.access import arrow_location
 from replication.errors import StorageError
 from replication.inbox.schema import INBOX_SCHEMA, STAGED_PART_KEY, STREAM_SCHEMA
 
@@ -50,12 +52,11 @@ class InboxLog:
         On local storage the commit files after the last known version are
         probed (a few ``stat`` calls); elsewhere the delta-rs table is updated.
         """
-        from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
         if self._table is None:
             try:
-                self._table = DeltaTable(self.path)
+                self._table = open_table(self.path)
             except TableNotFoundError:
                 return -1
             self._version = self._table.version()
@@ -98,7 +99,9 @@ def _count_rows(uri: str) -> int:
     from pyarrow import fs
 
     try:
-        filesystem, path = fs.FileSystem.from_uri(uri)
+        path, filesystem = arrow_location(uri)
+        if filesystem is None:  # (a local path or file:// URI)
+            filesystem, path = fs.FileSystem.from_uri(uri)
         with filesystem.open_input_stream(path) as stream:
             text = stream.read().decode("utf-8")
     except (FileNotFoundError, OSError):
@@ -130,14 +133,13 @@ def read_versions(path: str, first: int, last: int) -> pa.Table:
     or updated by hand is not replayed.
     """
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
     rows = _read_appended(path, first, last)
     if rows is not None:
         return rows
     table = _TABLES.get(path)
     if table is None:
-        table = _TABLES[path] = DeltaTable(path)
+        table = _TABLES[path] = open_table(path)
     elif table.version() < last:
         table.update_incremental()
     try:
@@ -210,9 +212,7 @@ def staged_parts(path: str, first: int, last: int) -> list[tuple[int, str]]:
                 if part:
                     out.append((version, part))
         return out
-    from deltalake import DeltaTable
-
-    table = DeltaTable(path)
+    table = open_table(path)
     for entry in table.history(limit=max(1, table.version() - first + 1)):
         if first <= entry.get("version", -1) <= last and entry.get(STAGED_PART_KEY):
             out.append((entry["version"], entry[STAGED_PART_KEY]))

@@ -178,9 +178,9 @@ class Retention:
 
 def _files_in_seq_order(txlog: str) -> pa.Table:
     """The snapshot's data files: ``path``, ``lo``/``hi`` seq, ``newest`` persist time (epoch µs), ``rows``."""
-    from deltalake import DeltaTable
+    from replication.connectors.delta.tables import open_table
 
-    actions = pa.table(DeltaTable(txlog).get_add_actions(flatten=True))
+    actions = pa.table(open_table(txlog).get_add_actions(flatten=True))
     n = actions.num_rows
 
     def column(name: str, kind: pa.DataType) -> pa.Array:

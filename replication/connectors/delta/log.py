@@ -122,8 +122,13 @@ def commit_text(table_uri: str, version: int) -> str | None:
     """The commit file of ``version`` of the table at ``table_uri`` (local or object storage); None when gone."""
     from pyarrow import fs
 
+    from replication.connectors.s3.access import arrow_location
+
     try:
-        filesystem, path = fs.FileSystem.from_uri(f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json")
+        uri = f"{table_uri.rstrip('/')}/_delta_log/{version:020d}.json"
+        path, filesystem = arrow_location(uri)
+        if filesystem is None:  # (a local path or file:// URI)
+            filesystem, path = fs.FileSystem.from_uri(uri)
         with filesystem.open_input_stream(path) as stream:
             return stream.read().decode("utf-8")
     except (FileNotFoundError, OSError):

@@ -31,6 +31,7 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
 from replication.connectors.delta.stats import file_stats, stats_json
+from replication.connectors.s3.access import delta_options_for
 from replication.connectors.s3.objects import ObjectPath
 
 #: Key of this product's record in each commit's commitInfo.
@@ -67,6 +68,13 @@ def log_file_options(columns: list[str]) -> dict:
     statistics on message bodies)."""
     return {"compression": "snappy", "use_dictionary": [c for c in columns if c not in DISTINCT_PER_ROW],
             "write_statistics": [c for c in columns if c != "data"]}
+
+
+def open_table(location: Path | str | ObjectPath, version: int | None = None) -> DeltaTable:
+    """The Delta table at ``location`` (a local path, or an ``s3://`` URI reached with this process's S3
+    settings), at its newest version or ``version``."""
+    uri = str(location)
+    return DeltaTable(uri, version=version, storage_options=delta_options_for(uri))
 
 
 def open_or_create(
