@@ -804,7 +804,7 @@ def test_filters_read_fix_and_nvfix_fields():
     assert cfg.destinations[0].topics[0].filter.matches(b"55=IBM\x01", "fix")
 
 
-def test_storage_on_s3_loads_for_an_instance_that_ingests_and_refuses_what_is_not_built_there_yet():
+def test_storage_on_s3_loads_for_an_instance_that_ingests_and_replicates_and_refuses_what_is_not_built_yet():
     from replication.config.parser import parse_string
 
     plain = """<AMPSConfig><Name>amps-1</Name><Storage>{storage}</Storage><Transports>
@@ -816,15 +816,23 @@ def test_storage_on_s3_loads_for_an_instance_that_ingests_and_refuses_what_is_no
     from replication import backfill
 
     with pytest.raises(ReplicationError, match=r"backfill into amps-1 is not supported yet: its storage is on S3 "
-                                               r"\(s3://bkt/fabric/amps-1\), where an inbox is not built yet"):
+                                               r"\(s3://bkt/fabric/amps-1\), and a backfill stages its parts"):
         backfill.check(cfg, backfill.Options("loader", "parquet", topic="/orders"))
     with pytest.raises(ConfigError, match=r"a.xml:1: AMPSConfig/Storage: 's3:///fabric' is not an S3 prefix\. "
                                           r"Fix: write s3://BUCKET/PREFIX"):
         parse_string(plain.format(storage="s3:///fabric", inbox="", more=""), filename="a.xml")
     inbox = "\n<Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>"
-    with pytest.raises(ConfigError, match=r"a\.xml:4: .*an incoming amps-replication transport on an instance whose "
-                                          r"<Storage> is on S3 is not supported yet"):
-        parse_string(plain.format(storage="s3://bkt/a", inbox=inbox, more=""), filename="a.xml")
+    replication = ("<Replication><Destination><Name>b</Name><SyncType>sync</SyncType><Topic><Name>.*</Name>"
+                   "<MessageType>json</MessageType></Topic><Transport><Type>amps-replication</Type>"
+                   "<InetAddr>s3a://bkt/b/</InetAddr><InetAddr>/mnt/b</InetAddr></Transport></Destination>"
+                   "</Replication>")
+    cfg = parse_string(plain.format(storage="s3://bkt/a", inbox=inbox, more=replication), filename="a.xml")
+    assert cfg.replication_transport.inet_addr == "s3://bkt/a"
+    assert cfg.destinations[0].inet_addrs == ("s3://bkt/b", "/mnt/b")  # a fabric may span a bucket and a mount
+    with pytest.raises(ConfigError, match=r"a\.xml:5: .*'s3://bkt/a' is this instance's own storage"):
+        parse_string(plain.format(storage="s3://bkt/a", inbox=inbox, more=replication.replace("s3a://bkt/b/",
+                                                                                          "s3://bkt/a")),
+                     filename="a.xml")
     sow = "\n<SOW><Topic><Name>/o</Name><MessageType>json</MessageType><Key>/id</Key></Topic></SOW>"
     with pytest.raises(ConfigError, match=r"a\.xml:5: AMPSConfig/SOW: <SOW> on an instance whose <Storage> is on "
                                           r"S3 is not supported yet: SOW and queue tables on object storage are not "

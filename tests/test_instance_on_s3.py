@@ -15,10 +15,18 @@ import signal
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from support.cli import run_cli
-from support.factories import assert_exactly_once
+from support.fabric import ONE_WAY
+from support.factories import (
+    assert_exactly_once,
+    destination_xml,
+    instance_xml,
+    replication_xml,
+    wait_until,
+)
 from support.processes import InstanceProcess
 
 from replication.client import Publisher
@@ -133,3 +141,102 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
     for control in ("instance.json", "heartbeat.json"):
         body = client.get_object(Bucket=bucket, Key=f"{prefix}_control/{control}")["Body"].read().decode()
         assert secret not in body, f"{control} names no secret"
+
+
+class _BucketRoot(str):
+    """An ``s3://`` prefix that test config builders join as they join a local folder (``root / name``)."""
+
+    def __truediv__(self, name: str) -> str:
+        return f"{self}/{name}"
+
+
+#: Where the middle instance is killed: its txlog holds a batch of rows its upstream replicated, Spark's
+#: checkpoint (in the bucket) does not, and neither its acknowledgements nor its own replicator have moved.
+FABRIC_CRASH_POINT = "ingest.after_txlog_commit@4"
+FABRIC_PER_RUN = 200
+PAIR = "<Topic><Name>.*</Name><MessageType>json</MessageType><ExcludeValidation>cascade</ExcludeValidation></Topic>"
+
+
+def test_a_sync_pair_and_a_chain_of_three_on_s3_survive_a_kill_9_of_the_middle_instance(s3, broker, tmp_path):
+    """A <-> B (a two-way sync pair) and A -> B -> C (a chain of three, B passing A's messages on), every address
+    an ``s3://`` one, each instance a process of its own with a private scratch; B is killed mid-batch, loses its
+    scratch, and is restarted."""
+    tag = uuid.uuid4().hex[:6]
+    a, b, c = (f"{x}{tag}" for x in ("a", "b", "c"))
+    bucket = f"fabric-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    root = _BucketRoot(f"s3://{bucket}/fabric")
+    destinations = {a: [b], b: [a, c], c: []}
+    configs = {}
+    for name, downstream in destinations.items():
+        # C does not replicate back: B's link to it excludes the replicate and cascade checks, as a chain's
+        # does, and the pair's links accept that the other side relaxes them (the cascade check otherwise refuses)
+        topics = {c: ONE_WAY, b: PAIR, a: PAIR}
+        replication = replication_xml(*(destination_xml(d, [root / d], topics=topics[d])
+                                        for d in downstream)) if downstream else ""
+        configs[name] = tmp_path / f"{name}.xml"
+        configs[name].write_text(instance_xml(name, root, broker.bootstrap, max_offsets=100, replication=replication))
+
+    def start(name: str, run: int, failpoints: str | None = None) -> InstanceProcess:
+        scratch = tmp_path / f"scratch-{name}-{run}"
+        scratch.mkdir()
+        return InstanceProcess(configs[name], tmp_path / f"{name}-{run}.log", failpoints=failpoints,
+                               env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch)})
+
+    procs = {a: start(a, 0), b: start(b, 0, FABRIC_CRASH_POINT), c: start(c, 0)}
+    pubs = {name: Publisher(f"pub-{name}", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
+                            store_path=tmp_path / f"pub-{name}.store", resend_after=3, logon_timeout=300)
+            for name in (a, b)}
+    published = dict.fromkeys(pubs, 0)
+    try:
+        for name, pub in pubs.items():
+            published[name] = publish(pub, published[name], FABRIC_PER_RUN)
+        assert procs[b].wait_killed(timeout=600) == -signal.SIGKILL, procs[b].log_text()[-3000:]
+        assert f"failpoint {FABRIC_CRASH_POINT.split('@')[0]} reached" in procs[b].log_text()
+        shutil.rmtree(tmp_path / f"scratch-{b}-0")  # B's machine is lost with everything on its disk
+        procs[b] = start(b, 1)
+        for name, pub in pubs.items():
+            published[name] = publish(pub, published[name], FABRIC_PER_RUN // 2)
+        for pub in pubs.values():
+            pub.flush(timeout=600)
+        expected = {f"pub-{name}": count for name, count in published.items()}
+        for name in (a, b, c):
+            wait_until(lambda name=name: _txlog(s3, root / name).num_rows >= sum(expected.values()), timeout=300,
+                       what=f"{name} holds every message")
+    finally:
+        for pub in pubs.values():
+            pub.close()
+        for proc in procs.values():
+            proc.stop()
+    for name, pub in pubs.items():
+        assert pub.persisted_seq == published[name], f"every message published at {name} acknowledged"
+    for name in (a, b, c):
+        assert_exactly_once(_txlog(s3, root / name), expected)
+    assert re.search(rf"{b}: ingest batch \d+ already committed; replay skipped", procs[b].log_text()), \
+        procs[b].log_text()[-3000:]
+
+    verified = run_cli("verify", *configs.values(), "--engine", "arrow", env=s3.environment())
+    assert verified.code == 0, verified.out + verified.err
+    stored = keys(s3, bucket)
+    for name in (a, b, c):
+        assert f"fabric/{name}/inbox/_delta_log/00000000000000000000.json" in stored, f"{name}'s inbox is in the bucket"
+    for upstream, name in ((a, b), (b, a), (b, c)):
+        assert f"fabric/{name}/_control/acks/{upstream}.json" in stored, f"{name} acknowledges {upstream} there"
+        assert f"fabric/{upstream}/_control/links/{name}.json" in stored, f"{upstream}'s link to {name} is there"
+    # on this machine: configs, logs, the publishers' stores, and the scratch of the runs still there
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*(p.name for p in configs.values()), *(f"pub-{n}.store" for n in pubs),
+         *(f"{n}-0.log" for n in (a, b, c)), f"{b}-1.log",
+         *(f"scratch-{n}-0" for n in (a, c)), f"scratch-{b}-1"])
+    secret = s3.secret_key
+    assert secret not in verified.out + verified.err
+    for log in tmp_path.glob("*.log"):
+        assert secret not in log.read_text(errors="replace"), f"{log.name} names no secret"
+
+
+def _txlog(s3, storage: str):
+    try:
+        table = DeltaTable(f"{storage}/txlog", storage_options=s3.access.delta_options())
+    except Exception:  # not created yet
+        return pa.table({"seq": pa.array([], pa.int64())})
+    return table.to_pyarrow_table(columns=["seq", "publisher", "publisher_seq"]).sort_by("seq")

@@ -197,8 +197,9 @@ def check(cfg: InstanceConfig, options: Options) -> None:
     and no Spark, so a command says it first."""
     if cfg.on_object_storage:
         raise BackfillInputError(
-            f"backfill into {cfg.name} is not supported yet: its storage is on S3 ({cfg.storage}), where an inbox "
-            "is not built yet. Fix: backfill into an instance whose <Storage> is a local or mounted path")
+            f"backfill into {cfg.name} is not supported yet: its storage is on S3 ({cfg.storage}), and a backfill "
+            "stages its parts as local files that the instance moves into its txlog. Fix: backfill into an "
+            "instance whose <Storage> is a local or mounted path, and let it replicate to this one")
     if cfg.replication_transport is None:
         raise BackfillInputError(
             f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "

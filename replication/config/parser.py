@@ -34,7 +34,6 @@ from replication.config.model import (
     Destination,
     InstanceConfig,
     QueueTopic,
-    ReplicationTransport,
     TopicSpec,
 )
 from replication.config.sections import COMPRESSIONS, DATA_TYPES
@@ -180,7 +179,7 @@ def _instance(root: Node) -> InstanceConfig:
     actions = _actions(actions_node) if actions_node is not None else ()
     minimum_sync = _tuning(kids.opt("Tuning"))
     if storage.startswith("s3://"):
-        _built_on_object_storage(kids, inbox)
+        _built_on_object_storage(kids)
     return InstanceConfig(
         name=name,
         group=group,
@@ -200,23 +199,16 @@ def _instance(root: Node) -> InstanceConfig:
 
 #: What an instance on object storage cannot have yet, and why: each is refused at load.
 _NOT_ON_OBJECT_STORAGE = {
-    "Replication": "replication between instances on object storage (their inboxes, link state and "
-                   "acknowledgements in a bucket) is not built yet",
     "SOW": "SOW and queue tables on object storage are not built yet",
     "Bootstrap": "a bootstrap into an instance on object storage is not built yet",
     "Actions": "actions (retention, downgrade) on object storage are not built yet",
 }
 
 
-def _built_on_object_storage(kids: Kids, inbox: ReplicationTransport | None) -> None:
-    """An instance whose ``<Storage>`` is on S3 ingests Kafka into its txlog there; what it cannot do there yet
-    stops the load with "not supported yet", the reason and the fix."""
+def _built_on_object_storage(kids: Kids) -> None:
+    """An instance whose ``<Storage>`` is on S3 ingests Kafka and replicates there; what it cannot do there
+    yet stops the load with "not supported yet", the reason and the fix."""
     fix = "remove it, or keep <Storage> on a local or mounted path while this is not supported"
-    if inbox is not None:
-        kids.one("Transports").fail(
-            "an incoming amps-replication transport on an instance whose <Storage> is on S3 is not supported "
-            "yet: " + _NOT_ON_OBJECT_STORAGE["Replication"], f"{fix} (the amps-replication <Transport>)",
-            line=inbox.source.line)
     for element, why in _NOT_ON_OBJECT_STORAGE.items():
         node = kids.opt(element)
         if node is not None:

@@ -159,7 +159,7 @@ def transports(
                 "keep a single <Transport> with <Type>amps-replication</Type>",
             )
         addr = kids.opt("InetAddr")
-        if addr is not None and (inbox_addr := addr.read(values.location)) != storage:
+        if addr is not None and (inbox_addr := addr.read(values.storage_location)) != storage:
             # Upstreams find an instance's inbox, heartbeat, instance.json and ack files under one
             # root; an inbox elsewhere would never be written to (nothing would connect).
             addr.fail(
@@ -363,7 +363,7 @@ def destinations(
             tk.text("Name")  # a label only, but it must still be well-formed
         addrs: list[str] = []
         for anode in tk.all("InetAddr"):
-            addr = anode.read(values.location)
+            addr = anode.read(values.storage_location)
             if addr in own:
                 anode.fail(
                     f"'{addr}' is this instance's own storage",
