@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-from replication.connectors.delta.tables import open_table
 from replication.errors import ReplicationError
 from replication.storage.control import Ack, Heartbeat, PublishersSnapshot
 from replication.storage.layout import StorageLayout, StoragePath
@@ -49,6 +48,8 @@ def stored_per_publisher(layout: StorageLayout) -> dict[str, int]:
 
 def txlog_id(layout: StorageLayout) -> str | None:
     """The Delta table id of the destination's txlog: a new id is a new (rebuilt) instance."""
+    from replication.connectors.delta.tables import open_table  # (not at import: `status` needs no pyarrow)
+
     try:
         return open_table(layout.txlog).metadata().id
     except Exception:  # no txlog yet
@@ -71,6 +72,9 @@ def resync_start(txlog_path: StoragePath, have: dict[str, int], *, after: int, f
     """
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
+
+    from replication.connectors.delta.tables import open_table
+
     table = open_table(txlog_path)
     rows = table.to_pyarrow_dataset().to_table(
         columns=["seq", "publisher", "publisher_seq"], filter=ds.field("seq") > after
