@@ -18,9 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replication.connectors.delta.log import appends_after, local_log_dir, newest_version
+from replication.connectors.delta.log import appends_after, commit_text, local_log_dir, newest_version
 from replication.connectors.delta.tables import open_table
-from replication.connectors.s3.access import arrow_location
 from replication.errors import StorageError
 from replication.inbox.schema import INBOX_SCHEMA, STAGED_PART_KEY, STREAM_SCHEMA
 
@@ -72,7 +71,7 @@ class InboxLog:
     def rows_in(self, version: int) -> int:
         """Rows committed by ``version`` (an unreadable commit counts as large: a batch of its own)."""
         if version not in self._rows:
-            self._rows[version] = _count_rows(self._commit_file(version))
+            self._rows[version] = _count_rows(self._commit_text(version))
         return self._rows[version]
 
     def end_within(self, start: int, latest: int, max_rows: int) -> int:
@@ -90,21 +89,13 @@ class InboxLog:
             end += 1
         return end
 
-    def _commit_file(self, version: int) -> str:
+    def _commit_text(self, version: int) -> str | None:
         assert self._table is not None
-        return f"{self._table.table_uri.rstrip('/')}/_delta_log/{version:020d}.json"
+        return commit_text(self._table.table_uri, version)
 
 
-def _count_rows(uri: str) -> int:
-    from pyarrow import fs
-
-    try:
-        path, filesystem = arrow_location(uri)
-        if filesystem is None:  # (a local path or file:// URI)
-            filesystem, path = fs.FileSystem.from_uri(uri)
-        with filesystem.open_input_stream(path) as stream:
-            text = stream.read().decode("utf-8")
-    except (FileNotFoundError, OSError):
+def _count_rows(text: str | None) -> int:
+    if text is None:  # (unreadable: counts as large, a batch of its own)
         return 2**62
     rows = 0
     for line in text.splitlines():
