@@ -16,10 +16,13 @@ from pathlib import Path
 
 from common import (
     data_batches,
+    delta_options,
     kafka_client_kwargs,
     kafka_security,
     offsets_moved,
     poll_for,
+    spark_table_location,
+    table_location,
     tree_cpu_seconds,
     wait_until,
 )
@@ -54,7 +57,8 @@ def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
 
     from replication.ingest.inputs import publish_stream
 
-    target = workdir / f"{cfg.name}-baseline-a"
+    target = table_location(workdir, f"{cfg.name}-baseline-a")
+    options = delta_options(target)
     parts = {"toArrow": 0.0, "write_deltalake": 0.0}
     written = [0]
     done = threading.Event()
@@ -63,7 +67,7 @@ def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
         t0 = time.perf_counter()
         table = df.toArrow()
         t1 = time.perf_counter()
-        write_deltalake(str(target), table, mode="append")
+        write_deltalake(target, table, mode="append", storage_options=options)
         parts["toArrow"] += t1 - t0
         parts["write_deltalake"] += time.perf_counter() - t1
         written[0] += table.num_rows
@@ -72,7 +76,7 @@ def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
 
     query = (
         publish_stream(spark, cfg).writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(workdir / f"{cfg.name}-baseline-a-checkpoint"))
+        .option("checkpointLocation", spark_table_location(workdir, f"{cfg.name}-baseline-a-checkpoint"))
         .trigger(processingTime="0 seconds").start()
     )
     started, cpu = time.perf_counter(), tree_cpu_seconds()
@@ -103,7 +107,7 @@ def plain_baseline(bootstrap: str, topic: str, rows: int, partitions: int, batch
     consumer.assign(tps)
     for tp in tps:
         consumer.seek(tp, 0)
-    target = str(workdir / "baseline-b")
+    target = table_location(workdir, "baseline-b")
     pending: list = []
     parts = {"poll + decode": 0.0, "write_deltalake": 0.0}
     seen = batches = 0
@@ -146,7 +150,7 @@ def _write_records(target: str, records: list) -> None:
         "data": pa.array([r.value for r in records], pa.binary()),
         "publish_time": pa.array([r.timestamp * 1000 for r in records], pa.timestamp("us", tz="UTC")),
     })
-    write_deltalake(target, table, mode="append")
+    write_deltalake(target, table, mode="append", storage_options=delta_options(target))
 
 
 def spark_batch_seconds(query, rows: int) -> float | None:
@@ -164,15 +168,16 @@ def spark_kafka_delta_baseline(spark, bootstrap: str, topic: str, rows: int, wor
                                max_offsets: int) -> Run:
     """(c): ``readStream.format("kafka")`` with headers -> ``writeStream.format("delta")``, with the instance's
     trigger and batch cap."""
-    target, checkpoint = workdir / "baseline-c", workdir / "baseline-c-checkpoint"
+    target = spark_table_location(workdir, "baseline-c")
+    checkpoint = spark_table_location(workdir, "baseline-c-checkpoint")
     source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
               .options(**kafka_security().spark_kafka())
               .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")
               .option("maxOffsetsPerTrigger", max_offsets).load()
               .selectExpr("topic AS kafka_topic", "partition AS kafka_partition", "offset AS kafka_offset",
                           "timestamp AS kafka_timestamp", "key", "value", "headers"))
-    query = (source.writeStream.format("delta").option("checkpointLocation", str(checkpoint))
-             .trigger(processingTime="0 seconds").start(str(target)))
+    query = (source.writeStream.format("delta").option("checkpointLocation", checkpoint)
+             .trigger(processingTime="0 seconds").start(target))
     started, cpu = time.perf_counter(), tree_cpu_seconds()
     try:
         wait_until(lambda: sum(p["numInputRows"] for p in query.recentProgress) >= rows or query.exception(),

@@ -19,6 +19,10 @@ from typing import Any
 
 #: The environment variable naming the ``--kafka-security`` file (children started with ``spawn`` read it too).
 SECURITY_FILE_VARIABLE = "REPLICATION_BENCH_KAFKA_SECURITY"
+#: The environment variable holding the bucket of ``--storage s3`` (children read it too); unset: local disk.
+TABLES_VARIABLE = "REPLICATION_BENCH_TABLES"
+#: The bucket ``--storage s3`` keeps every table, instance storage and checkpoint in.
+BENCH_BUCKET = "bench"
 
 
 def add_kafka_arguments(parser, help_bootstrap: str = "use this Kafka instead of a broker started by the "
@@ -48,6 +52,89 @@ def use_kafka_security(parser, args) -> None:
         parser.error(f"--kafka-security: {exc}")
     os.environ[SECURITY_FILE_VARIABLE] = str(Path(args.kafka_security).resolve())
     kafka_security.cache_clear()
+
+
+def add_storage_argument(parser) -> None:
+    """``--storage``: where instances, baselines and their checkpoints keep their tables."""
+    parser.add_argument("--storage", type=storages, default=("local",), metavar="local|s3|local,s3",
+                        help="s3: tables and checkpoints in a bucket of the project's local S3 server "
+                             "(replication/connectors/s3/server.py), started for the run; local,s3: the "
+                             "throughput passes on both, side by side, and the ratios compared")
+
+
+def storages(text: str) -> tuple[str, ...]:
+    """``--storage``'s value: ``local``, ``s3`` or both, comma-separated."""
+    import argparse
+
+    kinds = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    if not kinds or any(k not in ("local", "s3") for k in kinds):
+        raise argparse.ArgumentTypeError(f"{text!r}: give local, s3 or local,s3")
+    return kinds
+
+
+@contextlib.contextmanager
+def tables_in(kind: str) -> Iterator[None]:
+    """Within the block, :func:`table_location` places tables on ``kind`` (``local`` or ``s3``)."""
+    import os
+
+    saved = os.environ.pop(TABLES_VARIABLE, None)
+    if kind == "s3":
+        os.environ[TABLES_VARIABLE] = BENCH_BUCKET
+    try:
+        yield
+    finally:
+        os.environ.pop(TABLES_VARIABLE, None)
+        if saved is not None:
+            os.environ[TABLES_VARIABLE] = saved
+
+
+def table_location(workdir: Path, name: str) -> str:
+    """Where table (or instance storage) ``name`` goes: ``workdir/name``, or under ``--storage s3``
+    ``s3://bench/<workdir's name>/name``."""
+    import os
+
+    bucket = os.environ.get(TABLES_VARIABLE)
+    return f"s3://{bucket}/{workdir.name}/{name}" if bucket else str(workdir / name)
+
+
+def spark_table_location(workdir: Path, name: str) -> str:
+    """:func:`table_location` as Spark names it (``s3a://`` for a bucket)."""
+    location = table_location(workdir, name)
+    return "s3a://" + location.removeprefix("s3://") if location.startswith("s3://") else location
+
+
+def delta_options(location: str) -> dict[str, str] | None:
+    """deltalake's storage options for a table at ``location`` (None on local disk)."""
+    from replication.connectors.s3.access import delta_options_for
+
+    return delta_options_for(location)
+
+
+@contextlib.contextmanager
+def benchmark_storage(args) -> Iterator[None]:
+    """Under ``--storage`` with ``s3``: the project's local S3 server and its bucket for the ``with`` block,
+    the standard AWS variables pointing this process and its children at it, and tables placed there
+    (:func:`tables_in` moves a phase elsewhere); else nothing."""
+    import os
+
+    if "s3" not in getattr(args, "storage", ()):
+        yield
+        return
+    from replication.connectors.s3.server import LocalS3Server
+
+    with LocalS3Server() as server:
+        server.create_bucket(BENCH_BUCKET)
+        saved = {k: os.environ.get(k) for k in server.environment()}
+        os.environ.update(server.environment())
+        try:
+            with tables_in("s3"):
+                yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 @functools.cache
@@ -158,13 +245,14 @@ def write_instance_config(workdir: Path, name: str, bootstrap: str, *, topic: st
 
     topic = topic or f"{name}.publish"
     limit = f"<MaxOffsetsPerTrigger>{max_offsets}</MaxOffsetsPerTrigger>" if max_offsets else ""
+    storage = table_location(workdir, name)
     incoming = (f"<Transport><Name>amps-replication</Name><Type>amps-replication</Type>"
-                f"<InetAddr>{workdir / name}</InetAddr>{inbox_auth}</Transport>") if inbox else ""
+                f"<InetAddr>{storage}</InetAddr>{inbox_auth}</Transport>") if inbox else ""
     path = workdir / f"{name}.xml"
     path.write_text(f"""<?xml version="1.0"?>
 <AMPSConfig>
   <Name>{name}</Name>
-  <Storage>{workdir / name}</Storage>
+  <Storage>{storage}</Storage>
   <Transports>
     <Transport>
       <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
@@ -438,7 +526,8 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
 
 
 def run_benchmark(name: str, args, measure: Callable) -> None:
-    """Start a broker (unless ``--bootstrap``) and a SparkSession, print ``measure(...)``'s report, clean up."""
+    """Start a broker (unless ``--bootstrap``), the S3 server (``--storage s3``) and a SparkSession, print
+    ``measure(...)``'s report, clean up."""
     from replication.connectors.kafka.broker import EmbeddedBroker
     from replication.connectors.spark.session import session
 
@@ -446,12 +535,13 @@ def run_benchmark(name: str, args, measure: Callable) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     broker = None if args.bootstrap else EmbeddedBroker().start()
     try:
-        spark = session(name)
-        for setting in getattr(args, "conf", []):  # --conf KEY=VALUE: settings to try, applied before any query
-            key, _, value = setting.partition("=")
-            spark.conf.set(key.strip(), value.strip())
-        print(measure(spark, workdir, args.bootstrap or broker.bootstrap, args), flush=True)
-        spark.stop()
+        with benchmark_storage(args):
+            spark = session(name, object_storage="s3" in getattr(args, "storage", ()))
+            for setting in getattr(args, "conf", []):  # --conf KEY=VALUE: settings to try, before any query
+                key, _, value = setting.partition("=")
+                spark.conf.set(key.strip(), value.strip())
+            print(measure(spark, workdir, args.bootstrap or broker.bootstrap, args), flush=True)
+            spark.stop()
     finally:
         if broker:
             broker.stop()

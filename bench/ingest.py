@@ -45,6 +45,7 @@ from common import (  # noqa: E402
     PhaseTimer,
     PySpy,
     add_kafka_arguments,
+    add_storage_argument,
     build_txlog,
     data_batches,
     feeds,
@@ -56,6 +57,7 @@ from common import (  # noqa: E402
     prepublish,
     run_benchmark,
     steady_publisher,
+    tables_in,
     tree_cpu_seconds,
     use_kafka_security,
     wait_until,
@@ -237,22 +239,28 @@ def _prepared_log(workdir: Path, bootstrap: str, size: int, args) -> dict:
 
 
 def warm_up(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer) -> None:
-    """Start the JVM's and the Python workers' code paths once, so no measurement pays for it."""
+    """Start the JVM's and the Python workers' code paths once on each storage, so no measurement pays
+    for it."""
     from replication.connectors.kafka.broker import ensure_topics
 
-    cfg = instance_config(workdir, f"bench-warm-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
-    ensure_topics(bootstrap, [f"{cfg.name}.publish"], partitions=args.partitions, security=kafka_security())
-    prepublish(bootstrap, f"{cfg.name}.publish", feeds(5000, args.publishers, args.partitions))
-    run_instance(spark, cfg, 5000, timer, label="warm-up")
-    spark_baseline(spark, cfg, 5000, workdir)
-    spark_kafka_delta_baseline(spark, bootstrap, f"{cfg.name}.publish", 5000, workdir / "warm-c", DEFAULT_BATCH_ROWS)
+    for kind in args.storage:
+        with tables_in(kind):
+            cfg = instance_config(workdir, f"bench-warm-{uuid.uuid4().hex[:6]}", bootstrap, inbox=args.inbox)
+            ensure_topics(bootstrap, [f"{cfg.name}.publish"], partitions=args.partitions, security=kafka_security())
+            prepublish(bootstrap, f"{cfg.name}.publish", feeds(5000, args.publishers, args.partitions))
+            run_instance(spark, cfg, 5000, timer, label="warm-up")
+            spark_baseline(spark, cfg, 5000, workdir)
+            spark_kafka_delta_baseline(spark, bootstrap, f"{cfg.name}.publish", 5000, workdir / f"warm-c-{kind}",
+                                       DEFAULT_BATCH_ROWS)
 
 
-def throughput(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer, phases: set[str]) -> dict[str, Run]:
-    """Pre-publish once; the instance and both baselines read the same topic.
+def throughput(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer,
+               phases: set[str]) -> dict[str, dict[str, Run]]:
+    """Pre-publish once; the instance and the baselines read the same topic, on each ``--storage``.
 
     ``--repeat`` passes, the order rotating so that each variant runs first
-    once (the machine's load drifts); the best pass of each variant is kept.
+    once (the machine's load drifts); a variant runs on each storage in turn,
+    side by side; the best pass of each is kept, by storage.
     """
     from replication.connectors.kafka.broker import ensure_topics
 
@@ -261,16 +269,20 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: PhaseTimer, ph
     rate = prepublish(bootstrap, topic, feeds(args.messages, args.publishers, args.partitions))
     print(f"published {args.messages:,} messages ({args.publishers} producers, {args.partitions} partitions, "
           f"zstd): {rate:,.0f} msg/s", flush=True)
-    best: dict[str, Run] = {}
+    best: dict[str, dict[str, Run]] = {kind: {} for kind in args.storage}
     for rep in range(args.repeat):
-        cfg = instance_config(workdir, f"bench-ingest-{rep}-{uuid.uuid4().hex[:6]}", bootstrap, topic=topic,
-                              max_offsets=args.max_offsets, inbox=args.inbox)
         keys = [k for k in ("ingest", "a", "b", "c") if k in phases]
         for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:  # each goes first in turn
-            run = _throughput_run(key, spark, cfg, workdir / f"rep{rep}", bootstrap, topic, args, timer)
-            print(f"  {run.label}: {run.rate:,.0f} rows/s (load average {os.getloadavg()[0]:.1f})", flush=True)
-            if key not in best or run.seconds < best[key].seconds:
-                best[key] = run
+            for kind in args.storage:
+                with tables_in(kind):
+                    cfg = instance_config(workdir, f"bench-ingest-{rep}-{uuid.uuid4().hex[:6]}", bootstrap,
+                                          topic=topic, max_offsets=args.max_offsets, inbox=args.inbox)
+                    run = _throughput_run(key, spark, cfg, workdir / f"rep{rep}-{key}", bootstrap, topic, args,
+                                          timer)
+                run.label += f" [{kind}]"
+                print(f"  {run.label}: {run.rate:,.0f} rows/s (load average {os.getloadavg()[0]:.1f})", flush=True)
+                if key not in best[kind] or run.seconds < best[kind][key].seconds:
+                    best[kind][key] = run
     return best
 
 
@@ -294,26 +306,23 @@ def _spy_file(args, phase: str) -> str | None:
     return str(Path(args.py_spy) / f"{phase}.txt")
 
 
-def report(args, runs: dict[str, Run], lat: dict | None, scaling: list[dict]) -> str:
-    """The final tables: rates, ratios and targets, latency, txlog scaling, ingest breakdown."""
+def report(args, runs: dict[str, dict[str, Run]], lat: dict | None, scaling: list[dict]) -> str:
+    """The final tables: rates, ratios and targets (by storage), latency, txlog scaling, ingest breakdown."""
     out = [f"\n== bench/ingest.py: {args.messages:,} msgs, {args.partitions} partitions, "
            f"{args.publishers} publishers, MaxOffsetsPerTrigger={_max_offsets(args)}, trigger 0 s, "
-           f"inbox {'on' if args.inbox else 'off'}, "
+           f"inbox {'on' if args.inbox else 'off'}, storage {','.join(args.storage)}, "
            f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
-    if runs:
+    every = [r for by_key in runs.values() for r in by_key.values()]
+    if every:
         rows = [[r.label, f"{r.rows:,}", f"{r.seconds:.2f}", f"{r.rate:,.0f}", r.batches, _secs(r.batch_seconds),
-                 _secs(r.cpu_seconds), f"{r.rows / r.cpu_seconds:,.0f}"] for r in runs.values()]
+                 _secs(r.cpu_seconds), f"{r.rows / r.cpu_seconds:,.0f}"] for r in every]
         out.append(format_table(["throughput", "rows", "seconds", "rows/s", "batches", "in batches s", "CPU s",
                                  "rows/CPU-s"], rows))
     checks = []
-    ingest = runs.get("ingest")
-    for key, target in (("a", 0.8), ("b", 1.5), ("c", None)):
-        if ingest and key in runs:
-            ratio = ingest.rate / runs[key].rate
-            cpu_ratio = runs[key].cpu_seconds / ingest.cpu_seconds
-            checks.append([f"ingest / ({key}), rows/s", f"{ratio:.2f}", f">= {target}" if target else "",
-                           _verdict(ratio >= target) if target else "(the anchor of the next targets)"])
-            checks.append([f"ingest / ({key}), rows per CPU-second", f"{cpu_ratio:.2f}", "", "(less load-sensitive)"])
+    for kind, by_key in runs.items():
+        checks.extend(_ratio_checks(by_key, f" [{kind}]" if len(runs) > 1 else ""))
+    if {"local", "s3"} <= runs.keys():
+        checks.extend(_storage_checks(runs["local"], runs["s3"]))
     if lat:
         checks.append([f"ack latency p50 ({lat['count']:,} msgs at {lat['rate']:,.0f}/s)", f"{lat['p50']:.0f} ms",
                        "<= 300 ms", _verdict(lat["p50"] <= 300)])
@@ -330,10 +339,10 @@ def report(args, runs: dict[str, Run], lat: dict | None, scaling: list[dict]) ->
     if checks:
         out.append("")
         out.append(format_table(["measure", "value", "target", ""], checks))
-    for key in ("ingest", "a", "b"):
-        if key in runs and runs[key].parts:
+    for run in every:
+        if run.parts:
             out.append("")
-            out.append(_parts_table(runs[key]))
+            out.append(_parts_table(run))
     if lat and lat["per_batch"]:
         out.append("")
         out.append(format_table(["latency run: mean per micro-batch", "ms"],
@@ -342,6 +351,35 @@ def report(args, runs: dict[str, Run], lat: dict | None, scaling: list[dict]) ->
         out.append("")
         out.append(_scaling_table(scaling, args.txlog_batch))
     return "\n".join(out)
+
+
+def _ratio_checks(runs: dict[str, Run], where: str) -> list[list[str]]:
+    """The instance against each baseline on one storage: rows/s and rows per CPU-second."""
+    checks = []
+    ingest = runs.get("ingest")
+    for key, target in (("a", 0.8), ("b", 1.5), ("c", None)):
+        if ingest and key in runs:
+            ratio = ingest.rate / runs[key].rate
+            cpu_ratio = runs[key].cpu_seconds / ingest.cpu_seconds
+            checks.append([f"ingest / ({key}){where}, rows/s", f"{ratio:.2f}", f">= {target}" if target else "",
+                           _verdict(ratio >= target) if target else "(the anchor of the next targets)"])
+            checks.append([f"ingest / ({key}){where}, rows per CPU-second", f"{cpu_ratio:.2f}", "",
+                           "(less load-sensitive)"])
+    return checks
+
+
+def _storage_checks(local: dict[str, Run], s3: dict[str, Run]) -> list[list[str]]:
+    """Issue 36's target: each ratio of the instance to a baseline on S3 within 0.8x of the same ratio on
+    local disk, measured in the same run."""
+    checks = []
+    for key in ("a", "b", "c"):
+        if all(k in runs for runs in (local, s3) for k in ("ingest", key)):
+            on_local = local["ingest"].rate / local[key].rate
+            on_s3 = s3["ingest"].rate / s3[key].rate
+            ratio = on_s3 / on_local
+            checks.append([f"ingest / ({key}): on S3 / on local disk", f"{on_s3:.2f} / {on_local:.2f} = {ratio:.2f}",
+                           ">= 0.8", _verdict(ratio >= 0.8)])
+    return checks
 
 
 def _max_offsets(args) -> str:
@@ -405,6 +443,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting to try (repeatable)")
     add_kafka_arguments(parser)
+    add_storage_argument(parser)
     parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy the ingest and latency runs into DIR/<phase>.txt "
                         "(collapsed stacks of the driver and Spark's Python workers)")
@@ -422,7 +461,7 @@ def measure(spark, workdir: Path, bootstrap: str, args) -> str:
     timer = PhaseTimer()
     with timer.patched(ingest_timer_targets()):
         warm_up(spark, workdir, bootstrap, args, timer)
-        runs = throughput(spark, workdir, bootstrap, args, timer, phases) if phases & {"ingest", "a", "b"} else {}
+        runs = throughput(spark, workdir, bootstrap, args, timer, phases) if phases & {"ingest", "a", "b", "c"} else {}
         lat = None
         if "latency" in phases:
             with PySpy(_spy_file(args, "latency")):

@@ -40,7 +40,6 @@ Kafka broker of its own (KRaft) unless ``--bootstrap`` is given::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import multiprocessing
 import os
@@ -48,8 +47,6 @@ import secrets
 import sys
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,26 +59,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     STEADY_CLIENT,
-    Labeler,
-    PhaseTimer,
     PySpy,
     add_kafka_arguments,
+    add_storage_argument,
     data_batches,
     feeds,
-    format_table,
     kafka_security,
-    offsets_moved,
-    percentile,
     prepublish,
     run_benchmark,
     steady_publisher,
+    table_location,
+    tables_in,
     use_kafka_security,
     wait_until,
     write_instance_config,
 )
 from mirror_maker import MirrorRun, mirror  # noqa: E402
-
-from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
+from replication_probes import LATENCY_STEPS, Milestones, StageTimer, cpu_by_kind, cpu_since, stage_targets  # noqa: E402
+from replication_report import report, restarted  # noqa: E402
 
 PHASES = ("throughput", "signed", "mm2", "latency")
 #: The environment variable the signed run's link key is read from (set by the benchmark).
@@ -124,7 +119,8 @@ def write_instance(workdir: Path, name: str, bootstrap: str, *, topic: str, max_
         replication = (
             f"<Replication><Destination><Name>{destination}</Name><SyncType>sync</SyncType>"
             f"<PassThrough>.*</PassThrough>{ONE_WAY_TOPICS}<Transport><Type>amps-replication</Type>"
-            f"<InetAddr>{workdir / destination}</InetAddr>{authenticator}</Transport></Destination></Replication>"
+            f"<InetAddr>{table_location(workdir, destination)}</InetAddr>{authenticator}</Transport>"
+            "</Destination></Replication>"
         )
     if signed and upstream:
         inbox_auth = (f"<Authentication><Module>replication-hmac-authentication</Module>"
@@ -148,144 +144,6 @@ def make_pair(workdir: Path, bootstrap: str, label: str, *, topic: str | None, m
     a_path = write_instance(workdir, a, bootstrap, topic=topic, max_offsets=max_offsets,
                             destination=b if replicate else None, signed=signed)
     return Pair(a_path, b_path, topic)
-
-
-# -- stage timing ------------------------------------------------------------------
-
-class StageTimer(PhaseTimer):
-    """Wall time of engine functions, summed per label, while :meth:`patched` is active.
-
-    Labels name the instance's role (``A``, ``B``, ``A->B``), found from the
-    call's arguments, so several instances in one process are told apart.
-    The patches are on classes and modules: they must be in place before the
-    instances start (some methods are bound once, at start).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.roles: dict[str, str] = {}
-
-    def role(self, name: str) -> str:
-        return self.roles.get(name, name)
-
-
-def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
-    """The driver-side steps of ingest, replication and durability (see the engine modules' docstrings).
-
-    Labels are ``<group> / <step>``; a group's total is its ``foreachBatch``
-    (or release) call, the steps run inside it.
-    """
-    from replication.connectors.delta.tables import IdempotentAppender
-    from replication.destination import manager, replicator
-    from replication.destination.link import Link
-    from replication.durability import AckSender, Durability
-    from replication.ingest import inputs, writer
-    from replication.storage.control import Ack, DurableState, LinkState
-    from replication.txlog.publishers import PublisherState
-
-    r = timer.role
-
-    def link_of(link: Link) -> str:  # <upstream root>/_control/links/<destination>.json
-        return f"{r(link.path.parents[2].name)}->{r(link.state.destination)}"
-
-    def appended(appender: IdempotentAppender, *_a, **_k) -> str:
-        if appender.app_id.split(":")[0] == "ingest":
-            return f"{r(appender.path.parent.name)} ingest / {appender.path.name} append"
-        upstream, _, downstream = appender.app_id.partition("#")[0].partition("->")
-        return f"{r(upstream)}->{r(downstream)} replicator / inbox append (write_deltalake)"
-
-    def control_file(group: str) -> Labeler:
-        def label(_file, path: Path, *_a, **_k) -> str:  # <root>/_control/<file>
-            root = path.parents[1] if path.parent.name == "_control" else path.parents[2]
-            kind = path.name if path.parent.name == "_control" else f"{path.parent.name}/*.json"
-            return f"{r(root.name)} {group} / write {kind}"
-        return label
-
-    return [
-        (writer.IngestWriter, "__call__", lambda w, *_a: f"{r(w.cfg.name)} ingest"),
-        (writer.IngestWriter, "write_arrow", lambda w, *_a: f"{r(w.cfg.name)} ingest / (after toArrow)"),
-        (writer, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest / classify"),
-        (inputs.InboxRows, "__call__", lambda x, *_a: f"{r(x.instance)} ingest / inbox rows (read_versions)"),
-        (IdempotentAppender, "append", appended),
-        (PublisherState, "save", lambda _s, path: f"{r(path.parents[1].name)} ingest / publishers.json"),
-        (Durability, "on_commit", lambda d, *_a: f"{r(d._layout.root.name)} ingest / durability on_commit"),
-        (Durability, "release", lambda d, *_a: f"{r(d._layout.root.name)} durability release"),
-        (AckSender, "send", lambda s, *_a: f"{r(s.instance)} durability release / persisted acks (Kafka send+flush)"),
-        (DurableState, "write", control_file("durability release")),
-        (Ack, "write", control_file("durability release")),
-        (replicator.ReplicatorWriter, "__call__",
-         lambda w, *_a: f"{r(w.cfg.name)}->{r(w.dest.name)} replicator"),
-        (replicator.ReplicatorWriter, "_inbox_rows",
-         lambda w, *_a: f"{r(w.cfg.name)}->{r(w.dest.name)} replicator / inbox rows"),
-        (Link, "on_sent", lambda link, *_a: f"{link_of(link)} replicator / link on_sent (link file)"),
-        (manager, "read_ack",
-         lambda layout, upstream: f"{r(upstream)}->{r(layout.root.name)} ack watch / read ack file"),
-        (Link, "on_ack", lambda link, *_a: f"{link_of(link)} ack watch / link on_ack"),
-        (LinkState, "write", control_file("link")),
-    ]
-
-
-# -- CPU by process ------------------------------------------------------------------
-
-#: Process kinds by a fragment of their command line, in the order they are matched.
-PROCESS_KINDS = (
-    ("python_streaming_source_runner", "Spark source runners (latestOffset...)"),
-    ("pyspark.daemon", "Spark Python workers (reads)"),
-    ("kafka.Kafka", "broker (Kafka)"),
-    ("connect.mirror.MirrorMaker", "MirrorMaker 2"),
-    ("java", "JVM (Spark)"),
-    ("multiprocessing", "publisher process"),
-)
-DRIVER = "driver (Python: foreachBatch, durability, acks)"
-PUBLISHER = PROCESS_KINDS[-1][1]
-
-
-def cpu_by_kind() -> dict[str, float]:
-    """CPU seconds (user + system) so far of this process and its descendants, summed by kind.
-
-    A process that ended and was waited for counts in its parent's
-    ``cutime``/``cstime``: with its parent's kind (a JVM's ``chmod`` and
-    ``readlink`` helpers), or as the publisher for this process (the only
-    child it waits for during a run).
-    """
-    ticks = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = defaultdict(list)
-    info: dict[int, tuple[str, float, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        children[int(fields[1])].append(int(entry))
-        own, ended = (sum(int(v) for v in fields[i:i + 2]) / ticks for i in (11, 13))
-        info[int(entry)] = (cmd, own, ended)
-    out: dict[str, float] = defaultdict(float)
-    todo = [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, ()))
-        if pid not in info:
-            continue
-        cmd, own, ended = info[pid]
-        if pid == os.getpid():
-            out[DRIVER] += own
-            out[PUBLISHER] += ended
-            continue
-        kind = next((name for fragment, name in PROCESS_KINDS if fragment in cmd), "other")
-        out[kind] += own + ended
-    return out
-
-
-def cpu_since(before: dict[str, float]) -> dict[str, float]:
-    """CPU seconds by kind spent since ``before`` (a :func:`cpu_by_kind`), kinds that spent any."""
-    spent = {k: v - before.get(k, 0.0) for k, v in cpu_by_kind().items()}
-    return {k: v for k, v in spent.items() if v > 0.005}
 
 
 # -- throughput ----------------------------------------------------------------------
@@ -422,9 +280,6 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
                restarts(a, b), cpu)
 
 
-def restarted(count: int) -> str:
-    return f" [{count} ingest query restart(s): figures suspect]" if count else ""
-
 
 def wait_for_progress(queries, timeout: float = 10.0) -> None:
     """Let each query finish its current batch, so its progress is reported (stopping sooner loses it)."""
@@ -439,9 +294,9 @@ def batches_with_rows(query) -> list[dict]:
 
 
 def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
-               phases: set[str]) -> tuple[dict[str, Run], MirrorRun | None]:
+               phases: set[str]) -> tuple[dict[str, dict[str, Run]], MirrorRun | None]:
     """Pre-publish once; ingest-only, replication and MirrorMaker 2 read the same topic, ``--repeat`` times in turn
-    (the best of each kept)."""
+    (the best of each kept); the instances' runs on each ``--storage``, by storage."""
     from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
 
     topic = f"bench-repl-{uuid.uuid4().hex[:6]}.publish"
@@ -449,7 +304,7 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
     rate = prepublish(bootstrap, topic, feeds(args.messages, args.publishers, args.partitions))
     print(f"published {args.messages:,} messages ({args.publishers} producers, {args.partitions} partitions, "
           f"zstd): {rate:,.0f} msg/s", flush=True)
-    best: dict[str, Run] = {}
+    best: dict[str, dict[str, Run]] = {kind: {} for kind in args.storage}
     best_mirror: MirrorRun | None = None
     keys = [k for k in ("ingest", "replicate", "signed", "mm2") if k in ("mm2", "signed") and k in phases
             or k in ("ingest", "replicate") and "throughput" in phases]
@@ -469,17 +324,20 @@ def throughput(spark, workdir: Path, bootstrap: str, args, timer: StageTimer,
                     if best_mirror is None or mirrored.copy_seconds < best_mirror.copy_seconds:
                         best_mirror = mirrored
                     continue
-                pair = make_pair(workdir, bootstrap, f"t{rep}{key[0]}", topic=topic, max_offsets=args.max_offsets,
-                                 replicate=key != "ingest", timer=timer, signed=key == "signed")
-                label = {"ingest": "A ingest only (no destination)", "replicate": "A -> B replication (sync)",
-                         "signed": "A -> B replication (sync, signed commits)"}[key]
-                run = throughput_run(spark, pair, args.messages, timer, label=label, trigger=args.trigger,
-                                     spy=spy_file(args, key))
-                print(f"  {run.label}: {run.rate:,.0f} rows/s in {run.seconds:.1f}s, {run.cpu_seconds:.0f} CPU-s "
-                      f"({', '.join(f'{k} {v:.1f}s' for k, v in run.marks.items())}; "
-                      f"load average {os.getloadavg()[0]:.1f})" + restarted(run.restarts), flush=True)
-                if key not in best or run.seconds < best[key].seconds:
-                    best[key] = run
+                for kind in args.storage:  # each storage in turn, side by side
+                    with tables_in(kind):
+                        pair = make_pair(workdir, bootstrap, f"t{rep}{key[0]}", topic=topic,
+                                         max_offsets=args.max_offsets, replicate=key != "ingest", timer=timer,
+                                         signed=key == "signed")
+                        label = {"ingest": "A ingest only (no destination)", "replicate": "A -> B replication (sync)",
+                                 "signed": "A -> B replication (sync, signed commits)"}[key]
+                        run = throughput_run(spark, pair, args.messages, timer, label=f"{label} [{kind}]",
+                                             trigger=args.trigger, spy=spy_file(args, f"{key}-{kind}"))
+                    print(f"  {run.label}: {run.rate:,.0f} rows/s in {run.seconds:.1f}s, {run.cpu_seconds:.0f} "
+                          f"CPU-s ({', '.join(f'{k} {v:.1f}s' for k, v in run.marks.items())}; "
+                          f"load average {os.getloadavg()[0]:.1f})" + restarted(run.restarts), flush=True)
+                    if key not in best[kind] or run.seconds < best[kind][key].seconds:
+                        best[kind][key] = run
     finally:
         if target is not None:
             target.close()
@@ -503,56 +361,6 @@ def target_topic_cleanup(bootstrap: str, topic: str) -> None:
 
 
 # -- latency -------------------------------------------------------------------------
-
-
-class Milestones:
-    """When each step covered each seq: per step, events (highest seq covered, wall time).
-
-    Events come from hooks on one instance's own attributes (so no other
-    instance is seen), or are added to :attr:`events` directly.
-    """
-
-    def __init__(self) -> None:
-        self.events: dict[str, list[tuple[int, float]]] = defaultdict(list)
-
-    def hook(self, owner: object, attr: str, *, before: str | None = None, after: str | None = None,
-             seq: Callable[..., int]) -> None:
-        """Record ``seq(*args)`` with the time just before (``before``) and/or after (``after``) each call."""
-        fn = getattr(owner, attr)
-
-        @functools.wraps(fn)
-        def recorded(*args, **kwargs):
-            if before:
-                self.events[before].append((seq(*args, **kwargs), time.time()))
-            out = fn(*args, **kwargs)
-            if after:
-                self.events[after].append((seq(*args, **kwargs), time.time()))
-            return out
-
-        setattr(owner, attr, recorded)
-
-    def reached(self, step: str, seqs):
-        """Wall time at which ``step`` first covered each of ``seqs`` (NaN: never)."""
-        import numpy as np
-
-        events = sorted(self.events.get(step, []), key=lambda e: e[1])
-        if not events:
-            return np.full(len(seqs), np.nan)
-        covered = np.maximum.accumulate(np.array([e[0] for e in events], dtype=np.int64))
-        times = np.array([e[1] for e in events])
-        i = np.searchsorted(covered, np.asarray(seqs, dtype=np.int64), side="left")
-        return np.where(i < len(times), times[np.minimum(i, len(times) - 1)], np.nan)
-
-
-#: The path of one message, in order: (step, what reaches it).
-LATENCY_STEPS = (
-    ("A txlog commit", "A ingest committed the message"),
-    ("B inbox commit", "A->B replicator appended it to B's inbox"),
-    ("B txlog commit", "B ingest committed it"),
-    ("B ack file", "B wrote its ack to A (_control/acks/A.json)"),
-    ("A reads ack", "A's ack watcher read that file (every 50 ms)"),
-    ("publisher ack", "the persisted ack reached the Publisher"),
-)
 
 
 @dataclass
@@ -630,13 +438,14 @@ def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, np.ndarr
     """
     import numpy as np
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
+
+    from replication.connectors.delta.tables import open_table
 
     sent_at = np.array(sent)
     pub_seq, pub_time = sent_at[:, 0].astype(np.int64), sent_at[:, 1]
 
     def local_seqs(inst) -> np.ndarray:
-        rows = DeltaTable(str(inst.layout.txlog)).to_pyarrow_table(columns=["seq", "publisher", "publisher_seq"])
+        rows = open_table(str(inst.layout.txlog)).to_pyarrow_table(columns=["seq", "publisher", "publisher_seq"])
         mine = rows.filter(pc.equal(rows["publisher"], STEADY_CLIENT))
         by_pub = dict(zip(mine["publisher_seq"].to_pylist(), mine["seq"].to_pylist(), strict=True))
         return np.array([by_pub.get(int(s), -1) for s in pub_seq], dtype=np.int64)
@@ -647,177 +456,6 @@ def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, np.ndarr
     seqs = {"A txlog commit": a_seq, "B inbox commit": a_seq, "B txlog commit": b_seq, "B ack file": b_seq,
             "A reads ack": a_seq, "publisher ack": pub_seq}
     return {step: (marks.reached(step, seqs[step]) - pub_time) * 1000 for step, _ in LATENCY_STEPS}, pub_time
-
-
-# -- report ----------------------------------------------------------------------------
-
-#: Stage groups in the order a message meets them.
-GROUPS = ("A ingest", "A->B replicator", "B ingest", "A->B ack watch", "B durability release",
-          "A durability release", "A link", "B link")
-SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "getBatch", "walCommit",
-               "commitOffsets")
-
-
-def report(args, runs: dict[str, Run], lat: Latency | None, mirrored: MirrorRun | None = None) -> str:
-    out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
-           f"{args.publishers} publishers, "
-           f"MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger {args.trigger}, "
-           f"best of {args.repeat}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} =="]
-    if args.conf:
-        out.append(f"Spark settings tried: {', '.join(args.conf)}")
-    checks = []
-    if runs or mirrored is not None:
-        rows = [[r.label + restarted(r.restarts), f"{r.rows:,}", f"{r.seconds:.2f}", f"{r.rate:,.0f}",
-                 f"{r.cpu_seconds:.1f}", f"{r.rows / r.cpu_seconds:,.0f}"] for r in runs.values()]
-        if mirrored is not None:
-            rows.append(["MirrorMaker 2, source -> target broker (from its start)", f"{mirrored.rows:,}",
-                         f"{mirrored.seconds:.2f}", f"{mirrored.rate:,.0f}", f"{mirrored.cpu_seconds:.1f}",
-                         f"{mirrored.rows / mirrored.cpu_seconds:,.0f}"])
-            rows.append(["MirrorMaker 2, copying (first record -> last)", f"{mirrored.rows:,}",
-                         f"{mirrored.copy_seconds:.2f}", f"{mirrored.copy_rate:,.0f}", "", ""])
-        out.append(format_table(["throughput", "rows", "seconds", "rows/s", "CPU s", "rows/CPU-s"], rows))
-        if "replicate" in runs:
-            marks = runs["replicate"].marks
-            out.append("")
-            out.append(format_table(["replication run: all rows in ...", "s after A's start"],
-                                    [[k, f"{v:.2f}"] for k, v in marks.items()]))
-        if "ingest" in runs and "replicate" in runs:
-            ing, rep = runs["ingest"], runs["replicate"]
-            ratio = rep.rate / ing.rate
-            checks.append(["replication / ingest only, rows/s", f"{ratio:.2f}", ">= 0.7", verdict(ratio >= 0.7)])
-            checks.append(["replication / ingest only, rows per CPU-s",
-                           f"{(rep.rows / rep.cpu_seconds) / (ing.rows / ing.cpu_seconds):.2f}", "",
-                           "(less load-sensitive)"])
-    if "signed" in runs and "replicate" in runs:
-        rep, signed = runs["replicate"], runs["signed"]
-        ratio = signed.rate / rep.rate
-        checks.append(["signed / unsigned replication, rows/s", f"{ratio:.2f}", ">= 0.95", verdict(ratio >= 0.95)])
-        checks.append(["signed / unsigned replication, rows per CPU-s",
-                       f"{(signed.rows / signed.cpu_seconds) / (rep.rows / rep.cpu_seconds):.2f}", "", ""])
-    if mirrored is not None and "replicate" in runs:
-        rep = runs["replicate"]
-        checks.append(["replication / MirrorMaker 2 (from its start), rows/s", f"{rep.rate / mirrored.rate:.2f}", "",
-                       "(the anchor of the next targets)"])
-        checks.append(["replication / MirrorMaker 2 (copying), rows/s", f"{rep.rate / mirrored.copy_rate:.2f}", "",
-                       ""])
-        checks.append(["replication / MirrorMaker 2, rows per CPU-s",
-                       f"{(rep.rows / rep.cpu_seconds) / (mirrored.rows / mirrored.cpu_seconds):.2f}", "", ""])
-    if lat:
-        ms = lat.ms
-        what = f"{lat.count:,} msgs at {lat.rate:,.0f}/s{restarted(lat.restarts)}"
-        p50, p99 = pct(ms["B txlog commit"], 50), pct(ms["B txlog commit"], 99)
-        ack50 = pct(ms["publisher ack"], 50)
-        checks.append([f"publish -> B txlog p50 ({what})", f"{p50:,.0f} ms", "<= 700 ms", verdict(p50 <= 700)])
-        checks.append(["publish -> B txlog p99", f"{p99:,.0f} ms", "<= 2000 ms", verdict(p99 <= 2000)])
-        checks.append(["publish -> persisted ack p50 (sync B)", f"{ack50:,.0f} ms", "<= 1000 ms",
-                       verdict(ack50 <= 1000)])
-    if checks:
-        out.append("")
-        out.append(format_table(["measure", "value", "target", ""], checks))
-    if lat:
-        out.append("")
-        out.append(latency_table(lat.ms))
-    cpu_columns = {f"{run.label} ({run.seconds:.0f}s)": (run.cpu_kinds, run.seconds) for run in runs.values()}
-    if mirrored is not None:
-        cpu_columns[f"MirrorMaker 2 ({mirrored.seconds:.0f}s)"] = (mirrored.cpu_kinds, mirrored.seconds)
-    if lat:
-        cpu_columns[f"idle pair ({lat.idle_seconds:.0f}s)"] = (lat.idle_cpu_kinds, lat.idle_seconds)
-        cpu_columns[f"latency run ({lat.wall:.0f}s)"] = (lat.cpu_kinds, lat.wall)
-    if cpu_columns:
-        out.append("")
-        out.append(cpu_table(cpu_columns))
-    for _key, run in runs.items():
-        out.append("")
-        out.append(stage_table(f"where time goes: {run.label} ({run.seconds:.1f}s)", run.stages, run.seconds))
-        out.append("")
-        out.append(spark_table(f"Spark per query: {run.label}", run.queries))
-    if lat:
-        out.append("")
-        out.append(stage_table(f"where time goes: latency run ({lat.seconds:.1f}s of publishing)",
-                               lat.stages, lat.seconds))
-        out.append("")
-        out.append(spark_table("Spark per query: latency run", lat.queries))
-    return "\n".join(out)
-
-
-def cpu_table(columns: dict[str, tuple[dict[str, float], float]]) -> str:
-    """CPU by process kind for each run, as cores in use on average (CPU-s per wall second)."""
-    kinds = sorted({k for figures, _ in columns.values() for k in figures},
-                   key=lambda k: -sum(f.get(k, 0.0) / w for f, w in columns.values()))
-    rows = [[kind] + [f"{figures.get(kind, 0.0) / wall:.2f}" for figures, wall in columns.values()] for kind in kinds]
-    rows.append(["total"] + [f"{sum(figures.values()) / wall:.2f}" for figures, wall in columns.values()])
-    return format_table(["CPU cores in use, by process"] + list(columns), rows)
-
-
-def latency_table(ms: dict) -> str:
-    """Cumulative percentiles from the publish to each step, and the median time spent in each step."""
-    import numpy as np
-
-    rows, previous = [], None
-    for step, meaning in LATENCY_STEPS:
-        values = ms[step]
-        step_ms = values - previous if previous is not None else values
-        previous = values
-        missing = int(np.isnan(values).sum())
-        rows.append([step, f"{pct(values, 50):,.0f}", f"{pct(values, 99):,.0f}", f"{np.nanmax(values):,.0f}",
-                     f"{pct(step_ms, 50):,.0f}", meaning + (f" ({missing} never seen)" if missing else "")])
-    return format_table(["publish -> ...", "p50 ms", "p99 ms", "max ms", "step p50 ms", "(step)"], rows)
-
-
-def pct(values, q: float) -> float:
-    """:func:`percentile` of the values that were seen (NaN: a step never recorded for that message)."""
-    import numpy as np
-
-    values = np.asarray(values, dtype=float)
-    return percentile(values[~np.isnan(values)].tolist(), q)
-
-
-def stage_table(title: str, stages: dict[str, tuple[float, int]], wall: float) -> str:
-    """Each group's total then its steps; "read" is the group total minus the steps after it."""
-    derived = dict(stages)
-    for group in {k.split(" / ")[0] for k in stages}:
-        if group.endswith(" ingest") and group in stages and f"{group} / (after toArrow)" in stages:
-            total, calls = stages[group]
-            derived[f"{group} / read (small batch: here; else Spark job + collect)"] = (
-                total - stages[f"{group} / (after toArrow)"][0], calls)
-            del derived[f"{group} / (after toArrow)"]
-        if group.endswith(" replicator") and group in stages:
-            total, calls = stages[group]
-            after = sum(v[0] for k, v in stages.items() if k.startswith(f"{group} / "))
-            derived[f"{group} / read + route (small batch: here; else Spark job)"] = (total - after, calls)
-    groups = sorted({k.split(" / ")[0] for k in derived}, key=lambda g: (GROUPS.index(g) if g in GROUPS else 99, g))
-    rows = []
-    for group in groups:
-        rows.append(stage_row(group, derived.get(group), wall))
-        steps = [k for k in derived if k.startswith(f"{group} / ")]
-        for label in sorted(steps, key=lambda k: -derived[k][0]):
-            rows.append(stage_row("  " + label.split(" / ", 1)[1], derived[label], wall))
-    return format_table([title, "calls", "seconds", "ms/call", "of wall"], rows)
-
-
-def stage_row(name: str, figures: tuple[float, int] | None, wall: float) -> list:
-    if figures is None:  # a group of separate calls, with no call of its own around them
-        return [name, "", "", "", ""]
-    seconds, calls = figures
-    return [name, calls, f"{seconds:.2f}", f"{1000 * seconds / max(calls, 1):,.1f}", f"{100 * seconds / wall:.0f}%"]
-
-
-def spark_table(title: str, queries: dict[str, list[dict]]) -> str:
-    """Per query: batches with data, offsets moved per batch (rows; inbox: versions), Spark's steps (mean ms)."""
-    rows = []
-    for name, batches in queries.items():
-        if not batches:
-            rows.append([name, 0, "-"] + ["-"] * len(SPARK_STEPS))
-            continue
-        n = len(batches)
-        mean = [sum(p["durationMs"].get(s, 0) for p in batches) / n for s in SPARK_STEPS]
-        moved = sum(offsets_moved(p) for p in batches) / n
-        rows.append([name, n, f"{moved:,.0f}"] + [f"{m:,.0f}" for m in mean])
-    return format_table([title, "batches", "rows/batch"] + [f"{s} ms" for s in SPARK_STEPS], rows)
-
-
-def verdict(ok: bool) -> str:
-    return "ok" if ok else "MISSED"
 
 
 # -- orchestration ---------------------------------------------------------------------
@@ -838,9 +476,11 @@ def warm_up(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> No
     topic = f"bench-warm-{uuid.uuid4().hex[:6]}.publish"
     ensure_topics(bootstrap, [topic], partitions=args.partitions, security=kafka_security())
     prepublish(bootstrap, topic, feeds(5000, args.publishers, args.partitions))
-    pair = make_pair(workdir, bootstrap, "warm", topic=topic, max_offsets=args.max_offsets, replicate=True,
-                     timer=timer)
-    throughput_run(spark, pair, 5000, timer, label="warm-up", trigger=args.trigger)
+    for kind in args.storage:
+        with tables_in(kind):
+            pair = make_pair(workdir, bootstrap, f"warm-{kind}", topic=topic, max_offsets=args.max_offsets,
+                             replicate=True, timer=timer)
+            throughput_run(spark, pair, 5000, timer, label="warm-up", trigger=args.trigger)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -858,6 +498,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-seconds", type=float, default=None, help="(30; --quick: 10)")
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     add_kafka_arguments(parser)
+    add_storage_argument(parser)
     parser.add_argument("--workdir", help="keep tables here (default: a temporary directory, removed)")
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy the measured runs into DIR/<run>.txt "
                         "(collapsed stacks of the driver and Spark's Python workers)")

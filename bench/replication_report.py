@@ -1,0 +1,220 @@
+"""``bench/replicate.py``'s report: rates, ratios against the baselines and targets, latency by step,
+CPU by process, where the time goes."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from common import format_table, offsets_moved, percentile
+from replication_probes import LATENCY_STEPS
+
+from replication.config.model import DEFAULT_BATCH_ROWS
+
+if TYPE_CHECKING:
+    from mirror_maker import MirrorRun
+    from replicate import Latency, Run
+
+# -- report ----------------------------------------------------------------------------
+
+#: Stage groups in the order a message meets them.
+GROUPS = ("A ingest", "A->B replicator", "B ingest", "A->B ack watch", "B durability release",
+          "A durability release", "A link", "B link")
+SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "getBatch", "walCommit",
+               "commitOffsets")
+
+
+def report(args, runs: dict[str, dict[str, Run]], lat: Latency | None, mirrored: MirrorRun | None = None) -> str:
+    out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
+           f"{args.publishers} publishers, "
+           f"MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger {args.trigger}, "
+           f"storage {','.join(args.storage)}, best of {args.repeat}; {os.cpu_count()} cores, "
+           f"load average {os.getloadavg()[0]:.1f} =="]
+    if args.conf:
+        out.append(f"Spark settings tried: {', '.join(args.conf)}")
+    every = [run for by_key in runs.values() for run in by_key.values()]
+    checks = []
+    if every or mirrored is not None:
+        rows = [[r.label + restarted(r.restarts), f"{r.rows:,}", f"{r.seconds:.2f}", f"{r.rate:,.0f}",
+                 f"{r.cpu_seconds:.1f}", f"{r.rows / r.cpu_seconds:,.0f}"] for r in every]
+        if mirrored is not None:
+            rows.append(["MirrorMaker 2, source -> target broker (from its start)", f"{mirrored.rows:,}",
+                         f"{mirrored.seconds:.2f}", f"{mirrored.rate:,.0f}", f"{mirrored.cpu_seconds:.1f}",
+                         f"{mirrored.rows / mirrored.cpu_seconds:,.0f}"])
+            rows.append(["MirrorMaker 2, copying (first record -> last)", f"{mirrored.rows:,}",
+                         f"{mirrored.copy_seconds:.2f}", f"{mirrored.copy_rate:,.0f}", "", ""])
+        out.append(format_table(["throughput", "rows", "seconds", "rows/s", "CPU s", "rows/CPU-s"], rows))
+        for by_key in runs.values():
+            if "replicate" in by_key:
+                out.append("")
+                out.append(format_table([f"{by_key['replicate'].label}: all rows in ...", "s after A's start"],
+                                        [[k, f"{v:.2f}"] for k, v in by_key["replicate"].marks.items()]))
+    for kind, by_key in runs.items():
+        checks.extend(throughput_checks(by_key, mirrored, f" [{kind}]" if len(runs) > 1 else ""))
+    if {"local", "s3"} <= runs.keys():
+        checks.extend(storage_checks(runs["local"], runs["s3"], mirrored))
+    if lat:
+        ms = lat.ms
+        what = f"{lat.count:,} msgs at {lat.rate:,.0f}/s{restarted(lat.restarts)}"
+        p50, p99 = pct(ms["B txlog commit"], 50), pct(ms["B txlog commit"], 99)
+        ack50 = pct(ms["publisher ack"], 50)
+        checks.append([f"publish -> B txlog p50 ({what})", f"{p50:,.0f} ms", "<= 700 ms", verdict(p50 <= 700)])
+        checks.append(["publish -> B txlog p99", f"{p99:,.0f} ms", "<= 2000 ms", verdict(p99 <= 2000)])
+        checks.append(["publish -> persisted ack p50 (sync B)", f"{ack50:,.0f} ms", "<= 1000 ms",
+                       verdict(ack50 <= 1000)])
+    if checks:
+        out.append("")
+        out.append(format_table(["measure", "value", "target", ""], checks))
+    if lat:
+        out.append("")
+        out.append(latency_table(lat.ms))
+    cpu_columns = {f"{run.label} ({run.seconds:.0f}s)": (run.cpu_kinds, run.seconds) for run in every}
+    if mirrored is not None:
+        cpu_columns[f"MirrorMaker 2 ({mirrored.seconds:.0f}s)"] = (mirrored.cpu_kinds, mirrored.seconds)
+    if lat:
+        cpu_columns[f"idle pair ({lat.idle_seconds:.0f}s)"] = (lat.idle_cpu_kinds, lat.idle_seconds)
+        cpu_columns[f"latency run ({lat.wall:.0f}s)"] = (lat.cpu_kinds, lat.wall)
+    if cpu_columns:
+        out.append("")
+        out.append(cpu_table(cpu_columns))
+    for run in every:
+        out.append("")
+        out.append(stage_table(f"where time goes: {run.label} ({run.seconds:.1f}s)", run.stages, run.seconds))
+        out.append("")
+        out.append(spark_table(f"Spark per query: {run.label}", run.queries))
+    if lat:
+        out.append("")
+        out.append(stage_table(f"where time goes: latency run ({lat.seconds:.1f}s of publishing)",
+                               lat.stages, lat.seconds))
+        out.append("")
+        out.append(spark_table("Spark per query: latency run", lat.queries))
+    return "\n".join(out)
+
+
+def throughput_checks(runs: dict[str, Run], mirrored: MirrorRun | None, where: str) -> list[list[str]]:
+    """Replication against ingest only, signed against unsigned and against MirrorMaker 2, on one storage."""
+    checks = []
+    if "ingest" in runs and "replicate" in runs:
+        ing, rep = runs["ingest"], runs["replicate"]
+        ratio = rep.rate / ing.rate
+        checks.append([f"replication / ingest only{where}, rows/s", f"{ratio:.2f}", ">= 0.7", verdict(ratio >= 0.7)])
+        checks.append([f"replication / ingest only{where}, rows per CPU-s",
+                       f"{(rep.rows / rep.cpu_seconds) / (ing.rows / ing.cpu_seconds):.2f}", "",
+                       "(less load-sensitive)"])
+    if "signed" in runs and "replicate" in runs:
+        rep, signed = runs["replicate"], runs["signed"]
+        ratio = signed.rate / rep.rate
+        checks.append([f"signed / unsigned replication{where}, rows/s", f"{ratio:.2f}", ">= 0.95",
+                       verdict(ratio >= 0.95)])
+        checks.append([f"signed / unsigned replication{where}, rows per CPU-s",
+                       f"{(signed.rows / signed.cpu_seconds) / (rep.rows / rep.cpu_seconds):.2f}", "", ""])
+    if mirrored is not None and "replicate" in runs:
+        rep = runs["replicate"]
+        checks.append([f"replication / MirrorMaker 2 (from its start){where}, rows/s",
+                       f"{rep.rate / mirrored.rate:.2f}", "", "(the anchor of the next targets)"])
+        checks.append([f"replication / MirrorMaker 2 (copying){where}, rows/s",
+                       f"{rep.rate / mirrored.copy_rate:.2f}", "", ""])
+        checks.append([f"replication / MirrorMaker 2{where}, rows per CPU-s",
+                       f"{(rep.rows / rep.cpu_seconds) / (mirrored.rows / mirrored.cpu_seconds):.2f}", "", ""])
+    return checks
+
+
+def storage_checks(local: dict[str, Run], s3: dict[str, Run], mirrored: MirrorRun | None) -> list[list[str]]:
+    """Issue 36's target: replication's ratios to its baselines on S3 within 0.8x of the same ratios on local
+    disk, measured in the same run."""
+    baselines = {"ingest only": lambda runs: runs["ingest"].rate if "ingest" in runs else None}
+    if mirrored is not None:
+        baselines["MirrorMaker 2 (from its start)"] = lambda _runs: mirrored.rate
+    checks = []
+    for name, baseline in baselines.items():
+        if "replicate" not in local or "replicate" not in s3 or baseline(local) is None or baseline(s3) is None:
+            continue
+        on_local = local["replicate"].rate / baseline(local)
+        on_s3 = s3["replicate"].rate / baseline(s3)
+        checks.append([f"replication / {name}: on S3 / on local disk",
+                       f"{on_s3:.2f} / {on_local:.2f} = {on_s3 / on_local:.2f}", ">= 0.8",
+                       verdict(on_s3 / on_local >= 0.8)])
+    return checks
+
+
+def cpu_table(columns: dict[str, tuple[dict[str, float], float]]) -> str:
+    """CPU by process kind for each run, as cores in use on average (CPU-s per wall second)."""
+    kinds = sorted({k for figures, _ in columns.values() for k in figures},
+                   key=lambda k: -sum(f.get(k, 0.0) / w for f, w in columns.values()))
+    rows = [[kind] + [f"{figures.get(kind, 0.0) / wall:.2f}" for figures, wall in columns.values()] for kind in kinds]
+    rows.append(["total"] + [f"{sum(figures.values()) / wall:.2f}" for figures, wall in columns.values()])
+    return format_table(["CPU cores in use, by process"] + list(columns), rows)
+
+
+def latency_table(ms: dict) -> str:
+    """Cumulative percentiles from the publish to each step, and the median time spent in each step."""
+    import numpy as np
+
+    rows, previous = [], None
+    for step, meaning in LATENCY_STEPS:
+        values = ms[step]
+        step_ms = values - previous if previous is not None else values
+        previous = values
+        missing = int(np.isnan(values).sum())
+        rows.append([step, f"{pct(values, 50):,.0f}", f"{pct(values, 99):,.0f}", f"{np.nanmax(values):,.0f}",
+                     f"{pct(step_ms, 50):,.0f}", meaning + (f" ({missing} never seen)" if missing else "")])
+    return format_table(["publish -> ...", "p50 ms", "p99 ms", "max ms", "step p50 ms", "(step)"], rows)
+
+
+def pct(values, q: float) -> float:
+    """:func:`percentile` of the values that were seen (NaN: a step never recorded for that message)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    return percentile(values[~np.isnan(values)].tolist(), q)
+
+
+def stage_table(title: str, stages: dict[str, tuple[float, int]], wall: float) -> str:
+    """Each group's total then its steps; "read" is the group total minus the steps after it."""
+    derived = dict(stages)
+    for group in {k.split(" / ")[0] for k in stages}:
+        if group.endswith(" ingest") and group in stages and f"{group} / (after toArrow)" in stages:
+            total, calls = stages[group]
+            derived[f"{group} / read (small batch: here; else Spark job + collect)"] = (
+                total - stages[f"{group} / (after toArrow)"][0], calls)
+            del derived[f"{group} / (after toArrow)"]
+        if group.endswith(" replicator") and group in stages:
+            total, calls = stages[group]
+            after = sum(v[0] for k, v in stages.items() if k.startswith(f"{group} / "))
+            derived[f"{group} / read + route (small batch: here; else Spark job)"] = (total - after, calls)
+    groups = sorted({k.split(" / ")[0] for k in derived}, key=lambda g: (GROUPS.index(g) if g in GROUPS else 99, g))
+    rows = []
+    for group in groups:
+        rows.append(stage_row(group, derived.get(group), wall))
+        steps = [k for k in derived if k.startswith(f"{group} / ")]
+        for label in sorted(steps, key=lambda k: -derived[k][0]):
+            rows.append(stage_row("  " + label.split(" / ", 1)[1], derived[label], wall))
+    return format_table([title, "calls", "seconds", "ms/call", "of wall"], rows)
+
+
+def stage_row(name: str, figures: tuple[float, int] | None, wall: float) -> list:
+    if figures is None:  # a group of separate calls, with no call of its own around them
+        return [name, "", "", "", ""]
+    seconds, calls = figures
+    return [name, calls, f"{seconds:.2f}", f"{1000 * seconds / max(calls, 1):,.1f}", f"{100 * seconds / wall:.0f}%"]
+
+
+def spark_table(title: str, queries: dict[str, list[dict]]) -> str:
+    """Per query: batches with data, offsets moved per batch (rows; inbox: versions), Spark's steps (mean ms)."""
+    rows = []
+    for name, batches in queries.items():
+        if not batches:
+            rows.append([name, 0, "-"] + ["-"] * len(SPARK_STEPS))
+            continue
+        n = len(batches)
+        mean = [sum(p["durationMs"].get(s, 0) for p in batches) / n for s in SPARK_STEPS]
+        moved = sum(offsets_moved(p) for p in batches) / n
+        rows.append([name, n, f"{moved:,.0f}"] + [f"{m:,.0f}" for m in mean])
+    return format_table([title, "batches", "rows/batch"] + [f"{s} ms" for s in SPARK_STEPS], rows)
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+def restarted(count: int) -> str:
+    return f" [{count} ingest query restart(s): figures suspect]" if count else ""
