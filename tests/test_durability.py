@@ -194,6 +194,22 @@ def test_durable_json_records_the_watermark_whenever_it_moves(tmp_path):
     assert dur.durable_seq == 3 and read_json(layout.durable_json)["durable_seq"] == 3
 
 
+def test_the_ack_watch_reads_the_ack_while_rows_wait_for_it_and_an_idle_link_once_a_second(tmp_path):
+    from replication.destination.manager import IDLE_ACK_READ_S, ack_read_due
+
+    link = Link(tmp_path / "l.json", "b", "sync")
+    assert not link.awaiting_ack(), "nothing sent"
+    link.on_sent([], through=5)  # a batch filtered out entirely: nothing to wait for
+    assert not link.awaiting_ack()
+    link.on_sent([(6, 9)], through=9)
+    assert link.awaiting_ack()
+    assert ack_read_due(link.awaiting_ack(), now=100.0, last_read=99.99), "every turn while rows wait"
+    link.on_ack(9)
+    assert not link.awaiting_ack() and link.acked_seq == 9
+    assert not ack_read_due(link.awaiting_ack(), now=100.0, last_read=99.5)
+    assert ack_read_due(link.awaiting_ack(), now=100.0, last_read=100.0 - IDLE_ACK_READ_S)
+
+
 def test_a_link_takes_acknowledged_runs_above_the_prefix(tmp_path):
     link = Link(tmp_path / "l.json", "b", "sync")
     link.on_sent([(1, 10)], through=10)

@@ -66,6 +66,11 @@ class Link:
         with self._lock:
             return self.state.acked_seq
 
+    def awaiting_ack(self) -> bool:
+        """Does a row sent to the destination wait for its acknowledgement?"""
+        with self._lock:
+            return bool(self.state.unacked)
+
     def holds(self, first: int, last: int) -> bool:
         """Does any local row in [first, last] still wait for this link?
 

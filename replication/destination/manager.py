@@ -11,7 +11,9 @@ Lifecycle of a destination (its state is in ``_control/links/<destination>.json`
    the same address, else resync: start after the earliest txlog row the
    downstream lacks, judged by its per-publisher high-water marks;
 4. run the replicator query, and every few milliseconds read the downstream's
-   ack for this instance, which moves the link's acknowledged position;
+   ack for this instance, which moves the link's acknowledged position (only
+   while rows wait for it: an idle link reads it once a second, and on object
+   storage, where each read is a billed request, every 100 ms at most);
 5. when the heartbeat goes stale or the query fails, stop and go back to 1;
    after the end of the list, wait with growing back-off.
 
@@ -29,6 +31,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replication import validation
@@ -57,6 +60,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ACK_POLL_S = 0.05
+#: The ack watch's pace toward a destination on object storage: each read is a billed request (and, on a
+#: local S3 server, one queued with the Delta commits).
+ACK_POLL_OBJECT_STORAGE_S = 0.1
+#: How often an idle link (no row waiting for its ack) reads the ack anyway.
+IDLE_ACK_READ_S = 1.0
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 15.0
 #: How often the addresses are looked at during a back-off, for an instance that has started at one.
@@ -219,13 +227,16 @@ class DestinationManager:
 
     def _watch(self, down: StorageLayout) -> bool:
         """Follow acks until the query dies (True) or the destination goes away or we stop (False)."""
-        last_beat_check = 0.0
+        last_beat_check = last_read = 0.0
         reported = -1
-        while not self._stop.wait(ACK_POLL_S):
+        pace = ACK_POLL_S if isinstance(down.root, Path) else ACK_POLL_OBJECT_STORAGE_S
+        while not self._stop.wait(pace):
             # The acknowledged position moves on downstream acks, and also when a
             # batch was entirely filtered out (nothing to wait for).
-            ack = read_ack(down, self.cfg.name)
-            self.link.on_ack(ack.seq, ack.runs)
+            if ack_read_due(self.link.awaiting_ack(), time.monotonic(), last_read):
+                last_read = time.monotonic()
+                ack = read_ack(down, self.cfg.name)
+                self.link.on_ack(ack.seq, ack.runs)
             if self.link.version != reported:
                 reported = self.link.version
                 self.on_ack()
@@ -252,3 +263,10 @@ class DestinationManager:
                 query.stop()
             except Exception:
                 log.exception("%s: stopping the replicator failed", self.name)
+
+
+def ack_read_due(awaiting: bool, now: float, last_read: float) -> bool:
+    """Does the ack watch read the downstream's ack now: while a sent row waits for it, at every turn;
+    else once every :data:`IDLE_ACK_READ_S` (an idle pair costs no steady stream of reads)."""
+    return awaiting or now - last_read >= IDLE_ACK_READ_S
+
