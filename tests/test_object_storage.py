@@ -111,7 +111,7 @@ def _clean(uri: str, options: dict, start, deleted) -> None:
     deleted.set()
 
 
-def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(s3):
+def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(s3, monkeypatch):
     """Part 3 of the object-storage issue: two upstreams' replicators and a backfill append to one inbox on S3
     at once, each from its own process, while inbox cleanup deletes rows: every commit lands once, and the
     delete removes exactly what it names."""
@@ -142,6 +142,39 @@ def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(
         assert seqs == list(range(first, COMMITS * ROWS + 1)), link  # each row once; the deleted ones gone
     operations = [h["operation"] for h in table.history()]
     assert operations.count("DELETE") == 1 and operations.count("WRITE") == 3 * COMMITS
+    _read_both_ways(s3, uri, table, monkeypatch)
+
+
+def _read_both_ways(s3, uri: str, table: DeltaTable, monkeypatch) -> None:
+    """Part 5 on S3: the inbox's plain appends are read from the files their commit objects name (the
+    cleanup's removal of whole files as appending nothing); a range holding a commit that rewrote a file falls
+    back to the change data feed; both give the same rows."""
+    import pyarrow as pa
+
+    from replication.connectors.s3.access import environment_access, environment_filesystem
+    from replication.inbox.versions import read_appended_version, read_versions
+
+    for name, value in s3.environment().items():
+        monkeypatch.setenv(name, value)
+    environment_access.cache_clear()
+    environment_filesystem.cache_clear()
+    try:
+        cleanup = next(h["version"] for h in table.history() if h["operation"] == "DELETE")
+        removed = read_appended_version(uri, cleanup)
+        assert removed is not None and removed.num_rows == 0, "whole files removed: read as appending nothing"
+        table.delete("link = 'amps-b' AND upstream_seq = 5")  # splits a file: rewritten, not a plain append
+        assert read_appended_version(uri, table.version()) is None, "a rewrite is read from the change feed"
+        appended = [read_appended_version(uri, v) for v in range(1, table.version())]
+        assert all(part is not None for part in appended), "every append read from its commit object's files"
+        fast = pa.concat_tables(appended)
+        fed = read_versions(uri, 1, table.version())  # (the DELETE in range: the change data feed)
+        key = ["inbox_version", "link", "upstream_seq"]
+        assert fed.num_rows == fast.num_rows == 3 * COMMITS * ROWS
+        assert fed.select(key).to_pylist() == fast.sort_by([(k, "ascending") for k in key]).select(key).to_pylist()
+        assert fed.select(["data"]).equals(fast.sort_by([(k, "ascending") for k in key]).select(["data"]))
+    finally:
+        environment_access.cache_clear()
+        environment_filesystem.cache_clear()
 
 
 @pytest.mark.parametrize("problem", ["unreachable endpoint", "wrong credentials", "missing bucket"])
@@ -414,3 +447,4 @@ def test_an_instance_or_query_on_s3_storage_that_cannot_be_reached_stops_in_one_
 
 def keys(s3, bucket: str) -> list[str]:
     return [o["Key"] for o in s3.access.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+

@@ -1,8 +1,8 @@
 """An inbox read by Delta version without Spark: its newest version, rows per version, the rows of versions.
 
 The ingest query's reads of its inbox (:mod:`replication.inbox.stream` plans the versions, the writer
-or a Spark task reads them here). A range of versions that are plain appends on local storage (what
-upstream replicators write) is read from the files their commit files name
+or a Spark task reads them here). A range of versions that are plain appends, on local storage or S3
+(what upstream replicators write), is read from the files their commit files name
 (:mod:`replication.connectors.delta.log`); anything else through Delta's change data feed
 (``DeltaTable.load_cdf``), keeping its inserts. Rows come out ordered by
 ``(inbox_version, link, upstream_seq)``: per link, in the upstream's order.
@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from replication.connectors.delta.log import appends_after, commit_text, local_log_dir, newest_version
 from replication.connectors.delta.tables import open_table
+from replication.connectors.s3.access import S3Address, arrow_location
 from replication.errors import StorageError
 from replication.inbox.schema import INBOX_SCHEMA, STAGED_PART_KEY, STREAM_SCHEMA
 
@@ -211,14 +212,14 @@ def staged_parts(path: str, first: int, last: int) -> list[tuple[int, str]]:
 
 
 def read_appended_version(path: str, version: int) -> pa.Table | None:
-    """The rows ``version`` appended (STREAM_SCHEMA, ordered) when it is a committed plain append on local
-    storage; None when it is not committed yet, or not that (:func:`read_versions` asks the change feed)."""
+    """The rows ``version`` appended (STREAM_SCHEMA, ordered) when it is a committed plain append (on local
+    storage or S3); None when it is not committed yet, or not that (:func:`read_versions` asks the change feed)."""
     return _read_appended(path, version, version)
 
 
 def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
     """Versions ``first..last`` read from the files their commits added, when every one of them is a
-    plain append on local storage (what upstream replicators write); None: ask the change data feed.
+    plain append (what upstream replicators write), on local storage or S3; None: ask the change data feed.
 
     The same rows as the change feed's inserts, without building a snapshot: the
     live inbox's next few versions cost a few small reads.
@@ -226,19 +227,25 @@ def _read_appended(path: str, first: int, last: int) -> pa.Table | None:
     import pyarrow.parquet as pq
 
     log_dir = local_log_dir(path)
-    if log_dir is None or last < first:
+    on_s3 = log_dir is None and S3Address.parse(path) is not None
+    if (log_dir is None and not on_s3) or last < first:
         return None
-    appended = appends_after(log_dir, first - 1, column=None, through=last, removals=True)
+    appended = appends_after(log_dir if log_dir is not None else path, first - 1, column=None, through=last,
+                             removals=True)
     if appended is None:
         return None
     parts = []
     for file, version in zip(appended.paths, appended.versions, strict=True):
         if "://" in file:
             return None
+        if log_dir is not None:
+            where, filesystem = str(log_dir.parent / unquote(file)), None
+        else:
+            where, filesystem = arrow_location(f"{path.rstrip('/')}/{unquote(file)}")
         try:
             # schema=: a file written before a column was added reads it as null
-            part = pq.read_table(log_dir.parent / unquote(file), schema=INBOX_SCHEMA, columns=INBOX_SCHEMA.names,
-                                 partitioning=None)
+            part = pq.read_table(where, schema=INBOX_SCHEMA, columns=INBOX_SCHEMA.names, partitioning=None,
+                                 filesystem=filesystem)
         except FileNotFoundError:
             return None  # vacuumed: the change feed says what it can
         parts.append(part.cast(INBOX_SCHEMA).append_column(

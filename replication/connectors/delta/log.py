@@ -6,9 +6,10 @@ times that on a busy one, and the replicator's source and writer both do it
 for every micro-batch. For a table that only gets appends, the commits after
 a known version say everything needed: each is one small JSON file naming the
 data files it added, with their statistics. Anything other than plain appends
-(a removed file, a metadata or protocol change, a file without statistics, a
-table not on the local filesystem) answers None, and the caller refreshes its
-snapshot the usual way.
+(a removed file, a metadata or protocol change, a file without statistics)
+answers None, and the caller refreshes its snapshot the usual way. A table on
+object storage is followed the same way when its caller names it by URI: each
+commit is then one GET of an object that is whole or absent.
 """
 
 from __future__ import annotations
@@ -48,24 +49,31 @@ def local_log_dir(table_uri: str) -> Path | None:
     return Path(unquote(parsed.path) if parsed.scheme else table_uri) / "_delta_log"
 
 
-def appends_after(log_dir: Path, since: int, *, column: str | None = "seq",
+def appends_after(log_dir: Path | str, since: int, *, column: str | None = "seq",
                   through: int | None = None, removals: bool = False) -> Appends | None:
     """The files that versions after ``since`` (through ``through``, default: the newest) appended,
     from their commit files; None when they are not all plain appends.
 
-    ``column``: the statistics column whose minimum and maximum each file must
-    carry (None: statistics are not needed). ``removals``: a commit that only
-    removes files (inbox cleanup) counts, as appending nothing.
+    ``log_dir``: the local ``_delta_log`` directory, or the URI of a table on object storage (its
+    commit objects are read whole; there, with no ``through``, a commit that cannot be read ends the
+    range as a missing one does). ``column``: the statistics column whose minimum and maximum each file
+    must carry (None: statistics are not needed). ``removals``: a commit that only removes files (inbox
+    cleanup) counts, as appending nothing.
     """
     out = Appends(since)
     while through is None or out.version < through:
-        try:
-            text = (log_dir / f"{out.version + 1:020d}.json").read_text(encoding="utf-8")
-        except FileNotFoundError:
-            # delta-rs renames a complete commit file into place: none yet means none
-            return out if through is None else None
-        except (OSError, UnicodeDecodeError):
-            return None
+        if isinstance(log_dir, str):
+            text = commit_text(log_dir, out.version + 1)  # (a put: an object is whole or absent)
+            if text is None:
+                return out if through is None else None
+        else:
+            try:
+                text = (log_dir / f"{out.version + 1:020d}.json").read_text(encoding="utf-8")
+            except FileNotFoundError:
+                # delta-rs renames a complete commit file into place: none yet means none
+                return out if through is None else None
+            except (OSError, UnicodeDecodeError):
+                return None
         if out.version - since >= MAX_COMMITS or not _apply(text, column, out.version + 1, out, removals):
             return None
         out.version += 1
