@@ -51,19 +51,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from replication import failpoints
 from replication.config.fabric import addresses_of, normalize_address
 from replication.config.model import InstanceConfig, TopicSpec
-from replication.connectors.delta.tables import IdempotentAppender, commit_metadata_since
-from replication.errors import ConfigError, ReplicationError
+from replication.connectors.delta.tables import IdempotentAppender, commit_metadata_since, open_table
+from replication.errors import ConfigError, ReplicationError, StorageAccessError
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, exact_records, topic_id
@@ -154,18 +154,18 @@ def run(cfg: InstanceConfig, layout: StorageLayout, *, addresses: tuple[str, ...
         src_txlog = TxlogFiles(str(source.layout.txlog))
         staged = _stage_sow(cfg, layout, source, topics, src_txlog) if "sow" in data_types else None
         src_txlog.refresh()  # after the SOW snapshot: the txlog reaches at least as far as the SOW tables
-        state = BootstrapState(source.address, source.cfg.name, DeltaTable(str(source.layout.txlog)).metadata().id,
+        state = BootstrapState(source.address, source.cfg.name, open_table(str(source.layout.txlog)).metadata().id,
                                src_txlog.version or 0, src_txlog.committed_seq, started=time.time())
         _check_not_mutual(cfg, source, state.source_through)
         if staged is None:
-            shutil.rmtree(layout.bootstrap_staging, ignore_errors=True)
+            _remove_staging(layout)
         state.write(layout.bootstrap_json)
     failpoints.hit("bootstrap.before_copy")
     rows = _copy_txlog(cfg, layout, source, state, topics, progress) if "txlog" in data_types else 0
     records = _install_sow(cfg, layout, data_types)
     done = BootstrapState(**{**state.to_json(), "state": "done", "rows_copied": rows, "finished": time.time()})
     done.write(layout.bootstrap_json)
-    shutil.rmtree(layout.bootstrap_staging, ignore_errors=True)
+    _remove_staging(layout)
     result = Result(source.address, rows, records, time.monotonic() - started)
     if log_result:
         log.warning("%s: bootstrapped from %s (%s): %d txlog rows, %d SOW records in %.1fs", cfg.name,
@@ -184,19 +184,24 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...], *,
         raise BootstrapError(f"{cfg.name}: no bootstrap source: give <Bootstrap><Transport><InetAddr> in the config, "
                              "or --from ADDRESS")
     tried = []
+    unreachable = 0  # (each said with its own fix)
     mine = addresses_of(cfg)
     for address in addresses:
         if normalize_address(address) in mine:
             tried.append(f"{address}: this instance itself")
             continue
         try:
-            layout = StorageLayout.of(address)
+            layout = StorageLayout.of(address).check_reachable("bootstrap source")
             source_cfg = read_instance_config(layout.instance_json)
-            DeltaTable(str(layout.txlog))
+            open_table(str(layout.txlog))
         except (FileNotFoundError, NotADirectoryError, TableNotFoundError):
             tried.append(f"{address}: no instance there (no txlog and instance.json: not an instance, or it never "
                          "started)" + (" (a file: an instance is addressed by its storage directory, not its "
                                        "config)" if os.path.isfile(address) else ""))
+            continue
+        except StorageAccessError as exc:  # (a bucket: its endpoint, credentials or existence)
+            tried.append(str(exc))
+            unreachable += 1
             continue
         except ReplicationError as exc:
             tried.append(f"{address}: {exc}")
@@ -205,8 +210,9 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...], *,
             tried.append(f"{address}: cannot be read ({getattr(exc, 'strerror', None) or exc})")
             continue
         return Source(address, layout, source_cfg)
-    raise BootstrapError(f"{cfg.name}: no usable bootstrap source; tried " + "; ".join(tried)
-                         + f". Fix: start the source instance once, or point {given_by} at an instance's storage")
+    fix = "" if unreachable == len(tried) else \
+        f". Fix: start the source instance once, or point {given_by} at an instance's storage"
+    raise BootstrapError(f"{cfg.name}: no usable bootstrap source; tried " + "; ".join(tried) + fix)
 
 
 def _check_not_mutual(cfg: InstanceConfig, source: Source, source_through: int) -> None:
@@ -223,7 +229,7 @@ def _check_not_mutual(cfg: InstanceConfig, source: Source, source_through: int) 
 def _resume_source(cfg: InstanceConfig, state: BootstrapState) -> Source:
     try:
         source = choose_source(cfg, (state.source,))
-        same = DeltaTable(str(source.layout.txlog)).metadata().id == state.source_txlog_id
+        same = open_table(str(source.layout.txlog)).metadata().id == state.source_txlog_id
     except BootstrapError as exc:
         raise BootstrapError(f"{exc}. The interrupted bootstrap of {cfg.name} can only resume from {state.source}; "
                              "or delete this instance's storage to start over") from None
@@ -237,7 +243,7 @@ def _resume_source(cfg: InstanceConfig, state: BootstrapState) -> Source:
 def txlog_rows(layout: StorageLayout) -> int:
     """Messages in the txlog at ``layout`` (0: none, or no txlog yet)."""
     try:
-        return DeltaTable(str(layout.txlog)).count()
+        return open_table(str(layout.txlog)).count()
     except TableNotFoundError:
         return 0
 
@@ -326,7 +332,7 @@ def _stage_sow(cfg: InstanceConfig, layout: StorageLayout, source: Source, topic
     """Write the source's current SOW records of ``topics`` that are SOW topics here, as of its txlog's end,
     to ``_bootstrap/<topic-id>.parquet`` per SOW topic of this instance; returns how many."""
     staging = layout.bootstrap_staging
-    shutil.rmtree(staging, ignore_errors=True)
+    _remove_staging(layout)
     staging.mkdir(parents=True)
     mine = SowTopics.of(cfg)
     theirs = SowTopics.of(source.cfg)
@@ -357,6 +363,13 @@ def _stage_sow(cfg: InstanceConfig, layout: StorageLayout, source: Source, topic
     return count
 
 
+def _remove_staging(layout: StorageLayout) -> None:
+    """Remove ``_bootstrap/``. Only a local instance stages there: SOW tables on S3 are not built yet, so an
+    instance on S3 has no SOW records to stage."""
+    if isinstance(layout.bootstrap_staging, Path):
+        shutil.rmtree(layout.bootstrap_staging, ignore_errors=True)
+
+
 def _install_sow(cfg: InstanceConfig, layout: StorageLayout, data_types: frozenset[str]) -> int:
     """This instance's SOW tables after the txlog copy: the staged source records (``sow`` data type), as of
     the last copied seq; without it, empty tables that fold every copied row."""
@@ -377,7 +390,7 @@ def _install_sow(cfg: InstanceConfig, layout: StorageLayout, data_types: frozens
 
 def _local_seqs(records: pa.Table, layout: StorageLayout) -> pa.Table:
     """Records with ``seq`` = this instance's seq of the txlog row that wrote them (by bookmark), else 0."""
-    ours = DeltaTable(str(layout.txlog)).to_pyarrow_table(columns=["bookmark", "seq"])
+    ours = open_table(str(layout.txlog)).to_pyarrow_table(columns=["bookmark", "seq"])
     if not records.num_rows or not ours.num_rows:
         return records.set_column(records.schema.get_field_index("seq"), "seq",
                                   pa.repeat(pa.scalar(0, pa.int64()), records.num_rows))

@@ -23,6 +23,7 @@ from support.factories import (
 from support.processes import InstanceProcess
 
 from replication import config
+from replication.connectors.ports import free_loopback_port
 from replication.sow.table import read_current
 
 TOPICS = ("/a", "/b", "/c")
@@ -187,11 +188,19 @@ def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(bro
     assert empty.code == 2 and empty.err.strip().splitlines() == [
         "replication bootstrap: --from is empty. Fix: give the source instance's storage directory, or leave --from "
         "out to use the config's <Bootstrap>"], empty.err
-    remote = run_cli("bootstrap", str(paths[a]), "--from", "s3://bucket/amps-b", process=True)
+    remote = run_cli("bootstrap", str(paths[a]), "--from", "gs://bucket/amps-b", process=True)
     assert remote.code == 2 and remote.err.strip().splitlines() == [
-        "replication bootstrap: --from 's3://bucket/amps-b': s3:// locations are not supported yet (an instance's "
+        "replication bootstrap: --from 'gs://bucket/amps-b': gs:// locations are not supported yet (an instance's "
         "control files, its heartbeat, acknowledgements and link state, need a local or mounted filesystem). Fix: "
-        "give the source instance's storage directory: a path, or file:///absolute/path"], remote.err
+        "give the source instance's storage: a path, file:///absolute/path or s3://bucket/prefix"], remote.err
+    endpoint = f"http://127.0.0.1:{free_loopback_port()}"
+    unreachable = run_cli("bootstrap", str(paths[a]), "--from", "s3://bucket/amps-b", env={
+        "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value",
+        "AWS_REGION": "us-east-1"})
+    assert unreachable.code == 2 and unreachable.err.strip().splitlines() == [
+        f"replication bootstrap: {a}: no usable bootstrap source; tried bootstrap source s3://bucket/amps-b: cannot "
+        f"reach {endpoint} (EndpointConnectionError). Fix: check that the endpoint is up and AWS_ENDPOINT_URL (or "
+        "AWS_ENDPOINT_URL_S3) names it"], unreachable.err
     assert not (tmp_path / a).exists(), "a bad --from writes nothing"
     first = run_cli("bootstrap", str(paths[a]), process=True)
     assert first.code == 1 and f"{tmp_path / b}: no instance there" in first.err

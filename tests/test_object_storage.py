@@ -448,3 +448,70 @@ def test_an_instance_or_query_on_s3_storage_that_cannot_be_reached_stops_in_one_
 def keys(s3, bucket: str) -> list[str]:
     return [o["Key"] for o in s3.access.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
 
+
+def _instance_on(storage: str, name: str, extra: str = "") -> str:
+    """A config of instance ``name`` with its storage and inbox at ``storage`` (a path or ``s3://``)."""
+    return (f"<AMPSConfig><Name>{name}</Name><Storage>{storage}</Storage><Transports><Transport><Name>k</Name>"
+            f"<Type>kafka</Type><InetAddr>localhost:9</InetAddr><Topic>{name}.publish</Topic><MessageType>json"
+            "</MessageType></Transport><Transport><Name>r</Name><Type>amps-replication</Type>"
+            f"<InetAddr>{storage}</InetAddr></Transport></Transports><TransactionLog><Topic><Name>.*</Name>"
+            f"<MessageType>json</MessageType></Topic></TransactionLog>{extra}</AMPSConfig>")
+
+
+def test_a_bootstrap_copies_an_instance_on_s3_into_one_on_s3_and_one_on_disk(s3, tmp_path, monkeypatch):
+    """Bootstrap sources at ``s3://`` (a ``<Bootstrap>`` ``<InetAddr>`` and ``--from``), and a bootstrap into an
+    instance on S3: every source row once, in the source's order, received from the source; a second run
+    has nothing to do; the instance on S3 writes nothing on the machine."""
+    from support.cli import run_cli
+    from support.tables import TxlogWriter
+
+    from replication import config
+    from replication.connectors.delta.tables import open_table
+    from replication.connectors.s3.access import environment_access, environment_filesystem
+    from replication.storage.control import write_instance_config
+    from replication.storage.layout import StorageLayout
+
+    bucket = f"boot-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    env = s3.environment()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    environment_access.cache_clear()
+    environment_filesystem.cache_clear()
+    try:
+        source = tmp_path / "amps-1.xml"
+        source.write_text(_instance_on(f"s3://{bucket}/amps-1", "amps-1"))
+        layout = StorageLayout.of(f"s3://{bucket}/amps-1")
+        write_instance_config(config.load(str(source)), layout.instance_json)  # what a started instance has
+        writer = TxlogWriter(layout.txlog)
+        writer.append(300)
+        writer.append(200)
+        copy = tmp_path / "amps-2.xml"
+        copy.write_text(_instance_on(
+            f"s3://{bucket}/amps-2", "amps-2",
+            "<Bootstrap><Topic><Name>.*</Name><MessageType>json</MessageType></Topic><Transport><Type>"
+            f"amps-replication</Type><InetAddr>s3a://{bucket}/amps-1/</InetAddr></Transport></Bootstrap>"))
+        on_disk = tmp_path / "amps-3.xml"
+        on_disk.write_text(_instance_on(str(tmp_path / "amps-3"), "amps-3"))
+        expected = open_table(f"s3://{bucket}/amps-1/txlog").to_pyarrow_table(
+            columns=["bookmark", "publisher_seq", "data"]).sort_by("publisher_seq").to_pylist()
+        assert len(expected) == 500
+
+        for cfg, args, target in ((copy, (), f"s3://{bucket}/amps-2"),
+                                  (on_disk, ("--from", f"s3://{bucket}/amps-1"), str(tmp_path / "amps-3"))):
+            done = run_cli("bootstrap", cfg, *args, env=env)
+            assert done.code == 0, done.err[-2000:]
+            assert f"bootstrapped from s3://{bucket}/amps-1: 500 txlog rows" in done.out, done.out
+            rows = open_table(f"{target}/txlog").to_pyarrow_table().sort_by("seq")
+            assert rows["seq"].to_pylist() == list(range(1, 501))
+            assert rows.select(["bookmark", "publisher_seq", "data"]).to_pylist() == expected, "source order"
+            assert set(rows["received_from"].to_pylist()) == {"amps-1"}
+            again = run_cli("bootstrap", cfg, *args, env=env)
+            assert again.code == 0 and "nothing to do" in again.err, again.err
+            assert open_table(f"{target}/txlog").count() == 500
+            assert s3.access.secret_key not in done.out + done.err + again.err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml", "amps-2.xml", "amps-3", "amps-3.xml"]
+        assert any(k.startswith("amps-2/_control/bootstrap.json") for k in keys(s3, bucket))
+    finally:
+        environment_access.cache_clear()
+        environment_filesystem.cache_clear()

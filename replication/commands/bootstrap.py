@@ -16,7 +16,8 @@ from replication import bootstrap, config
 from replication.commands.progress import ProgressBar
 from replication.config.values import parse_location
 from replication.connectors.delta.tables import open_or_create
-from replication.errors import ConfigError, InputError
+from replication.connectors.s3.access import S3Address
+from replication.errors import ConfigError, InputError, StorageAccessError
 from replication.storage.control import write_instance_config
 from replication.storage.layout import StorageLayout
 from replication.txlog.schema import TXLOG_SCHEMA
@@ -39,16 +40,17 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--from is empty. Fix: give the source instance's storage directory, or leave --from "
                              "out to use the config's <Bootstrap>")
         try:
-            addresses = (parse_location(args.source, base_dir="."),)
-        except ConfigError as exc:  # (its fix speaks of a config file's paths: --from's are the shell's)
+            s3 = S3Address.parse(args.source)
+            addresses = (s3.uri if s3 is not None else parse_location(args.source, base_dir="."),)
+        except (ConfigError, StorageAccessError) as exc:  # (a config's fix names its paths; --from is the shell's)
             what = getattr(exc, "what", str(exc))
-            raise InputError(f"--from {what}. Fix: give the source instance's storage directory: a path, or "
-                             "file:///absolute/path") from None
+            raise InputError(f"--from {what}. Fix: give the source instance's storage: a path, "
+                             "file:///absolute/path or s3://bucket/prefix") from None
         try:
             bootstrap.choose_source(cfg, addresses, given_by="--from")
         except bootstrap.BootstrapError as exc:
             raise InputError(str(exc)) from None
-    layout = StorageLayout.local(cfg.storage, "a bootstrap")
+    layout = StorageLayout.of(cfg.storage).check_reachable()
     layout.root.mkdir(parents=True, exist_ok=True)
     write_instance_config(cfg, layout.instance_json)  # what the source checks: do we bootstrap from it?
     open_or_create(layout.txlog, TXLOG_SCHEMA, name=f"{cfg.name} txlog")

@@ -438,7 +438,7 @@ def bootstrap(node: Node, sow_topics: tuple[SowTopic, ...]) -> Bootstrap:
         data_types = frozenset(items)
     tk = kids.one("Transport").children(_BOOTSTRAP_TRANSPORT_SCHEMA)
     tk.one("Type").read(values.enum, ("amps-replication",))
-    addrs = tuple(a.read(values.location) for a in tk.all("InetAddr"))
+    addrs = tuple(a.read(values.storage_location) for a in tk.all("InetAddr"))
     return Bootstrap(
         topics=tuple(topics),
         data_types=data_types,

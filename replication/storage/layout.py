@@ -82,12 +82,12 @@ class StorageLayout(Generic[P]):
             raise UnsupportedAddressError(f"{what} at {uri}: not supported on object storage yet")
         return StorageLayout(layout.root)
 
-    def check_reachable(self) -> StorageLayout[P]:
+    def check_reachable(self, what: str = "<Storage>") -> StorageLayout[P]:
         """This layout, once its bucket answered a listing with this process's settings (on S3); else a
-        :class:`~replication.connectors.s3.access.StorageAccessError`, one line naming the address and the
-        fix (unreachable endpoint, refused credentials, missing bucket). Writes nothing."""
+        :class:`~replication.connectors.s3.access.StorageAccessError`, one line naming ``what``, the address
+        and the fix (unreachable endpoint, refused credentials, missing bucket). Writes nothing."""
         if isinstance(self.root, ObjectPath):
-            check_reachable(self.root.address, self.root.access, what="<Storage>")
+            check_reachable(self.root.address, self.root.access, what=what)
         return self
 
     @property
