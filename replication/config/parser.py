@@ -200,7 +200,6 @@ def _instance(root: Node) -> InstanceConfig:
 #: What an instance on object storage cannot have yet, and why: each is refused at load.
 _NOT_ON_OBJECT_STORAGE = {
     "SOW": "SOW and queue tables on object storage are not built yet",
-    "Actions": "actions (retention, downgrade) on object storage are not built yet",
 }
 
 

@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 from replication.actions import ON_SCHEDULE
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import IdempotentAppender
+from replication.connectors.s3.access import arrow_location
 from replication.inbox import cleanup as inbox_cleanup
 from replication.storage.control import RetentionState
 from replication.storage.layout import StorageLayout
@@ -242,7 +243,9 @@ def _delete_file(table_uri: str, path: str) -> None:
             pass
         return
     uri = target if "://" in target else f"{table_uri.rstrip('/')}/{target}"
-    filesystem, where = fs.FileSystem.from_uri(uri)
+    where, filesystem = arrow_location(uri)  # (an s3:// file with this process's S3 settings)
+    if filesystem is None:
+        filesystem, where = fs.FileSystem.from_uri(uri)
     try:
         filesystem.delete_file(where)
     except FileNotFoundError:
