@@ -41,14 +41,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from replication import config, expressions, routing
 from replication.config.model import InstanceConfig
-from replication.connectors.s3.access import delta_options_for
+from replication.connectors.delta.tables import open_table
 from replication.connectors.spark.pacing import parse_rate
 from replication.connectors.spark.session import session
 from replication.errors import InputError, ReplicationError, UnsupportedAddressError
@@ -343,7 +342,7 @@ def rejected(source: Source, *, spark: SparkSession | None = None) -> DataFrame:
     path = str(log.layout.rejected)
     schema = from_arrow_schema(REJECTED_SCHEMA)
     try:
-        uris = DeltaTable(path, storage_options=delta_options_for(path)).file_uris()
+        uris = open_table(path).file_uris()
     except TableNotFoundError:  # the instance has not run yet
         return spark.createDataFrame([], schema)
     if reads_delta_natively(spark):

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from replication.connectors.delta.log import appends_after, local_log_dir
-from replication.connectors.delta.tables import COMMIT_METADATA_KEY
-from replication.connectors.s3.access import arrow_location, delta_options_for
+from replication.connectors.delta.tables import COMMIT_METADATA_KEY, open_table
+from replication.connectors.s3.access import arrow_location
 from replication.errors import StorageError
 from replication.txlog.schema import TXLOG_SCHEMA
 
@@ -101,14 +101,13 @@ class TxlogFiles:
         return int(self._lo[0])
 
     def refresh(self) -> None:
-        from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
         if self._follow_commits():
             return
         if self._table is None:
             try:
-                self._table = DeltaTable(self.path, storage_options=delta_options_for(self.path))
+                self._table = open_table(self.path)
             except TableNotFoundError:
                 return
         else:

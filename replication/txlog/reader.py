@@ -15,11 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from replication import config
 from replication.config.model import InstanceConfig
-from replication.connectors.s3.access import arrow_location, delta_options_for
+from replication.connectors.delta.tables import open_table
+from replication.connectors.s3.access import arrow_location
 from replication.errors import InputError
 from replication.messages import BOOKMARK_FORMS, Epoch, MessageBookmark, Now, PersistedAt, parse_bookmarks
 from replication.storage.control import DurableState, RetentionState
@@ -189,7 +189,7 @@ class TxlogReader:
 
     def _seeker(self) -> TxlogSeek:
         if self._seek is None:
-            self._seek = TxlogSeek(DeltaTable(self.path, storage_options=delta_options_for(self.path)))
+            self._seek = TxlogSeek(open_table(self.path))
         return self._seek
 
 

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
-from replication.connectors.s3.access import delta_options_for
 from replication.errors import UnsupportedAddressError
 from replication.storage.control import LinkState
 from replication.storage.layout import StorageLayout
@@ -123,13 +122,13 @@ def _txlogs(fabric: Fabric, pattern: re.Pattern[str] | None, engine: Engine,
 
 def _txlog_bytes(fabric: Fabric) -> int:
     """The compressed size of every readable txlog of ``fabric`` (from the Delta log, no data read)."""
-    from deltalake import DeltaTable
+    from replication.connectors.delta.tables import open_table
 
     total = 0
     for cfg in fabric:
         try:
             txlog = str(StorageLayout.of(cfg.storage).txlog)
-            sizes = DeltaTable(txlog, storage_options=delta_options_for(txlog)).get_add_actions(flatten=True)
+            sizes = open_table(txlog).get_add_actions(flatten=True)
         except Exception:  # absent or unreadable: the comparison reports it
             continue
         total += sum(sizes.column("size_bytes").to_pylist())

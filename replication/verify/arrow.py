@@ -16,7 +16,6 @@ import pyarrow.compute as pc
 from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
-from replication.connectors.s3.access import delta_options_for
 from replication.storage.layout import StorageLayout
 from replication.verify.report import LISTED, Outcome, ranges_of, retained_since
 
@@ -77,10 +76,10 @@ class ArrowTxlogs:
         return table
 
     def _read(self, name: str) -> pa.Table:
-        from deltalake import DeltaTable
+        from replication.connectors.delta.tables import open_table
 
         path = str(StorageLayout.of(self.fabric[name].storage).txlog)
-        table = DeltaTable(path, storage_options=delta_options_for(path)).to_pyarrow_dataset().to_table(
+        table = open_table(path).to_pyarrow_dataset().to_table(
             columns=COLUMNS).sort_by("seq")
         if self.pattern is not None and table.num_rows:
             topics = table["topic"].unique().to_pylist()
