@@ -39,19 +39,47 @@ def test_anything_but_an_append_or_other_storage_asks_for_a_snapshot(tmp_path):
 
 
 def test_a_view_that_follows_commits_plans_and_reads_as_a_fresh_snapshot(tmp_path, monkeypatch):
+    _follow_commits_as_a_fresh_snapshot(tmp_path / "txlog", str(tmp_path / "txlog"), monkeypatch)
+
+
+def test_a_view_of_a_txlog_on_s3_follows_its_commit_objects_as_a_fresh_snapshot(s3, monkeypatch):
+    """Part 5 of the object-storage issue: on S3 the txlog's new commits are followed from their commit
+    objects (one GET each), and a compaction still falls back to a snapshot."""
+    import uuid
+
+    from replication.connectors.s3.access import environment_access, environment_filesystem
+    from replication.storage.layout import StorageLayout
+
+    bucket = f"follow-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    for name, value in s3.environment().items():
+        monkeypatch.setenv(name, value)
+    environment_access.cache_clear()
+    environment_filesystem.cache_clear()
+    try:
+        txlog = StorageLayout.of(f"s3://{bucket}/amps-1").txlog
+        _follow_commits_as_a_fresh_snapshot(txlog, str(txlog), monkeypatch)
+    finally:
+        environment_access.cache_clear()
+        environment_filesystem.cache_clear()
+
+
+def _follow_commits_as_a_fresh_snapshot(path, uri: str, monkeypatch) -> None:
+    from replication.connectors.delta.tables import open_table
+
     snapshots = []
     load_files = TxlogFiles._load_files
     monkeypatch.setattr(TxlogFiles, "_load_files", lambda self: snapshots.append(self) or load_files(self))
-    writer = TxlogWriter(tmp_path / "txlog")
-    view = TxlogFiles(str(tmp_path / "txlog"))
+    writer = TxlogWriter(path)
+    view = TxlogFiles(uri)
     for round_ in range(6):
         for _ in range(round_ + 1):
             writer.append(4)
         if round_ == 3:
-            DeltaTable(str(tmp_path / "txlog")).optimize.compact()
+            open_table(uri).optimize.compact()
             writer.appender.table.update_incremental()
         view.refresh()
-        fresh = TxlogFiles(str(tmp_path / "txlog"))
+        fresh = TxlogFiles(uri)
         fresh.refresh()
         assert (view.version, view.committed_seq, view.file_count) == (fresh.version, fresh.committed_seq,
                                                                         fresh.file_count)

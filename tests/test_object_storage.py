@@ -152,18 +152,21 @@ def _read_both_ways(s3, uri: str, table: DeltaTable, monkeypatch) -> None:
     import pyarrow as pa
 
     from replication.connectors.s3.access import environment_access, environment_filesystem
-    from replication.inbox.versions import read_appended_version, read_versions
+    from replication.inbox.versions import InboxLog, read_appended_version, read_versions
 
     for name, value in s3.environment().items():
         monkeypatch.setenv(name, value)
     environment_access.cache_clear()
     environment_filesystem.cache_clear()
     try:
+        inbox = InboxLog(uri)
+        assert inbox.latest_version() == table.version()
         cleanup = next(h["version"] for h in table.history() if h["operation"] == "DELETE")
         removed = read_appended_version(uri, cleanup)
         assert removed is not None and removed.num_rows == 0, "whole files removed: read as appending nothing"
         table.delete("link = 'amps-b' AND upstream_seq = 5")  # splits a file: rewritten, not a plain append
         assert read_appended_version(uri, table.version()) is None, "a rewrite is read from the change feed"
+        assert inbox.latest_version() == table.version(), "the new commit object found by probing"
         appended = [read_appended_version(uri, v) for v in range(1, table.version())]
         assert all(part is not None for part in appended), "every append read from its commit object's files"
         fast = pa.concat_tables(appended)

@@ -49,8 +49,8 @@ class InboxLog:
     def latest_version(self) -> int:
         """The table's latest version; -1 while it does not exist.
 
-        On local storage the commit files after the last known version are
-        probed (a few ``stat`` calls); elsewhere the delta-rs table is updated.
+        The commit files after the last known version are probed (a few ``stat`` calls on local storage,
+        HEAD requests on S3); on other storage the delta-rs table is updated.
         """
         from deltalake.exceptions import TableNotFoundError
 
@@ -64,6 +64,8 @@ class InboxLog:
         log_dir = local_log_dir(self._table.table_uri)
         if log_dir is not None:
             self._version = newest_version(log_dir, self._version)
+        elif S3Address.parse(self._table.table_uri) is not None:
+            self._version = newest_version(self._table.table_uri, self._version)
         else:
             self._table.update_incremental()
             self._version = self._table.version()

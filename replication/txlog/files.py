@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlparse
 
 from replication.connectors.delta.log import appends_after, local_log_dir
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY, open_table
-from replication.connectors.s3.access import arrow_location
+from replication.connectors.s3.access import S3Address, arrow_location
 from replication.errors import StorageError
 from replication.txlog.schema import TXLOG_SCHEMA
 
@@ -120,8 +120,8 @@ class TxlogFiles:
     def _follow_commits(self) -> bool:
         """Bring the index up to date from the new commit files alone (see :mod:`replication.connectors.delta.log`).
 
-        False when that is not possible (no snapshot yet, storage that is not
-        local, a commit other than a plain append): the caller refreshes the
+        False when that is not possible (no snapshot yet, storage neither local
+        nor S3, a commit other than a plain append): the caller refreshes the
         snapshot instead, which also brings the delta-rs table up to date.
         """
         import numpy as np
@@ -131,7 +131,12 @@ class TxlogFiles:
                 or self._hi is None:
             return False
         log_dir = local_log_dir(self._root)
-        appended = appends_after(log_dir, self._version) if log_dir is not None else None
+        if log_dir is not None:
+            appended = appends_after(log_dir, self._version)
+        elif S3Address.parse(self._root) is not None:
+            appended = appends_after(self._root, self._version)  # (one GET per commit object)
+        else:
+            appended = None
         if appended is None:
             return False
         if appended.paths:

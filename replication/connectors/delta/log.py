@@ -80,12 +80,31 @@ def appends_after(log_dir: Path | str, since: int, *, column: str | None = "seq"
     return out
 
 
-def newest_version(log_dir: Path, known: int) -> int:
-    """The newest version, probing the commit files after ``known`` (a version known to exist)."""
+def newest_version(log_dir: Path | str, known: int) -> int:
+    """The newest version, probing the commit files after ``known`` (a version known to exist).
+
+    ``log_dir``: the local ``_delta_log`` directory, or the URI of a table on object storage (one HEAD
+    per version probed)."""
     version = known
-    while (log_dir / f"{version + 1:020d}.json").exists():
+    while _commit_exists(log_dir, version + 1):
         version += 1
     return version
+
+
+def _commit_exists(log_dir: Path | str, version: int) -> bool:
+    if isinstance(log_dir, Path):
+        return (log_dir / f"{version:020d}.json").exists()
+    from pyarrow import fs
+
+    from replication.connectors.s3.access import arrow_location
+
+    path, filesystem = arrow_location(f"{log_dir.rstrip('/')}/_delta_log/{version:020d}.json")
+    if filesystem is None:
+        filesystem, path = fs.FileSystem.from_uri(path)
+    try:
+        return filesystem.get_file_info(path).type != fs.FileType.NotFound
+    except OSError:  # (unreachable for now: no newer version known)
+        return False
 
 
 def _apply(text: str, column: str | None, version: int, out: Appends, removals: bool = False) -> bool:
