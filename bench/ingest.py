@@ -23,6 +23,12 @@ state snapshot, acks, Spark). Uses a Kafka broker of its own (KRaft) unless
     .venv/bin/python bench/ingest.py --quick          # ~2 minutes
     .venv/bin/python bench/ingest.py                  # 1M messages, ~6 minutes
     .venv/bin/python bench/ingest.py --quick --only ingest,latency --py-spy /tmp/spy
+    .venv/bin/python bench/ingest.py --repeat 2 --storage local,s3 --only ingest,a,c   # S3 beside local disk
+
+``--storage s3`` puts every contender's tables and checkpoints in a bucket of
+the project's local S3 server (started for the run); ``local,s3`` runs each
+contender on both, side by side, and prints each ratio on S3 over the same
+ratio on local disk (issue 36: >= 0.8).
 """
 
 from __future__ import annotations

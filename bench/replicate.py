@@ -35,6 +35,11 @@ Kafka broker of its own (KRaft) unless ``--bootstrap`` is given::
     .venv/bin/python bench/replicate.py                # 1M messages, 30 s of latency, ~5 minutes
     .venv/bin/python bench/replicate.py --quick --only latency --py-spy /tmp/spy
     .venv/bin/python bench/replicate.py --only throughput --max-offsets 100000
+    .venv/bin/python bench/replicate.py --repeat 2 --storage local,s3 --only throughput,mm2
+
+``--storage s3`` keeps both instances (storage, inboxes, checkpoints) in a
+bucket of the project's local S3 server; ``local,s3`` runs each pair on both,
+side by side, and prints each ratio on S3 over the same ratio on local disk.
 """
 
 from __future__ import annotations
