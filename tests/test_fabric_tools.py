@@ -275,3 +275,16 @@ def test_topology_png_and_mermaid(which, pair, tmp_path):
 def test_topology_refuses_an_unknown_picture_type():
     code, _out, err = run_cli("topology", *MESH_FILES, "-o", "fabric.gif")
     assert code == 2 and "use .svg, .png or .mmd" in err
+
+
+def test_validate_and_trace_take_the_mesh_with_every_address_in_a_bucket(monkeypatch):
+    """The shipped mesh with ``REPLICATION_HOME=s3://fabric``: every storage and replication address is an S3
+    prefix; validate and trace resolve them as they do paths (no bucket is contacted)."""
+    monkeypatch.setenv("REPLICATION_HOME", "s3://fabric")
+    fabric = Fabric.load(MESH_FILES)
+    assert {cfg.storage for cfg in fabric} == {f"s3://fabric/mesh/{name}" for name in INSTANCES}
+    code, out, _ = run_cli("validate", *MESH_FILES)
+    assert code == 0 and "8 instances, 20 links checked: all clean" in out, out
+    code, out, _ = run_cli("trace", *MESH_FILES, "--from", "Incoming-A", "--topic", "/orders/1")
+    assert code == 0 and "Reaches 8 of 8 instances:" in out, out
+    assert "Incoming-A -> Live-A -> Dev-A -> Archive-A" in out
