@@ -531,7 +531,8 @@ def measure(spark, workdir: Path, bootstrap: str, args) -> str:
         warm_up(spark, workdir, bootstrap, args, timer)
         runs, mirrored = (throughput(spark, workdir, bootstrap, args, timer, phases)
                           if phases & {"throughput", "mm2"} else ({}, None))
-        lat = latency(spark, workdir, bootstrap, args, timer) if "latency" in phases else None
+        with tables_in(args.storage[0]):  # (throughput runs on each storage; latency on the first listed)
+            lat = latency(spark, workdir, bootstrap, args, timer) if "latency" in phases else None
     return report(args, runs, lat, mirrored)
 
 

@@ -25,10 +25,12 @@ SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", 
 
 
 def report(args, runs: dict[str, dict[str, Run]], lat: Latency | None, mirrored: MirrorRun | None = None) -> str:
+    where_latency = f" (latency on {args.storage[0]})" if lat and len(args.storage) > 1 else ""
     out = [f"\n== bench/replicate.py: {args.messages:,} msgs, {args.partitions} partitions, "
            f"{args.publishers} publishers, "
            f"MaxOffsetsPerTrigger={args.max_offsets or f'{DEFAULT_BATCH_ROWS:,} (default)'}, trigger {args.trigger}, "
-           f"storage {','.join(args.storage)}, best of {args.repeat}; {os.cpu_count()} cores, "
+           f"storage {','.join(args.storage)}{where_latency}, "
+           f"best of {args.repeat}; {os.cpu_count()} cores, "
            f"load average {os.getloadavg()[0]:.1f} =="]
     if args.conf:
         out.append(f"Spark settings tried: {', '.join(args.conf)}")

@@ -111,3 +111,27 @@ def test_inbox_versions_read_from_their_commit_files_are_the_change_feeds_insert
     from_feed = versions.read_versions(str(inbox), 2, latest)
     assert from_files.num_rows == 11 * 7 + 4 * 3
     assert from_files.to_pylist() == from_feed.to_pylist()
+
+
+def test_a_commit_file_that_cannot_be_read_is_an_error_not_a_missing_commit(tmp_path):
+    """A missing commit is None (not written yet, or cleaned up); one that exists but cannot be read raises,
+    so a signature check or a cleanup does not take it for "gone". The row counts then count it as large,
+    and the follower asks for a snapshot."""
+    import pytest
+
+    from replication.connectors.delta.log import commit_text
+    from replication.errors import StorageError
+    from replication.inbox import versions
+
+    writer = TxlogWriter(tmp_path / "txlog")
+    writer.append(3)
+    table = str(tmp_path / "txlog")
+    assert commit_text(table, 99) is None
+    broken = tmp_path / "txlog" / "_delta_log" / f"{DeltaTable(table).version() + 1:020d}.json"
+    broken.mkdir()  # exists, and cannot be read as a file
+    with pytest.raises(StorageError, match=r"commit \d+ cannot be read"):
+        commit_text(table, DeltaTable(table).version() + 1)
+    assert appends_after(local_log_dir(table), DeltaTable(table).version()) is None
+    view = versions.InboxLog(table)
+    view.latest_version()
+    assert view.rows_in(DeltaTable(table).version() + 1) == 2**62, "unreadable: a batch of its own"

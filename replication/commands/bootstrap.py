@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             s3 = S3Address.parse(args.source)
             addresses = (s3.uri if s3 is not None else parse_location(args.source, base_dir="."),)
-        except (ConfigError, StorageAccessError) as exc:  # (a config's fix names its paths; --from is the shell's)
+        except StorageAccessError as exc:  # (an S3 address with no bucket: its own fix)
+            raise InputError(f"--from {exc}") from None
+        except ConfigError as exc:  # (a config's fix names its paths; --from is the shell's)
             what = getattr(exc, "what", str(exc))
             raise InputError(f"--from {what}. Fix: give the source instance's storage: a path, "
                              "file:///absolute/path or s3://bucket/prefix") from None

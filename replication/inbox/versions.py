@@ -65,8 +65,12 @@ class InboxLog:
         if log_dir is not None:
             self._version = newest_version(log_dir, self._version)
         elif S3Address.parse(self._table.table_uri) is not None:
-            self._version = newest_version(self._table.table_uri, self._version)
-        else:
+            try:
+                self._version = newest_version(self._table.table_uri, self._version)
+                return self._version
+            except StorageError:  # (a probe that failed: delta-rs says what is wrong, or the newest version)
+                pass
+        if log_dir is None:
             self._table.update_incremental()
             self._version = self._table.version()
         return self._version
@@ -74,7 +78,11 @@ class InboxLog:
     def rows_in(self, version: int) -> int:
         """Rows committed by ``version`` (an unreadable commit counts as large: a batch of its own)."""
         if version not in self._rows:
-            self._rows[version] = _count_rows(self._commit_text(version))
+            try:
+                text = self._commit_text(version)
+            except StorageError:
+                text = None
+            self._rows[version] = _count_rows(text)
         return self._rows[version]
 
     def end_within(self, start: int, latest: int, max_rows: int) -> int:
@@ -188,19 +196,22 @@ def _already_in_stream_order(rows: pa.Table) -> bool:
 
 def staged_parts(path: str, first: int, last: int) -> list[tuple[int, str]]:
     """``(version, descriptor)`` of each commit of versions ``first..last`` that hands over a staged backfill
-    part (:data:`STAGED_PART_KEY`), in version order."""
+    part (:data:`STAGED_PART_KEY`), in version order: from the commit files (local or S3), else the history."""
     if last < first:
         return []
-    log_dir = local_log_dir(path)
     out = []
-    if log_dir is not None:
+    log_dir = local_log_dir(path)
+    if log_dir is not None or S3Address.parse(path) is not None:
         for version in range(first, last + 1):
-            try:
-                text = (log_dir / f"{version:020d}.json").read_text(encoding="utf-8")
-            except FileNotFoundError:
+            if log_dir is not None:
+                try:
+                    text: str | None = (log_dir / f"{version:020d}.json").read_text(encoding="utf-8")
+                except FileNotFoundError:
+                    text = None
+            else:
+                text = commit_text(path, version)  # (one GET each on S3; no snapshot)
+            if text is None or STAGED_PART_KEY not in text:
                 continue  # (cleaned up: the change feed could not give its rows either)
-            if STAGED_PART_KEY not in text:
-                continue
             for line in text.splitlines():
                 part = json.loads(line).get("commitInfo", {}).get(STAGED_PART_KEY) if STAGED_PART_KEY in line else None
                 if part:

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY
+from replication.errors import StorageError
 
 #: Past this many new commits, a snapshot refresh is as cheap: let the caller do it.
 MAX_COMMITS = 200
@@ -62,8 +63,13 @@ def appends_after(log_dir: Path | str, since: int, *, column: str | None = "seq"
     """
     out = Appends(since)
     while through is None or out.version < through:
+        if out.version - since >= MAX_COMMITS:
+            return None  # (before reading the next one)
         if isinstance(log_dir, str):
-            text = commit_text(log_dir, out.version + 1)  # (a put: an object is whole or absent)
+            try:
+                text = commit_text(log_dir, out.version + 1)  # (a put: an object is whole or absent)
+            except StorageError:
+                return None  # (the caller's snapshot refresh says what is wrong)
             if text is None:
                 return out if through is None else None
         else:
@@ -74,7 +80,7 @@ def appends_after(log_dir: Path | str, since: int, *, column: str | None = "seq"
                 return out if through is None else None
             except (OSError, UnicodeDecodeError):
                 return None
-        if out.version - since >= MAX_COMMITS or not _apply(text, column, out.version + 1, out, removals):
+        if not _apply(text, column, out.version + 1, out, removals):
             return None
         out.version += 1
     return out
@@ -103,8 +109,8 @@ def _commit_exists(log_dir: Path | str, version: int) -> bool:
         filesystem, path = fs.FileSystem.from_uri(path)
     try:
         return filesystem.get_file_info(path).type != fs.FileType.NotFound
-    except OSError:  # (unreachable for now: no newer version known)
-        return False
+    except OSError as exc:  # (not "no newer version": the caller asks delta-rs instead)
+        raise StorageError(f"{log_dir}: commit {version} cannot be probed ({exc})") from None
 
 
 def _apply(text: str, column: str | None, version: int, out: Appends, removals: bool = False) -> bool:
@@ -146,7 +152,8 @@ def _apply(text: str, column: str | None, version: int, out: Appends, removals: 
 
 
 def commit_text(table_uri: str, version: int) -> str | None:
-    """The commit file of ``version`` of the table at ``table_uri`` (local or object storage); None when gone."""
+    """The commit file of ``version`` of the table at ``table_uri`` (local or object storage); None when gone
+    (or not written yet). One that cannot be read raises :class:`StorageError`."""
     from pyarrow import fs
 
     from replication.connectors.s3.access import arrow_location
@@ -158,8 +165,10 @@ def commit_text(table_uri: str, version: int) -> str | None:
             filesystem, path = fs.FileSystem.from_uri(uri)
         with filesystem.open_input_stream(path) as stream:
             return stream.read().decode("utf-8")
-    except (FileNotFoundError, OSError):
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:  # (not "gone": a caller must not take it for a missing commit)
+        raise StorageError(f"{table_uri}: commit {version} cannot be read ({exc})") from None
 
 
 def commit_info(table_uri: str, version: int) -> dict | None:
