@@ -153,7 +153,7 @@ def test_topic_type_and_content_filters_route_exactly_the_expected_rows(fabric, 
 
 
 @pytest.mark.parametrize("sync_type", ["sync", "async"])
-def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
+def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type, monkeypatch):
     b = fabric.storage("b")
     fabric.configure("b")
     fabric.configure("a", replication=replication_xml(
@@ -176,6 +176,15 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type):
     pub.flush(timeout=240)
     wait_until(lambda: fabric.count("b") == 100, what="B to be resynced")
     assert_exactly_once(fabric.rows("b"), {"waiter": 100})
+    # Nothing waits for B now: the ack watch reads B's ack once a second, not at every 50 ms turn.
+    from replication.destination import manager
+
+    wait_until(lambda: not fabric.running["a"].links[fabric.name("b")].awaiting_ack(), what="every row acked")
+    reads, read_ack = [], manager.read_ack
+    monkeypatch.setattr(manager, "read_ack", lambda layout, upstream: reads.append(upstream) or read_ack(layout,
+                                                                                                          upstream))
+    time.sleep(3)
+    assert 1 <= len(reads) <= 5, f"{len(reads)} reads of an idle link's ack in 3 s"
 
 
 def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark(fabric, monkeypatch, caplog):
