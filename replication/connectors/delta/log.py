@@ -56,10 +56,9 @@ def appends_after(log_dir: Path | str, since: int, *, column: str | None = "seq"
     from their commit files; None when they are not all plain appends.
 
     ``log_dir``: the local ``_delta_log`` directory, or the URI of a table on object storage (its
-    commit objects are read whole; there, with no ``through``, a commit that cannot be read ends the
-    range as a missing one does). ``column``: the statistics column whose minimum and maximum each file
-    must carry (None: statistics are not needed). ``removals``: a commit that only removes files (inbox
-    cleanup) counts, as appending nothing.
+    commit objects are read whole; one that cannot be read answers None, as on disk). ``column``: the
+    statistics column whose minimum and maximum each file must carry (None: statistics are not needed).
+    ``removals``: a commit that only removes files (inbox cleanup) counts, as appending nothing.
     """
     out = Appends(since)
     while through is None or out.version < through:
