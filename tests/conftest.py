@@ -38,6 +38,21 @@ def s3():
 
 
 @pytest.fixture
+def s3_process(s3, monkeypatch):
+    """The session's S3 server as this process's S3 settings (the standard AWS variables) for one test; the
+    settings the process cached are dropped before and after, so no other test sees them."""
+    from replication.connectors.s3.access import environment_access, environment_filesystem
+
+    for name, value in s3.environment().items():
+        monkeypatch.setenv(name, value)
+    environment_access.cache_clear()
+    environment_filesystem.cache_clear()
+    yield s3
+    environment_access.cache_clear()
+    environment_filesystem.cache_clear()
+
+
+@pytest.fixture
 def fabric(spark, broker, tmp_path):
     """Instances in this test session's Spark application, stopped at the end of the test."""
     from support.fabric import TestFabric

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from deltalake import DeltaTable
 from support.tables import TxlogWriter
 
@@ -42,26 +43,18 @@ def test_a_view_that_follows_commits_plans_and_reads_as_a_fresh_snapshot(tmp_pat
     _follow_commits_as_a_fresh_snapshot(tmp_path / "txlog", str(tmp_path / "txlog"), monkeypatch)
 
 
+@pytest.mark.usefixtures("s3_process")
 def test_a_view_of_a_txlog_on_s3_follows_its_commit_objects_as_a_fresh_snapshot(s3, monkeypatch):
     """Part 5 of the object-storage issue: on S3 the txlog's new commits are followed from their commit
     objects (one GET each), and a compaction still falls back to a snapshot."""
     import uuid
 
-    from replication.connectors.s3.access import environment_access, environment_filesystem
     from replication.storage.layout import StorageLayout
 
     bucket = f"follow-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(bucket)
-    for name, value in s3.environment().items():
-        monkeypatch.setenv(name, value)
-    environment_access.cache_clear()
-    environment_filesystem.cache_clear()
-    try:
-        txlog = StorageLayout.of(f"s3://{bucket}/amps-1").txlog
-        _follow_commits_as_a_fresh_snapshot(txlog, str(txlog), monkeypatch)
-    finally:
-        environment_access.cache_clear()
-        environment_filesystem.cache_clear()
+    txlog = StorageLayout.of(f"s3://{bucket}/amps-1").txlog
+    _follow_commits_as_a_fresh_snapshot(txlog, str(txlog), monkeypatch)
 
 
 def _follow_commits_as_a_fresh_snapshot(path, uri: str, monkeypatch) -> None:
@@ -117,8 +110,6 @@ def test_a_commit_file_that_cannot_be_read_is_an_error_not_a_missing_commit(tmp_
     """A missing commit is None (not written yet, or cleaned up); one that exists but cannot be read raises,
     so a signature check or a cleanup does not take it for "gone". The row counts then count it as large,
     and the follower asks for a snapshot."""
-    import pytest
-
     from replication.connectors.delta.log import commit_text
     from replication.errors import StorageError
     from replication.inbox import versions

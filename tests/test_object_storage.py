@@ -111,7 +111,8 @@ def _clean(uri: str, options: dict, start, deleted) -> None:
     deleted.set()
 
 
-def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(s3, monkeypatch):
+@pytest.mark.usefixtures("s3_process")
+def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(s3):
     """Part 3 of the object-storage issue: two upstreams' replicators and a backfill append to one inbox on S3
     at once, each from its own process, while inbox cleanup deletes rows: every commit lands once, and the
     delete removes exactly what it names."""
@@ -142,42 +143,33 @@ def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(
         assert seqs == list(range(first, COMMITS * ROWS + 1)), link  # each row once; the deleted ones gone
     operations = [h["operation"] for h in table.history()]
     assert operations.count("DELETE") == 1 and operations.count("WRITE") == 3 * COMMITS
-    _read_both_ways(s3, uri, table, monkeypatch)
+    _read_both_ways(uri, table)
 
 
-def _read_both_ways(s3, uri: str, table: DeltaTable, monkeypatch) -> None:
+def _read_both_ways(uri: str, table: DeltaTable) -> None:
     """Part 5 on S3: the inbox's plain appends are read from the files their commit objects name (the
     cleanup's removal of whole files as appending nothing); a range holding a commit that rewrote a file falls
     back to the change data feed; both give the same rows."""
     import pyarrow as pa
 
-    from replication.connectors.s3.access import environment_access, environment_filesystem
     from replication.inbox.versions import InboxLog, read_appended_version, read_versions
 
-    for name, value in s3.environment().items():
-        monkeypatch.setenv(name, value)
-    environment_access.cache_clear()
-    environment_filesystem.cache_clear()
-    try:
-        inbox = InboxLog(uri)
-        assert inbox.latest_version() == table.version()
-        cleanup = next(h["version"] for h in table.history() if h["operation"] == "DELETE")
-        removed = read_appended_version(uri, cleanup)
-        assert removed is not None and removed.num_rows == 0, "whole files removed: read as appending nothing"
-        table.delete("link = 'amps-b' AND upstream_seq = 5")  # splits a file: rewritten, not a plain append
-        assert read_appended_version(uri, table.version()) is None, "a rewrite is read from the change feed"
-        assert inbox.latest_version() == table.version(), "the new commit object found by probing"
-        appended = [read_appended_version(uri, v) for v in range(1, table.version())]
-        assert all(part is not None for part in appended), "every append read from its commit object's files"
-        fast = pa.concat_tables(appended)
-        fed = read_versions(uri, 1, table.version())  # (the DELETE in range: the change data feed)
-        key = ["inbox_version", "link", "upstream_seq"]
-        assert fed.num_rows == fast.num_rows == 3 * COMMITS * ROWS
-        assert fed.select(key).to_pylist() == fast.sort_by([(k, "ascending") for k in key]).select(key).to_pylist()
-        assert fed.select(["data"]).equals(fast.sort_by([(k, "ascending") for k in key]).select(["data"]))
-    finally:
-        environment_access.cache_clear()
-        environment_filesystem.cache_clear()
+    inbox = InboxLog(uri)
+    assert inbox.latest_version() == table.version()
+    cleanup = next(h["version"] for h in table.history() if h["operation"] == "DELETE")
+    removed = read_appended_version(uri, cleanup)
+    assert removed is not None and removed.num_rows == 0, "whole files removed: read as appending nothing"
+    table.delete("link = 'amps-b' AND upstream_seq = 5")  # splits a file: rewritten, not a plain append
+    assert read_appended_version(uri, table.version()) is None, "a rewrite is read from the change feed"
+    assert inbox.latest_version() == table.version(), "the new commit object found by probing"
+    appended = [read_appended_version(uri, v) for v in range(1, table.version())]
+    assert all(part is not None for part in appended), "every append read from its commit object's files"
+    fast = pa.concat_tables(appended)
+    fed = read_versions(uri, 1, table.version())  # (the DELETE in range: the change data feed)
+    key = ["inbox_version", "link", "upstream_seq"]
+    assert fed.num_rows == fast.num_rows == 3 * COMMITS * ROWS
+    assert fed.select(key).to_pylist() == fast.sort_by([(k, "ascending") for k in key]).select(key).to_pylist()
+    assert fed.select(["data"]).equals(fast.sort_by([(k, "ascending") for k in key]).select(["data"]))
 
 
 @pytest.mark.parametrize("problem", ["unreachable endpoint", "wrong credentials", "missing bucket"])
@@ -254,11 +246,11 @@ def test_a_backfill_reads_parquet_under_an_s3_prefix_in_key_order(s3, tmp_path):
         ("pq", 5, b'{"id":5}')], "the prefix's objects in key order, each row once"
 
 
-def test_json_lines_csv_and_delta_objects_on_s3_read_as_local_files_do(s3, tmp_path, monkeypatch):
+@pytest.mark.usefixtures("s3_process")
+def test_json_lines_csv_and_delta_objects_on_s3_read_as_local_files_do(s3, tmp_path):
     import pyarrow as pa
 
     from replication.connectors import files
-    from replication.connectors.s3.access import environment_access
 
     bucket = f"txt-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(bucket)
@@ -267,29 +259,23 @@ def test_json_lines_csv_and_delta_objects_on_s3_read_as_local_files_do(s3, tmp_p
     upload(s3, bucket, "in/c.csv", cells)
     (tmp_path / "t.jsonl").write_bytes(lines)
     (tmp_path / "c.csv").write_bytes(cells)
-    for name, value in s3.environment().items():
-        monkeypatch.setenv(name, value)
-    environment_access.cache_clear()
-    try:
-        for name, fmt in (("t.jsonl", "jsonl"), ("c.csv", "csv")):
-            remote = [b.to_pylist() for b in files.batches(f"s3://{bucket}/in/{name}", fmt)]
-            assert remote == [b.to_pylist() for b in files.batches(str(tmp_path / name), fmt)]
-            assert files.describe(f"s3://{bucket}/in/{name}", fmt).rows == 2
-        assert files.expand([f"s3://{bucket}/in"], "csv") == [f"s3://{bucket}/in/c.csv"]
-        # a Delta table on S3: its files from one snapshot, each read with the table's columns
-        from deltalake import write_deltalake
+    for name, fmt in (("t.jsonl", "jsonl"), ("c.csv", "csv")):
+        remote = [b.to_pylist() for b in files.batches(f"s3://{bucket}/in/{name}", fmt)]
+        assert remote == [b.to_pylist() for b in files.batches(str(tmp_path / name), fmt)]
+        assert files.describe(f"s3://{bucket}/in/{name}", fmt).rows == 2
+    assert files.expand([f"s3://{bucket}/in"], "csv") == [f"s3://{bucket}/in/c.csv"]
+    # a Delta table on S3: its files from one snapshot, each read with the table's columns
+    from deltalake import write_deltalake
 
-        table, options = f"s3://{bucket}/trades", s3.access.delta_options()
-        write_deltalake(table, pa.table({"trade": [7, 8]}), storage_options=options)
-        write_deltalake(table, pa.table({"trade": [9], "desk": ["fx"]}), mode="append", schema_mode="merge",
-                        storage_options=options)
-        found = files.delta_files([table])
-        assert len(found) == 2 and all(uri.startswith(f"{table}/") for uri in found)
-        rows = [r for uri, delta in found.items() for b in files.batches(uri, "delta", delta) for r in b.to_pylist()]
-        assert sorted(rows, key=lambda r: r["trade"]) == [
-            {"trade": 7, "desk": None}, {"trade": 8, "desk": None}, {"trade": 9, "desk": "fx"}]
-    finally:
-        environment_access.cache_clear()
+    table, options = f"s3://{bucket}/trades", s3.access.delta_options()
+    write_deltalake(table, pa.table({"trade": [7, 8]}), storage_options=options)
+    write_deltalake(table, pa.table({"trade": [9], "desk": ["fx"]}), mode="append", schema_mode="merge",
+                    storage_options=options)
+    found = files.delta_files([table])
+    assert len(found) == 2 and all(uri.startswith(f"{table}/") for uri in found)
+    rows = [r for uri, delta in found.items() for b in files.batches(uri, "delta", delta) for r in b.to_pylist()]
+    assert sorted(rows, key=lambda r: r["trade"]) == [
+        {"trade": 7, "desk": None}, {"trade": 8, "desk": None}, {"trade": 9, "desk": "fx"}]
 
 
 @pytest.mark.parametrize("problem", ["missing bucket", "missing prefix", "wrong credentials"])
@@ -461,7 +447,8 @@ def _instance_on(storage: str, name: str, extra: str = "") -> str:
             f"<MessageType>json</MessageType></Topic></TransactionLog>{extra}</AMPSConfig>")
 
 
-def test_a_bootstrap_copies_an_instance_on_s3_into_one_on_s3_and_one_on_disk(s3, tmp_path, monkeypatch):
+@pytest.mark.usefixtures("s3_process")
+def test_a_bootstrap_copies_an_instance_on_s3_into_one_on_s3_and_one_on_disk(s3, tmp_path):
     """Bootstrap sources at ``s3://`` (a ``<Bootstrap>`` ``<InetAddr>`` and ``--from``), and a bootstrap into an
     instance on S3: every source row once, in the source's order, received from the source; a second run
     has nothing to do; the instance on S3 writes nothing on the machine."""
@@ -470,51 +457,42 @@ def test_a_bootstrap_copies_an_instance_on_s3_into_one_on_s3_and_one_on_disk(s3,
 
     from replication import config
     from replication.connectors.delta.tables import open_table
-    from replication.connectors.s3.access import environment_access, environment_filesystem
     from replication.storage.control import write_instance_config
     from replication.storage.layout import StorageLayout
 
     bucket = f"boot-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(bucket)
     env = s3.environment()
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    environment_access.cache_clear()
-    environment_filesystem.cache_clear()
-    try:
-        source = tmp_path / "amps-1.xml"
-        source.write_text(_instance_on(f"s3://{bucket}/amps-1", "amps-1"))
-        layout = StorageLayout.of(f"s3://{bucket}/amps-1")
-        write_instance_config(config.load(str(source)), layout.instance_json)  # what a started instance has
-        writer = TxlogWriter(layout.txlog)
-        writer.append(300)
-        writer.append(200)
-        copy = tmp_path / "amps-2.xml"
-        copy.write_text(_instance_on(
-            f"s3://{bucket}/amps-2", "amps-2",
-            "<Bootstrap><Topic><Name>.*</Name><MessageType>json</MessageType></Topic><Transport><Type>"
-            f"amps-replication</Type><InetAddr>s3a://{bucket}/amps-1/</InetAddr></Transport></Bootstrap>"))
-        on_disk = tmp_path / "amps-3.xml"
-        on_disk.write_text(_instance_on(str(tmp_path / "amps-3"), "amps-3"))
-        expected = open_table(f"s3://{bucket}/amps-1/txlog").to_pyarrow_table(
-            columns=["bookmark", "publisher_seq", "data"]).sort_by("publisher_seq").to_pylist()
-        assert len(expected) == 500
+    source = tmp_path / "amps-1.xml"
+    source.write_text(_instance_on(f"s3://{bucket}/amps-1", "amps-1"))
+    layout = StorageLayout.of(f"s3://{bucket}/amps-1")
+    write_instance_config(config.load(str(source)), layout.instance_json)  # what a started instance has
+    writer = TxlogWriter(layout.txlog)
+    writer.append(300)
+    writer.append(200)
+    copy = tmp_path / "amps-2.xml"
+    copy.write_text(_instance_on(
+        f"s3://{bucket}/amps-2", "amps-2",
+        "<Bootstrap><Topic><Name>.*</Name><MessageType>json</MessageType></Topic><Transport><Type>"
+        f"amps-replication</Type><InetAddr>s3a://{bucket}/amps-1/</InetAddr></Transport></Bootstrap>"))
+    on_disk = tmp_path / "amps-3.xml"
+    on_disk.write_text(_instance_on(str(tmp_path / "amps-3"), "amps-3"))
+    expected = open_table(f"s3://{bucket}/amps-1/txlog").to_pyarrow_table(
+        columns=["bookmark", "publisher_seq", "data"]).sort_by("publisher_seq").to_pylist()
+    assert len(expected) == 500
 
-        for cfg, args, target in ((copy, (), f"s3://{bucket}/amps-2"),
-                                  (on_disk, ("--from", f"s3://{bucket}/amps-1"), str(tmp_path / "amps-3"))):
-            done = run_cli("bootstrap", cfg, *args, env=env)
-            assert done.code == 0, done.err[-2000:]
-            assert f"bootstrapped from s3://{bucket}/amps-1: 500 txlog rows" in done.out, done.out
-            rows = open_table(f"{target}/txlog").to_pyarrow_table().sort_by("seq")
-            assert rows["seq"].to_pylist() == list(range(1, 501))
-            assert rows.select(["bookmark", "publisher_seq", "data"]).to_pylist() == expected, "source order"
-            assert set(rows["received_from"].to_pylist()) == {"amps-1"}
-            again = run_cli("bootstrap", cfg, *args, env=env)
-            assert again.code == 0 and "nothing to do" in again.err, again.err
-            assert open_table(f"{target}/txlog").count() == 500
-            assert s3.access.secret_key not in done.out + done.err + again.err
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml", "amps-2.xml", "amps-3", "amps-3.xml"]
-        assert any(k.startswith("amps-2/_control/bootstrap.json") for k in keys(s3, bucket))
-    finally:
-        environment_access.cache_clear()
-        environment_filesystem.cache_clear()
+    for cfg, args, target in ((copy, (), f"s3://{bucket}/amps-2"),
+                              (on_disk, ("--from", f"s3://{bucket}/amps-1"), str(tmp_path / "amps-3"))):
+        done = run_cli("bootstrap", cfg, *args, env=env)
+        assert done.code == 0, done.err[-2000:]
+        assert f"bootstrapped from s3://{bucket}/amps-1: 500 txlog rows" in done.out, done.out
+        rows = open_table(f"{target}/txlog").to_pyarrow_table().sort_by("seq")
+        assert rows["seq"].to_pylist() == list(range(1, 501))
+        assert rows.select(["bookmark", "publisher_seq", "data"]).to_pylist() == expected, "source order"
+        assert set(rows["received_from"].to_pylist()) == {"amps-1"}
+        again = run_cli("bootstrap", cfg, *args, env=env)
+        assert again.code == 0 and "nothing to do" in again.err, again.err
+        assert open_table(f"{target}/txlog").count() == 500
+        assert s3.access.secret_key not in done.out + done.err + again.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml", "amps-2.xml", "amps-3", "amps-3.xml"]
+    assert any(k.startswith("amps-2/_control/bootstrap.json") for k in keys(s3, bucket))

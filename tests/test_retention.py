@@ -211,14 +211,14 @@ def test_retention_keeps_what_a_down_destination_lacks_then_bounds_the_txlog(fab
         resync_start(a_layout.txlog, {}, after=0, first_seq=first_seq, first_bookmark=first_kept)
 
 
-def test_retention_on_s3_removes_old_acknowledged_rows_then_deletes_their_objects(s3, monkeypatch):
+@pytest.mark.usefixtures("s3_process")
+def test_retention_on_s3_removes_old_acknowledged_rows_then_deletes_their_objects(s3):
     """``<Actions>`` on an instance whose storage is on S3: retention commits the removal to the txlog in the
     bucket, deletes the removed files' objects a period later, and readers start at the first kept row."""
     import uuid
 
     from support.tables import TxlogWriter
 
-    from replication.connectors.s3.access import environment_access, environment_filesystem
     from replication.txlog.files import TxlogFiles
     from replication.txlog.retention import Retention
 
@@ -227,33 +227,25 @@ def test_retention_on_s3_removes_old_acknowledged_rows_then_deletes_their_object
     assert cfg.on_object_storage and retention_policy(cfg) == RetentionPolicy(every=EVERY_S, age=AGE_S)
     bucket = f"keep-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(bucket)
-    for name, value in s3.environment().items():
-        monkeypatch.setenv(name, value)
-    environment_access.cache_clear()
-    environment_filesystem.cache_clear()
-    try:
-        layout = StorageLayout.of(f"s3://{bucket}/amps-1")
-        writer = TxlogWriter(layout.txlog)
-        for _ in range(3):  # three files: seqs 1-100, 101-200, 201-300
-            writer.append(100)
+    layout = StorageLayout.of(f"s3://{bucket}/amps-1")
+    writer = TxlogWriter(layout.txlog)
+    for _ in range(3):  # three files: seqs 1-100, 101-200, 201-300
+        writer.append(100)
 
-        def parquet_objects() -> list[str]:
-            listed = s3.access.client().list_objects_v2(Bucket=bucket, Prefix="amps-1/txlog/")
-            return [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".parquet")]
+    def parquet_objects() -> list[str]:
+        listed = s3.access.client().list_objects_v2(Bucket=bucket, Prefix="amps-1/txlog/")
+        return [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".parquet")]
 
-        assert len(parquet_objects()) == 3
-        retention = Retention(layout, RetentionPolicy(every=EVERY_S, age=AGE_S),
-                              kept_through=lambda: (250, "amps-2"), txlog=writer.appender)
-        now = time.time() + AGE_S + 1
-        assert retention.tick(now) == 200, "the two files acknowledged whole (the third holds seq 251)"
-        assert len(parquet_objects()) == 3, "removed from the snapshot; deleted a period later"
-        files = TxlogFiles(str(layout.txlog))
-        files.refresh()
-        assert files.first_seq == 201 and files.read(200, 300)["seq"].to_pylist() == list(range(201, 301))
-        assert retention.tick(now + EVERY_S) == 0
-        assert len(parquet_objects()) == 1, "the removed files' objects are deleted"
-        files.refresh()
-        assert files.read(200, 300).num_rows == 100
-    finally:
-        environment_access.cache_clear()
-        environment_filesystem.cache_clear()
+    assert len(parquet_objects()) == 3
+    retention = Retention(layout, RetentionPolicy(every=EVERY_S, age=AGE_S),
+                          kept_through=lambda: (250, "amps-2"), txlog=writer.appender)
+    now = time.time() + AGE_S + 1
+    assert retention.tick(now) == 200, "the two files acknowledged whole (the third holds seq 251)"
+    assert len(parquet_objects()) == 3, "removed from the snapshot; deleted a period later"
+    files = TxlogFiles(str(layout.txlog))
+    files.refresh()
+    assert files.first_seq == 201 and files.read(200, 300)["seq"].to_pylist() == list(range(201, 301))
+    assert retention.tick(now + EVERY_S) == 0
+    assert len(parquet_objects()) == 1, "the removed files' objects are deleted"
+    files.refresh()
+    assert files.read(200, 300).num_rows == 100
