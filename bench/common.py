@@ -436,6 +436,50 @@ def _constant(label: str) -> Labeler:
     return lambda *_args, **_kwargs: label
 
 
+@dataclass(frozen=True)
+class ProcessCpu:
+    """One process's CPU seconds so far (user + system), from ``/proc``."""
+
+    command: str
+    """Its command line (empty unless asked for)."""
+    own: float
+    ended: float
+    """Of its children that ended and were waited for (``cutime``/``cstime``)."""
+
+
+def process_tree(root: int | None = None, *, commands: bool = False) -> dict[int, ProcessCpu]:
+    """``root`` (default: this process) and all its descendants, by pid, with their CPU seconds."""
+    import os
+
+    root = root or os.getpid()
+    ticks = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = defaultdict(list)
+    found: dict[int, ProcessCpu] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            command = ""
+            if commands:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        children[int(fields[1])].append(int(entry))
+        own, ended = (sum(int(v) for v in fields[i:i + 2]) / ticks for i in (11, 13))  # utime stime, cutime cstime
+        found[int(entry)] = ProcessCpu(command, own, ended)
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        if pid in found:
+            tree[pid] = found[pid]
+    return tree
+
+
 def tree_cpu_seconds(root: int | None = None) -> float:
     """User + system CPU seconds of ``root`` (default: this process) and all its descendants.
 
@@ -443,29 +487,7 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     ``cutime``/``cstime``): Spark's Python workers, the JVM, the broker. CPU
     time is much less disturbed than wall time by other work on the machine.
     """
-    import os
-
-    root = root or os.getpid()
-    ticks = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = defaultdict(list)
-    spent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        children[int(fields[1])].append(int(entry))
-        spent[int(entry)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += spent.get(pid, 0)
-        todo.extend(children.get(pid, ()))
-    return total / ticks
+    return sum(p.own + p.ended for p in process_tree(root).values())
 
 
 class PySpy:

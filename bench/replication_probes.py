@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from common import Labeler, PhaseTimer
+from common import Labeler, PhaseTimer, process_tree
 
 # -- stage timing ------------------------------------------------------------------
 
@@ -117,37 +117,14 @@ def cpu_by_kind() -> dict[str, float]:
     ``readlink`` helpers), or as the publisher for this process (the only
     child it waits for during a run).
     """
-    ticks = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = defaultdict(list)
-    info: dict[int, tuple[str, float, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        children[int(fields[1])].append(int(entry))
-        own, ended = (sum(int(v) for v in fields[i:i + 2]) / ticks for i in (11, 13))
-        info[int(entry)] = (cmd, own, ended)
     out: dict[str, float] = defaultdict(float)
-    todo = [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, ()))
-        if pid not in info:
-            continue
-        cmd, own, ended = info[pid]
+    for pid, cpu in process_tree(commands=True).items():
         if pid == os.getpid():
-            out[DRIVER] += own
-            out[PUBLISHER] += ended
+            out[DRIVER] += cpu.own
+            out[PUBLISHER] += cpu.ended
             continue
-        kind = next((name for fragment, name in PROCESS_KINDS if fragment in cmd), "other")
-        out[kind] += own + ended
+        kind = next((name for fragment, name in PROCESS_KINDS if fragment in cpu.command), "other")
+        out[kind] += cpu.own + cpu.ended
     return out
 
 
