@@ -61,18 +61,19 @@ class InboxLog:
                 return -1
             self._version = self._table.version()
             return self._version
-        log_dir = local_log_dir(self._table.table_uri)
+        uri = self._table.table_uri
+        log_dir = local_log_dir(uri)
         if log_dir is not None:
             self._version = newest_version(log_dir, self._version)
-        elif S3Address.parse(self._table.table_uri) is not None:
+            return self._version
+        if S3Address.parse(uri) is not None:
             try:
-                self._version = newest_version(self._table.table_uri, self._version)
+                self._version = newest_version(uri, self._version)
                 return self._version
             except StorageError:  # (a probe that failed: delta-rs says what is wrong, or the newest version)
                 pass
-        if log_dir is None:
-            self._table.update_incremental()
-            self._version = self._table.version()
+        self._table.update_incremental()
+        self._version = self._table.version()
         return self._version
 
     def rows_in(self, version: int) -> int:
