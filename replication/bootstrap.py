@@ -44,6 +44,7 @@ topics: bootstrap every topic the instance takes by replication.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -68,7 +69,7 @@ from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, exact_records, topic_id
 from replication.storage.control import BootstrapState, read_instance_config
-from replication.storage.layout import StorageLayout
+from replication.storage.layout import StorageLayout, StoragePath
 from replication.txlog.files import TxlogFiles
 from replication.txlog.schema import TXLOG_SCHEMA
 
@@ -358,16 +359,34 @@ def _stage_sow(cfg: InstanceConfig, layout: StorageLayout, source: Source, topic
     count = 0
     for target, parts in by_topic.items():
         staged = pa.concat_tables(parts)
-        pq.write_table(staged, staging / f"{topic_id(cfg.sow_topics[target].name)}.parquet")
+        _write_staged(staged, staging / f"{topic_id(cfg.sow_topics[target].name)}.parquet")
         count += staged.num_rows
     return count
 
 
 def _remove_staging(layout: StorageLayout) -> None:
-    """Remove ``_bootstrap/``. Only a local instance stages there: SOW tables on S3 are not built yet, so an
-    instance on S3 has no SOW records to stage."""
-    if isinstance(layout.bootstrap_staging, Path):
-        shutil.rmtree(layout.bootstrap_staging, ignore_errors=True)
+    """Remove ``_bootstrap/`` (its objects, on S3)."""
+    staging = layout.bootstrap_staging
+    if isinstance(staging, Path):
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        for staged in list(staging.glob("*.parquet")):
+            staged.unlink(missing_ok=True)
+
+
+def _write_staged(records: pa.Table, path: StoragePath) -> None:
+    if isinstance(path, Path):
+        pq.write_table(records, path)
+    else:  # one PUT of the whole file
+        sink = io.BytesIO()
+        pq.write_table(records, sink)
+        path.write_bytes(sink.getvalue())
+
+
+def _read_staged(path: StoragePath) -> pa.Table:
+    if not path.is_file():
+        return SOW_SCHEMA.empty_table()
+    return pq.read_table(path if isinstance(path, Path) else pa.BufferReader(path.read_bytes()))
 
 
 def _install_sow(cfg: InstanceConfig, layout: StorageLayout, data_types: frozenset[str]) -> int:
@@ -381,8 +400,7 @@ def _install_sow(cfg: InstanceConfig, layout: StorageLayout, data_types: frozens
             SowTable(layout, sow, start_seq=0)  # the copied txlog rows make the SOW, as at any start
             continue
         table = SowTable(layout, sow, start_seq=last)
-        path = staging / f"{topic_id(sow.name)}.parquet"
-        records = pq.read_table(path) if path.exists() else SOW_SCHEMA.empty_table()
+        records = _read_staged(staging / f"{topic_id(sow.name)}.parquet")
         table.replace(_local_seqs(records, layout), last)
         count += records.num_rows
     return count

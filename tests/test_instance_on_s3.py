@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from support.cli import run_cli
@@ -29,7 +30,8 @@ from support.factories import (
 )
 from support.processes import InstanceProcess
 
-from replication.client import Publisher
+from replication.client import Publisher, QueueConsumer
+from replication.queues.wire import bookmarks_in
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +39,7 @@ pytestmark = pytest.mark.slow
 #: not, so the restarted instance runs that batch again from the bucket alone and must not store it twice.
 CRASH_POINT = "ingest.after_txlog_commit@2"
 PER_RUN = 400
+TASKS = 30
 
 
 def s3_config(directory: Path, name: str, bucket: str, bootstrap: str) -> Path:
@@ -53,15 +56,29 @@ def s3_config(directory: Path, name: str, bucket: str, bootstrap: str) -> Path:
     </Transport>
   </Transports>
   <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+  <SOW>
+    <Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/tasks</UnderlyingTopic>
+      <Semantics>at-least-once</Semantics></Queue>
+  </SOW>
 </AMPSConfig>
 """)
     return path
 
 
+#: The SOW topic of the pair and chain: a record per publisher and ``i`` modulo :data:`KEYS`, each updated in turn.
+SOW = "<Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/k</Key></Topic>"
+KEYS = 37
+
+
 def publish(pub: Publisher, published: int, count: int) -> int:
     for n in range(published + 1, published + count + 1):
-        pub.publish("/orders", b'{"i": %d}' % n)
+        pub.publish("/orders", json.dumps({"i": n, "k": f"{pub.name}-{n % KEYS}"}).encode())
     return published + count
+
+
+def current_records(published: dict[str, int]) -> dict[str, int]:
+    """What the SOW of /orders holds once ``published[publisher]`` messages of each are stored: key -> last i."""
+    return {f"{pub}-{n % KEYS}": n for pub, count in published.items() for n in range(1, count + 1)}
 
 
 def keys(s3, bucket: str) -> list[str]:
@@ -83,6 +100,7 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
                                env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch)})
 
     proc = start(0, CRASH_POINT)
+    worker = None
     pub = Publisher("s3-pub", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
                     store_path=tmp_path / "pub.store", resend_after=3, logon_timeout=240)
     published = 0
@@ -93,21 +111,39 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
         assert pub.persisted_seq < published, "the crash came after everything was acknowledged"
         shutil.rmtree(tmp_path / "scratch0")  # the machine is lost with everything on its disk
         proc = start(1, None)
-        published = publish(pub, published, PER_RUN // 2)
+        orders = published = publish(pub, published, PER_RUN // 2)
+        # the queue over /tasks, served from the bucket: each task delivered once, and acknowledged
+        tasks = {pub.publish("/tasks", b'{"task": %d}' % n) for n in range(TASKS)}
+        published += TASKS
         pub.flush(timeout=300)
+        worker = QueueConsumer("worker", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
+                               queue="/work", store_path=tmp_path / "worker.store", max_backlog=TASKS)
+        delivered = []
+        while len(delivered) < TASKS and (message := worker.receive(timeout=120)) is not None:
+            delivered.append(message)
+            message.ack()
+        assert worker.flush(timeout=120) == [], "every acknowledgement persisted"
         # Spark ran the killed batch again from the checkpoint in the bucket (a lost checkpoint would have
         # re-read Kafka from its start instead), and the txlog's app transaction knew it was stored
         assert re.search(rf"{name}: ingest batch \d+ already committed; replay skipped", proc.log_text()), \
             proc.log_text()[-3000:]
     finally:
         pub.close()
+        if worker is not None:
+            worker.close()
         proc.stop()
     assert pub.persisted_seq == published, "every message acknowledged as persisted"
 
     storage = f"s3://{bucket}/fabric/{name}"
     rows = DeltaTable(f"{storage}/txlog", storage_options=s3.access.delta_options()).to_pyarrow_table(
-        columns=["seq", "publisher", "publisher_seq"]).sort_by("seq")
-    assert_exactly_once(rows, {"s3-pub": published})
+        columns=["seq", "bookmark", "publisher", "publisher_seq", "command", "topic", "sow_keys"]).sort_by("seq")
+    acks = rows.filter(pc.equal(rows["publisher"], "worker"))
+    assert_exactly_once(rows, {"s3-pub": published, "worker": acks.num_rows})
+    stored = {b: pseq for b, pseq in zip(*(rows[c].to_pylist() for c in ("bookmark", "publisher_seq")), strict=True)}
+    assert sorted(stored[m.bookmark] for m in delivered) == sorted(tasks), "each task delivered once"
+    acknowledged = [b for r in acks.to_pylist() if r["command"] == "sow_delete" and r["topic"] == "/work"
+                    for b in bookmarks_in(r["sow_keys"])]
+    assert sorted(acknowledged) == sorted(m.bookmark for m in delivered), "each acknowledged once in the txlog"
 
     stored = keys(s3, bucket)
     prefix = f"fabric/{name}/"
@@ -118,16 +154,17 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
         assert prefix + expected in stored, f"{expected} is in the bucket"
     # on this machine: the config, the logs, the publisher's store and the scratch of the running one
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [cfg.name, "pub.store", "run0.log", "run1.log", "scratch1"])
+        [cfg.name, "pub.store", "worker.store", "run0.log", "run1.log", "scratch1"])
 
     status = run_cli("status", cfg, "--format", "json", env=s3.environment())
     assert status.code == 0, status.err
     [instance] = json.loads(status.out)
-    assert (instance["instance"], instance["max_seq"], instance["durable_seq"]) == (name, published, published), \
+    assert (instance["instance"], instance["max_seq"], instance["durable_seq"]) == (name, rows.num_rows,
+                                                                                    rows.num_rows), \
         "status reads the heartbeat in the bucket"
     replayed = run_cli("replay", cfg, "--topic", "/orders", "--fully-durable", env=s3.environment())
     assert replayed.code == 0, replayed.err
-    assert [json.loads(line)["data"]["i"] for line in replayed.out.splitlines()] == list(range(1, published + 1))
+    assert [json.loads(line)["data"]["i"] for line in replayed.out.splitlines()] == list(range(1, orders + 1))
     verified = run_cli("verify", cfg, "--engine", "arrow", env=s3.environment())
     assert verified.code == 0, verified.out + verified.err
     by_spark = run_cli("verify", cfg, "--engine", "spark", env=s3.environment())
@@ -175,7 +212,8 @@ def test_a_sync_pair_and_a_chain_of_three_on_s3_survive_a_kill_9_of_the_middle_i
         replication = replication_xml(*(destination_xml(d, [root / d], topics=topics[d])
                                         for d in downstream)) if downstream else ""
         configs[name] = tmp_path / f"{name}.xml"
-        configs[name].write_text(instance_xml(name, root, broker.bootstrap, max_offsets=100, replication=replication))
+        configs[name].write_text(instance_xml(name, root, broker.bootstrap, max_offsets=100, sow=SOW,
+                                              replication=replication))
 
     def start(name: str, run: int, failpoints: str | None = None) -> InstanceProcess:
         scratch = tmp_path / f"scratch-{name}-{run}"
@@ -217,6 +255,17 @@ def test_a_sync_pair_and_a_chain_of_three_on_s3_survive_a_kill_9_of_the_middle_i
 
     verified = run_cli("verify", *configs.values(), "--engine", "arrow", env=s3.environment())
     assert verified.code == 0, verified.out + verified.err
+    # The SOW of every instance, exact (``replication sow``) and as compacted in its table in the bucket at stop
+    sow = current_records({f"pub-{name}": count for name, count in published.items()})
+    for name in (a, b, c):
+        done = run_cli("sow", configs[name], "--topic", "/orders", "--format", "jsonl", env=s3.environment())
+        assert done.code == 0, done.err
+        assert {r["sow_key"]: r["data"]["i"] for r in map(json.loads, done.out.splitlines())} == sow, name
+        [table] = [k.removesuffix("/_delta_log/00000000000000000000.json") for k in keys(s3, bucket)
+                   if k.startswith(f"fabric/{name}/sow/") and k.endswith("/_delta_log/00000000000000000000.json")]
+        compacted = DeltaTable(f"s3://{bucket}/{table}", storage_options=s3.access.delta_options()).to_pyarrow_table()
+        assert {k: json.loads(d)["i"] for k, d in zip(compacted["sow_key"].to_pylist(), compacted["data"].to_pylist(),
+                                                      strict=True)} == sow, f"{name}'s SOW table in the bucket"
     stored = keys(s3, bucket)
     for name in (a, b, c):
         assert f"fabric/{name}/inbox/_delta_log/00000000000000000000.json" in stored, f"{name}'s inbox is in the bucket"

@@ -9,6 +9,7 @@ import threading
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from botocore.exceptions import ClientError
@@ -496,3 +497,53 @@ def test_a_bootstrap_copies_an_instance_on_s3_into_one_on_s3_and_one_on_disk(s3,
         assert s3.access.secret_key not in done.out + done.err + again.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml", "amps-2.xml", "amps-3", "amps-3.xml"]
     assert any(k.startswith("amps-2/_control/bootstrap.json") for k in keys(s3, bucket))
+
+
+@pytest.mark.usefixtures("s3_process")
+def test_the_sow_data_type_bootstraps_sow_records_from_an_instance_on_s3_into_one_on_s3(s3, tmp_path):
+    """A source on S3 whose SOW table holds records its txlog no longer has: ``sow,txlog`` stages them in the
+    target's bucket and installs them in its SOW table there; nothing is left staged."""
+    from support.cli import run_cli
+    from support.tables import TxlogWriter
+
+    from replication import config
+    from replication.connectors.delta.tables import open_table
+    from replication.sow.table import TAIL_COLUMNS, SowTable, as_records, read_current
+    from replication.storage.control import write_instance_config
+    from replication.storage.layout import StorageLayout
+
+    bucket = f"boot-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    sow = "<SOW><Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/seq</Key></Topic></SOW>"
+    source = tmp_path / "amps-1.xml"
+    source.write_text(_instance_on(f"s3://{bucket}/amps-1", "amps-1", sow))
+    source_cfg = config.load(str(source))
+    layout = StorageLayout.of(f"s3://{bucket}/amps-1")
+    write_instance_config(source_cfg, layout.instance_json)
+    TxlogWriter(layout.txlog).append(30)
+    # its SOW base: ten records, as of its txlog's end, written by rows retention has since removed
+    written = open_table(f"s3://{bucket}/amps-1/txlog").to_pyarrow_table(columns=list(TAIL_COLUMNS)).sort_by("seq")
+    keyed = written.slice(0, 10)
+    keyed = keyed.set_column(keyed.schema.get_field_index("topic"), "topic", pa.array(["/orders"] * 10))
+    keyed = keyed.set_column(keyed.schema.get_field_index("sow_key"), "sow_key",
+                             pa.array([str(n) for n in keyed["seq"].to_pylist()], pa.string()))
+    table = SowTable(layout, source_cfg.sow_topics[0], start_seq=0)
+    table.replace(as_records(keyed, table.buckets), 30)
+    open_table(f"s3://{bucket}/amps-1/txlog").delete("seq <= 10")
+    expected = read_current(source_cfg, "/orders").select(["sow_key", "bookmark", "data"]).sort_by("sow_key")
+    assert expected.num_rows == 10
+
+    copy = tmp_path / "amps-2.xml"
+    copy.write_text(_instance_on(
+        f"s3://{bucket}/amps-2", "amps-2",
+        f"{sow}<Bootstrap><Topic><Name>.*</Name><MessageType>json</MessageType></Topic><DataType>sow,txlog"
+        f"</DataType><Transport><Type>amps-replication</Type><InetAddr>s3://{bucket}/amps-1</InetAddr></Transport>"
+        "</Bootstrap>"))
+    done = run_cli("bootstrap", copy, env=s3.environment())
+    assert done.code == 0, done.err[-2000:]
+    assert "20 txlog rows" in done.out and "10 SOW records" in done.out, done.out
+    got = read_current(config.load(str(copy)), "/orders")
+    assert got.select(["sow_key", "bookmark", "data"]).sort_by("sow_key") == expected
+    assert set(got["seq"].to_pylist()) == {0}, "records whose rows this txlog never had"
+    assert not [k for k in keys(s3, bucket) if k.startswith("amps-2/_bootstrap/")], "nothing left staged"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["amps-1.xml", "amps-2.xml"]

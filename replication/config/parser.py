@@ -38,7 +38,7 @@ from replication.config.model import (
 )
 from replication.config.sections import COMPRESSIONS, DATA_TYPES
 from replication.config.values import parse_interval, parse_location
-from replication.config.xml_reader import MANY, OPT, Ctx, Kids, Node, one, read_root, some
+from replication.config.xml_reader import MANY, OPT, Ctx, Node, one, read_root, some
 from replication.errors import ConfigError
 from replication.routing import is_literal, regex_matches
 
@@ -178,8 +178,6 @@ def _instance(root: Node) -> InstanceConfig:
     actions_node = kids.opt("Actions")
     actions = _actions(actions_node) if actions_node is not None else ()
     minimum_sync = _tuning(kids.opt("Tuning"))
-    if storage.startswith("s3://"):
-        _built_on_object_storage(kids)
     return InstanceConfig(
         name=name,
         group=group,
@@ -195,22 +193,6 @@ def _instance(root: Node) -> InstanceConfig:
         minimum_sync_destinations=minimum_sync,
         source=root.source(),
     )
-
-
-#: What an instance on object storage cannot have yet, and why: each is refused at load.
-_NOT_ON_OBJECT_STORAGE = {
-    "SOW": "SOW and queue tables on object storage are not built yet",
-}
-
-
-def _built_on_object_storage(kids: Kids) -> None:
-    """An instance whose ``<Storage>`` is on S3 ingests Kafka and replicates there; what it cannot do there
-    yet stops the load with "not supported yet", the reason and the fix."""
-    fix = "remove it, or keep <Storage> on a local or mounted path while this is not supported"
-    for element, why in _NOT_ON_OBJECT_STORAGE.items():
-        node = kids.opt(element)
-        if node is not None:
-            node.fail(f"<{element}> on an instance whose <Storage> is on S3 is not supported yet: {why}", fix)
 
 
 def _local_queues_stay_local(root: Node, queues: tuple[QueueTopic, ...], destinations: tuple[Destination, ...]) -> None:

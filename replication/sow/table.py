@@ -38,13 +38,15 @@ from deltalake.exceptions import TableNotFoundError
 
 from replication import failpoints
 from replication.config.model import InstanceConfig, SowTopic
+from replication.connectors.delta.tables import open_table
+from replication.connectors.s3.access import delta_options_for
 from replication.errors import InputError
 from replication.expressions import Filter
 from replication.expressions.columnar import matching
 from replication.sow.keys import SowTopics, bucket_of, split_keys
 from replication.sow.recent import RecentRows
 from replication.sow.state import SowState
-from replication.storage.layout import StorageLayout
+from replication.storage.layout import StorageLayout, StoragePath
 from replication.txlog.files import TxlogFiles
 from replication.txlog.schema import TXLOG_SCHEMA
 
@@ -92,7 +94,7 @@ def topic_id(name: str) -> str:
     return f"{cleaned[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def table_path(layout: StorageLayout, sow: SowTopic) -> Path:
+def table_path(layout: StorageLayout, sow: SowTopic) -> StoragePath:
     return layout.sow(topic_id(sow.name))
 
 
@@ -187,17 +189,19 @@ class SowTable:
         self.sow = sow
         self.path = table_path(layout, sow)
         try:
-            self.table = DeltaTable(str(self.path))
+            self.table = open_table(self.path)
         except TableNotFoundError:
             if not create:
                 raise
-            self.path.mkdir(parents=True, exist_ok=True)
+            if isinstance(self.path, Path):
+                self.path.mkdir(parents=True, exist_ok=True)
             self.table = DeltaTable.create(
                 str(self.path), SOW_SCHEMA, mode="ignore", partition_by=["bucket"], name=f"sow {sow.name}",
                 configuration={"replication.sow.buckets": str(DEFAULT_BUCKETS), "replication.sow.topic": sow.name,
                                "delta.checkpointInterval": "50"},
                 commit_properties=CommitProperties(app_transactions=[Transaction(APP_ID, start_seq)]),
                 raise_if_key_not_exists=False,  # our own replication.sow.* properties
+                storage_options=delta_options_for(str(self.path)),
             )
         self.buckets = int(self.table.metadata().configuration.get("replication.sow.buckets", DEFAULT_BUCKETS))
         self.last_compaction_s = 0.0

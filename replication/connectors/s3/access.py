@@ -12,7 +12,9 @@ name the address and the endpoint, never a key.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -171,7 +173,17 @@ def environment_access() -> S3Access:
 @functools.cache
 def environment_filesystem() -> Any:
     """An Arrow S3 filesystem with this process's S3 settings (one per process: it pools connections)."""
-    return environment_access().arrow_filesystem()
+    filesystem = environment_access().arrow_filesystem()
+    atexit.register(_release_filesystem)  # (after pyarrow.fs's own exit hook, so it runs before it)
+    return filesystem
+
+
+def _release_filesystem() -> None:
+    """Drop the cached filesystem before pyarrow shuts its S3 support down at exit. Arrow defers that
+    shutdown while a filesystem is alive; one still held by this cache then meets the AWS SDK torn down by
+    static destructors, and the process, its work done, aborted with SIGABRT now and then."""
+    environment_filesystem.cache_clear()
+    gc.collect()
 
 
 def arrow_location(uri: str) -> tuple[str, Any]:
