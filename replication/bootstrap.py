@@ -99,7 +99,12 @@ Progress = Callable[[int, int], None]
 
 class BootstrapError(ReplicationError):
     """A bootstrap cannot run: no usable source, two empty instances bootstrapping from each other, a source
-    that changed under an interrupted bootstrap. Terminal: the message says what to change."""
+    that changed under an interrupted bootstrap. Terminal (the message says what to change), but for sources
+    that all failed only because their endpoints could not be reached (``transient``)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,7 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...], *,
                              "or --from ADDRESS")
     tried = []
     unreachable = 0  # (each said with its own fix)
+    down = 0  # of those, endpoints that could not be reached (they may come back)
     mine = addresses_of(cfg)
     for address in addresses:
         if normalize_address(address) in mine:
@@ -203,6 +209,7 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...], *,
         except StorageAccessError as exc:  # (a bucket: its endpoint, credentials or existence)
             tried.append(str(exc))
             unreachable += 1
+            down += exc.transient
             continue
         except ReplicationError as exc:
             tried.append(f"{address}: {exc}")
@@ -213,7 +220,8 @@ def choose_source(cfg: InstanceConfig, addresses: tuple[str, ...], *,
         return Source(address, layout, source_cfg)
     fix = "" if unreachable == len(tried) else \
         f". Fix: start the source instance once, or point {given_by} at an instance's storage"
-    raise BootstrapError(f"{cfg.name}: no usable bootstrap source; tried " + "; ".join(tried) + fix)
+    raise BootstrapError(f"{cfg.name}: no usable bootstrap source; tried " + "; ".join(tried) + fix,
+                         transient=bool(tried) and down == len(tried))
 
 
 def _check_not_mutual(cfg: InstanceConfig, source: Source, source_through: int) -> None:
@@ -233,7 +241,7 @@ def _resume_source(cfg: InstanceConfig, state: BootstrapState) -> Source:
         same = open_table(str(source.layout.txlog)).metadata().id == state.source_txlog_id
     except BootstrapError as exc:
         raise BootstrapError(f"{exc}. The interrupted bootstrap of {cfg.name} can only resume from {state.source}; "
-                             "or delete this instance's storage to start over") from None
+                             "or delete this instance's storage to start over", transient=exc.transient) from None
     if not same:
         raise BootstrapError(
             f"{cfg.name}: the interrupted bootstrap read {state.source}'s txlog {state.source_txlog_id}, which is no "

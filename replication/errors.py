@@ -57,9 +57,12 @@ class StorageError(ReplicationError):
 
 class StorageAccessError(StorageError):
     """An object-store address cannot be used: unreachable endpoint, refused credentials, missing bucket. The
-    user's to fix (a command exits 2), not worth retrying."""
+    user's to fix (a command exits 2); only an endpoint that cannot be reached may come back by itself
+    (``transient``: an instance waiting for a bootstrap source retries it)."""
 
-    transient = False
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class SowRefusal(ReplicationError):

@@ -61,6 +61,9 @@ HEARTBEAT_INTERVAL_S = 1.0
 STALL_REPORT_S = 30.0
 #: An ingest batch (or the planning of one) taking longer than this is reported, and again each time this passes.
 SLOW_BATCH_REPORT_S = 30.0
+#: First pause before a bootstrap source whose endpoint could not be reached is tried again; it doubles to the max.
+BOOTSTRAP_RETRY_S = 1.0
+MAX_BOOTSTRAP_RETRY_S = 30.0
 #: The txlog columns that say whose ack a row holds back (see ``Durability``).
 TXLOG_KEYS = pa.schema([TXLOG_SCHEMA.field(name) for name in ("seq", "publisher", "publisher_seq", "received_from")])
 
@@ -115,14 +118,15 @@ class Instance:
     def name(self) -> str:
         return self.cfg.name
 
-    def start(self) -> Instance:
+    def start(self, stop: threading.Event | None = None) -> Instance:
+        """Start serving; ``stop``: set, it ends a wait for a bootstrap source (the instance does not start)."""
         self.layout.root.mkdir(parents=True, exist_ok=True)
         write_instance_config(self.cfg, self.layout.instance_json)
         txlog = IdempotentAppender(self.layout.txlog, TXLOG_SCHEMA, app_id=INGEST_APP, name=f"{self.name} txlog")
         rejected = IdempotentAppender(self.layout.rejected, REJECTED_SCHEMA, app_id=INGEST_APP,
                                       name=f"{self.name} rejected")
         if bootstrap.needed(self.cfg, self.layout):  # before anything is served: no ingest, acks or replication yet
-            bootstrap.run(self.cfg, self.layout, progress=self._log_bootstrap)
+            self._bootstrap(stop or threading.Event())
             txlog.refresh()
         state = recover_state(txlog.table, self.layout.publishers_json)
         log.info("%s: recovered txlog at seq %d, %d publishers", self.name, state.max_seq, len(state.publishers))
@@ -229,6 +233,23 @@ class Instance:
         """The inbox version stored through, and what was acknowledged to each upstream (inbox cleanup)."""
         stored = self.writer.state.inbox_version if self.writer is not None else -1
         return stored, dict(self.durability.upstream_acks) if self.durability is not None else {}
+
+    def _bootstrap(self, stop: threading.Event) -> None:
+        """Bootstrap, waiting (with a growing pause) while every source's endpoint is unreachable: an object
+        store's outage ends by itself, a wrong address or credentials do not (those stop the start at once)."""
+        pause = BOOTSTRAP_RETRY_S
+        while True:
+            try:
+                bootstrap.run(self.cfg, self.layout, progress=self._log_bootstrap)
+                return
+            except bootstrap.BootstrapError as exc:
+                if not exc.transient:
+                    raise
+                log.warning("%s: %s; trying again in %.0f s", self.name, exc, pause)
+                if stop.wait(pause):
+                    raise bootstrap.BootstrapError(f"{self.name}: stopped while waiting for a bootstrap source "
+                                                   "to be reachable") from None
+                pause = min(pause * 2, MAX_BOOTSTRAP_RETRY_S)
 
     def _log_bootstrap(self, done: int, total: int) -> None:
         now = time.monotonic()

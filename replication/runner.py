@@ -27,7 +27,9 @@ def stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
     return stop
 
 
-def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds") -> list[Instance]:
+def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str = "0 seconds",
+                    stop: threading.Event | None = None) -> list[Instance]:
+    """Start an instance per config in one Spark application; ``stop`` set ends a wait for a bootstrap source."""
     for cfg in configs:  # (before Spark starts: a bucket that cannot be used is said in one line)
         StorageLayout.of(cfg.storage).check_reachable()
     spark = session("replication " + " ".join(c.name for c in configs),
@@ -35,7 +37,7 @@ def start_instances(configs: Sequence[InstanceConfig], *, trigger_interval: str 
     started: list[Instance] = []
     try:
         for cfg in configs:
-            started.append(Instance(cfg, spark, trigger_interval=trigger_interval).start())
+            started.append(Instance(cfg, spark, trigger_interval=trigger_interval).start(stop))
     except BaseException:
         stop_instances(started)
         raise

@@ -212,3 +212,52 @@ def test_two_empty_instances_bootstrapping_from_each_other_stop_with_the_fix(bro
             in proc.log_text())
     assert "Fix: start one of them once without <Bootstrap>" in proc.log_text()
     assert "Traceback" not in proc.log_text()
+
+
+def test_an_instance_waits_while_its_s3_bootstrap_source_is_unreachable_then_bootstraps(fabric, monkeypatch, caplog):
+    """An endpoint outage at start is waited out (the start logs each try); a wrong address would stop it."""
+    import threading
+
+    from support.tables import TxlogWriter
+
+    from replication.config.parser import parse_string
+    from replication.connectors.s3.access import environment_access, environment_filesystem
+    from replication.connectors.s3.server import LocalS3Server
+    from replication.storage.control import write_instance_config
+    from replication.storage.layout import StorageLayout
+
+    server = LocalS3Server(port=free_loopback_port())  # not started yet: its endpoint refuses connections
+    for name, value in server.environment().items():
+        monkeypatch.setenv(name, value)
+    environment_access.cache_clear()
+    environment_filesystem.cache_clear()
+    source = "s3://outage/amps-src"
+    fabric.configure("r", replication=bootstrap_xml([".*"], [source]))
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            fabric.start("r")
+        except BaseException as exc:  # (said by the assertion below)
+            failed.append(exc)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    try:
+        wait_until(lambda: caplog.text.count("trying again in") >= 2, timeout=60, what="two tries logged")
+        assert f"bootstrap source {source}: cannot reach" in caplog.text
+        assert starting.is_alive() and not fabric.count("r"), "nothing served while the source is unreachable"
+        with server:  # the endpoint comes back, with the source instance
+            server.create_bucket("outage")
+            layout = StorageLayout.of(source)
+            write_instance_config(parse_string(
+                f"<AMPSConfig><Name>amps-src</Name><Storage>{source}</Storage></AMPSConfig>"), layout.instance_json)
+            TxlogWriter(layout.txlog).append(150)
+            starting.join(timeout=120)
+    finally:
+        starting.join(timeout=120)
+        environment_access.cache_clear()
+        environment_filesystem.cache_clear()
+    assert not failed, failed
+    assert fabric.count("r") == 150
+    assert fabric.rows("r")["received_from"].to_pylist() == ["amps-src"] * 150

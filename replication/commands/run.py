@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))  # session tokens too
     configs = [config.load(path) for path in args.configs]  # all configs checked before Spark starts
     stop = stop_on_sigterm()  # from now on: a SIGTERM during start-up stops the instances once started
-    instances = start_instances(configs, trigger_interval=args.trigger)
+    instances = start_instances(configs, trigger_interval=args.trigger, stop=stop)
     print("running " + ", ".join(i.name for i in instances) + " (Ctrl-C to stop)", flush=True)
     run_until_stopped(instances, stop=stop)
     return 0

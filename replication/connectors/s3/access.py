@@ -213,7 +213,7 @@ def check_reachable(address: S3Address, access: S3Access, *, what: str = "storag
     except (EndpointConnectionError, BotoConnectTimeout) as exc:
         raise StorageAccessError(
             f"{what} {address}: cannot reach {access.where} ({type(exc).__name__}). Fix: check that the endpoint "
-            "is up and AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) names it") from None
+            "is up and AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) names it", transient=True) from None
     except NoCredentialsError:
         raise StorageAccessError(
             f"{what} {address}: no AWS credentials found. Fix: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "

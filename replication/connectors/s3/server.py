@@ -47,9 +47,10 @@ class LocalS3Server:
     """An S3 endpoint on ``127.0.0.1``; ``access`` gives clients its credentials."""
 
     def __init__(self, *, access_key: str = "replication-local", secret_key: str = "replication-local-secret",
-                 region: str = "us-east-1") -> None:
+                 region: str = "us-east-1", port: int = 0) -> None:
+        """``port``: where it will listen (default: a free loopback port chosen at start)."""
         self.access_key, self.secret_key, self.region = access_key, secret_key, region
-        self.port = 0
+        self.port = port
         self._proc: subprocess.Popen | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="replication-s3-"))
 
@@ -68,7 +69,7 @@ class LocalS3Server:
                 "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": self.region}
 
     def start(self) -> LocalS3Server:
-        self.port = free_loopback_port()
+        self.port = self.port or free_loopback_port()
         log = open(self._dir / "server.log", "wb")
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "replication.connectors.s3.server", "--port", str(self.port),
