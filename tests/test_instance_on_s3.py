@@ -167,6 +167,9 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
     assert [json.loads(line)["data"]["i"] for line in replayed.out.splitlines()] == list(range(1, orders + 1))
     verified = run_cli("verify", cfg, "--engine", "arrow", env=s3.environment())
     assert verified.code == 0, verified.out + verified.err
+    queue = run_cli("queue", cfg, "--topic", "/work", "--format", "json", env=s3.environment())
+    assert queue.code == 0, queue.err
+    assert (json.loads(queue.out)["acknowledged"], json.loads(queue.out)["depth"]) == (TASKS, 0), queue.out
     by_spark = run_cli("verify", cfg, "--engine", "spark", env=s3.environment())
     assert by_spark.code == 2 and "with Spark is not supported yet. Fix: --engine arrow" in by_spark.err, \
         by_spark.err
