@@ -220,3 +220,30 @@ def test_a_slow_batch_is_reported_with_what_it_is_doing(start_instance, broker, 
     assert reports and reports[0].startswith(f"{inst.name}: ingest batch {step['id']} "), reports
     assert inst.status().batch is None, "no batch in progress once the message is persisted"
 
+
+
+def test_a_new_instance_reads_its_first_batch_in_the_driver_with_the_rows_spark_planned(fabric, broker, monkeypatch):
+    """The first micro-batch of a new ingest query starts at the sources' initial offsets, which Spark does not
+    log: the writer asks the sources for them and reads that batch itself, as it does every small one."""
+    from replication.ingest.inputs import DriverRead
+
+    read: list[tuple[int, int | None]] = []
+    original = DriverRead.__call__
+
+    def observed(self, batch_id):
+        rows = original(self, batch_id)
+        read.append((batch_id, None if rows is None else rows.num_rows))
+        return rows
+
+    monkeypatch.setattr(DriverRead, "__call__", observed)
+    fabric.configure("a")
+    early = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for seq in range(1, 301):  # waiting on its topic before the instance first starts
+        raw_publish(early, f"{fabric.name('a')}.publish", b'{"n": %d}' % seq, amps_client="early",
+                    amps_seq=str(seq), amps_topic="/orders")
+    early.flush()
+    early.close()
+    fabric.start("a")
+    wait_until(lambda: fabric.count("a") >= 300, timeout=120, what="the 300 waiting messages stored")
+    assert read[0] == (0, 300), read[:3]
+    assert_exactly_once(fabric.rows("a"), {"early": 300})

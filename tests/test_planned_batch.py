@@ -44,6 +44,17 @@ def test_unknown_ranges_are_none(tmp_path, entries, batch):
     assert PlannedBatch(tmp_path).ranges(batch) is None
 
 
+def test_the_first_batch_runs_from_the_initial_offsets_given_to_its_own_entry(tmp_path):
+    write_entry(tmp_path, 0, '{"t": {"0": 10}}', '{"version": 2}')
+    asked = []
+    initial = [{"t": {"0": 4}}, {"version": -1}]
+    assert PlannedBatch(tmp_path).ranges(0, initial=lambda: asked.append(1) or initial) == [
+        ({"t": {"0": 4}}, {"t": {"0": 10}}), ({"version": -1}, {"version": 2})]
+    assert PlannedBatch(tmp_path).ranges(0, initial=lambda: initial[:1]) is None, "one source too few"
+    assert PlannedBatch(tmp_path / "none").ranges(0, initial=lambda: asked.append(2) or initial) is None
+    assert asked == [1], "the sources are asked only when the entry is there"
+
+
 def test_another_log_format_is_not_guessed(tmp_path):
     write_entry(tmp_path, 1, '{"seq": 1}', version="v2")
     write_entry(tmp_path, 2, '{"seq": 5}', version="v2")
@@ -51,7 +62,8 @@ def test_another_log_format_is_not_guessed(tmp_path):
 
 
 def test_ranges_are_exactly_the_rows_spark_gives_each_batch(spark, tmp_path):
-    """A real query's offset log names, for every batch after the first, the seqs its DataFrame holds."""
+    """A real query's offset log names, for every batch, the seqs its DataFrame holds (the first from the
+    source's initial offset)."""
     txlog = TxlogWriter(tmp_path / "txlog")
     for count in (7, 13, 1, 20, 9):
         txlog.append(count)
@@ -64,14 +76,14 @@ def test_ranges_are_exactly_the_rows_spark_gives_each_batch(spark, tmp_path):
         .writeStream.trigger(availableNow=True)
         .option("checkpointLocation", str(checkpoint))
         .foreachBatch(lambda df, batch_id: seen.append(
-            (batch_id, df.toArrow()["seq"].to_pylist(), planned.ranges(batch_id))))
+            (batch_id, df.toArrow()["seq"].to_pylist(), planned.ranges(batch_id, initial=lambda: [{"seq": 0}]))))
         .start()
     )
     query.awaitTermination(300)
     assert query.exception() is None
     assert [s for _, seqs, _ in seen for s in seqs] == list(range(1, 51))
-    assert len(seen) > 3 and seen[0][2] is None
-    for batch_id, seqs, ranges in seen[1:]:
+    assert len(seen) > 3
+    for batch_id, seqs, ranges in seen:
         assert ranges == [({"seq": seqs[0] - 1}, {"seq": seqs[-1]})], batch_id
 
 

@@ -33,7 +33,7 @@ import functools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -179,6 +179,9 @@ class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ``read(partition)``; ``commit(end)`` (nothing to do); ``stop()``.
     """
 
+    #: Where a new query starts: before the table's first version.
+    FIRST: ClassVar[dict[str, int]] = {"version": -1}
+
     def __init__(self, options: InboxSourceOptions) -> None:
         self.options = options
         self._view: InboxLog | None = None
@@ -191,7 +194,7 @@ class InboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._view
 
     def initialOffset(self) -> dict:
-        return {"version": -1}
+        return dict(self.FIRST)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_rows_per_trigger:

@@ -334,7 +334,7 @@ class DriverRead:
         """Micro-batches read in the driver rather than by a Spark job."""
 
     def __call__(self, batch_id: int) -> pa.Table | None:
-        ranges = self.planned.ranges(batch_id)
+        ranges = self.planned.ranges(batch_id, initial=self._initial_offsets)
         if ranges is None or len(ranges) != len(self.kafka) + (self.inbox is not None):
             return None
         plans, offsets = [], 0
@@ -372,6 +372,21 @@ class DriverRead:
             return None
         self.batches += 1
         return pa.concat_tables(tables) if tables else CANDIDATE_SCHEMA.empty_table()
+
+    def _initial_offsets(self) -> list[dict]:
+        """Where a new ingest query starts, per source (what its readers' ``initialOffset`` gave Spark): each
+        Kafka topic's earliest offsets, the inbox's first version. Asked again here: a Kafka partition's earliest
+        offset only moves forward, past records that no read could return any more."""
+        starts = []
+        for _transport, options in self.kafka:
+            reader = KafkaStreamReader(options)
+            try:
+                starts.append(reader.initialOffset())
+            finally:
+                reader.stop()
+        if self.inbox is not None:
+            starts.append(dict(inbox_stream.InboxStreamReader.FIRST))
+        return starts
 
     def close(self) -> None:
         for reader in self.readers:

@@ -16,12 +16,14 @@ source for that batch, and a batch re-run after a crash is re-run with the
 same entry, so both paths read the same rows. Only Spark's ``v1`` offset-log
 format on a local checkpoint is read; anything else (another format, a first
 batch, a checkpoint on remote storage) returns None and the writer collects
-its DataFrame as before.
+its DataFrame as before. The first batch's start is not logged: the caller
+gives the sources' initial offsets.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from replication.connectors.s3.objects import ObjectPath
@@ -52,13 +54,19 @@ class PlannedBatch:
         self._last: tuple[int, list[dict] | None] | None = None
         """The last entry read: a batch's end is the next batch's start."""
 
-    def ranges(self, batch_id: int) -> list[tuple[dict, dict]] | None:
+    def ranges(self, batch_id: int, initial: Callable[[], list[dict]] | None = None) -> list[tuple[dict, dict]] | None:
         """(start, end) offsets of each source of batch ``batch_id``, in the query's source order.
 
-        None when they cannot be known from the offset log: the first batch
-        (its start is the sources' initial offsets), an entry Spark has not
-        written, or a format this module does not know.
+        The first batch starts at the sources' initial offsets, which Spark does not log: ``initial`` gives
+        them (None: the first batch is not known here). None also for an entry Spark has not written, or a
+        format this module does not know.
         """
+        if batch_id == 0 and initial is not None:
+            end = self._entry(0)
+            first = initial() if end is not None else None
+            if first is None or end is None or len(first) != len(end):
+                return None
+            return list(zip(first, end, strict=True))
         if batch_id < 1:
             return None
         start = self._entry(batch_id - 1)  # usually the entry read last, as the previous batch's end
