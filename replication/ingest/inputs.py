@@ -373,15 +373,20 @@ class DriverRead:
         self.batches += 1
         return pa.concat_tables(tables) if tables else CANDIDATE_SCHEMA.empty_table()
 
-    def _initial_offsets(self) -> list[dict]:
+    def _initial_offsets(self) -> list[dict] | None:
         """Where a new ingest query starts, per source (what its readers' ``initialOffset`` gave Spark): each
         Kafka topic's earliest offsets, the inbox's first version. Asked again here: a Kafka partition's earliest
-        offset only moves forward, past records that no read could return any more."""
+        offset only moves forward, past records that no read could return any more. None: Kafka did not
+        answer (Spark's tasks read the batch)."""
         starts = []
         for _transport, options in self.kafka:
             reader = KafkaStreamReader(options)
             try:
                 starts.append(reader.initialOffset())
+            except Exception:
+                log.warning("ingest batch 0: the topics' earliest offsets could not be read; Spark reads it instead",
+                            exc_info=True)
+                return None
             finally:
                 reader.stop()
         if self.inbox is not None:

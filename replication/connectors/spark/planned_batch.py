@@ -14,9 +14,8 @@ end offsets (``offsets/<batch id>``) before it runs the batch; the previous
 entry is where the batch starts. Those are exactly the offsets Spark hands the
 source for that batch, and a batch re-run after a crash is re-run with the
 same entry, so both paths read the same rows. Only Spark's ``v1`` offset-log
-format on a local checkpoint is read; anything else (another format, a first
-batch, a checkpoint on remote storage) returns None and the writer collects
-its DataFrame as before. The first batch's start is not logged: the caller
+format is read (in a local checkpoint or one in a bucket); anything else
+returns None and the writer collects its DataFrame as before. The first batch's start is not logged: the caller
 gives the sources' initial offsets.
 """
 
@@ -54,12 +53,13 @@ class PlannedBatch:
         self._last: tuple[int, list[dict] | None] | None = None
         """The last entry read: a batch's end is the next batch's start."""
 
-    def ranges(self, batch_id: int, initial: Callable[[], list[dict]] | None = None) -> list[tuple[dict, dict]] | None:
+    def ranges(self, batch_id: int,
+               initial: Callable[[], list[dict] | None] | None = None) -> list[tuple[dict, dict]] | None:
         """(start, end) offsets of each source of batch ``batch_id``, in the query's source order.
 
         The first batch starts at the sources' initial offsets, which Spark does not log: ``initial`` gives
-        them (None: the first batch is not known here). None also for an entry Spark has not written, or a
-        format this module does not know.
+        them (without it, or when it gives None, the first batch is not known here). None also for an entry
+        Spark has not written, or a format this module does not know.
         """
         if batch_id == 0 and initial is not None:
             end = self._entry(0)
