@@ -273,6 +273,10 @@ def test_a_sync_pair_delivers_10k_messages_once_and_transfers_when_one_side_s_co
     assert b["transfers"]["requested"] >= taken_over
     for name in ("b0", "b1"):
         workers[name].close()
+    checked = run_cli("verify", fabric.paths["a"], fabric.paths["b"], "--format", "json")
+    assert checked.code == 0, checked.out
+    assert {(q["upstream"], q["topic"]): q["messages"] for q in json.loads(checked.out)["queues"]} == {
+        (fabric.name(s), q): n for s in ("a", "b") for q, n in (("/work", 10_000), ("/group", 0))}
 
     # a group local queue: delivered only at its InitialOwner (a), wherever it was published
     locals_ = {short: consumer(fabric, f"g-{short}", short, queue="/group", max_backlog=100) for short in ("a", "b")}

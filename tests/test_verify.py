@@ -109,3 +109,38 @@ def test_a_sow_record_changed_by_hand_is_a_finding_and_spark_finds_what_arrow_fi
     assert on_spark.engine == "spark" and found(on_spark) == found(arrow)
     assert [(c.upstream, c.downstream, c.messages) for c in on_spark.links + on_spark.groups] == \
         [(c.upstream, c.downstream, c.messages) for c in arrow.links + arrow.groups]
+
+
+def test_a_queue_message_acknowledged_twice_is_a_finding_but_a_barrier_once_per_instance_is_not(tmp_path):
+    """Acknowledgement rows as consumers at two instances would leave them after a proxied transfer: one message
+    acknowledged at both is a finding; a barrier message, which each instance delivers, may be acknowledged once
+    at each, not twice at one."""
+    queue = ("<Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/tasks</UnderlyingTopic>"
+             "<Semantics>at-least-once</Semantics><BarrierExpression>/barrier = 1</BarrierExpression></Queue>")
+    path = write_config(tmp_path, "amps-1", "localhost:9", sow=queue)
+    cfg = Fabric.load([str(path)])["amps-1"]
+    now = datetime.now(timezone.utc)
+    messages = [("amps-1", {"task": 1}), ("amps-1", {"task": 2}), ("amps-2", {"barrier": 1}),
+                ("amps-1", {"barrier": 1})]
+    marks = [bookmark("feed", n + 1) for n in range(len(messages))]
+    acks = [("w-a", 1, "amps-1", [marks[0], marks[1]]), ("w-b", 1, "amps-2", [marks[1]]),  # 2: twice
+            ("w-a", 2, "amps-1", [marks[2]]), ("w-b", 2, "amps-2", [marks[2]]),  # barrier 3: once at each
+            ("w-a", 3, "amps-1", [marks[3]]), ("w-a", 4, "amps-1", [marks[3]])]  # barrier 4: twice at one
+    rows = [{"bookmark": mark, "publisher": "feed", "publisher_seq": n + 1, "topic": "/tasks", "command": "publish",
+             "data": orjson.dumps(body), "origin": origin} for n, (mark, (origin, body)) in enumerate(
+                 zip(marks, messages, strict=True))]
+    rows += [{"bookmark": bookmark(client, seq), "publisher": client, "publisher_seq": seq, "topic": "/work",
+              "command": "sow_delete", "sow_keys": ",".join(named), "data": b"", "origin": origin}
+             for client, seq, origin, named in acks]
+    table = pa.Table.from_pylist([{**row, "seq": n + 1, "message_type": "json", "persist_time": now,
+                                   "publish_time": now, "path": [row["origin"]]} for n, row in enumerate(rows)],
+                                 schema=TXLOG_SCHEMA)
+    write_deltalake(str(StorageLayout.of(cfg.storage).txlog), table)
+
+    report = verify(Fabric([cfg]))
+    [compared] = report.queues
+    assert compared.messages == 4
+    [finding] = report.findings
+    assert finding.kind == "queue" and finding.topic == "/work"
+    assert finding.bookmarks == tuple(sorted([marks[1], marks[3]]))
+    assert "2 message(s) acknowledged more than once" in finding.message

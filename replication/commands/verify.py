@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         json.dump({"ok": report.ok, "engine": report.engine, "links": [c.to_dict() for c in report.links],
                    "groups": [c.to_dict() for c in report.groups], "sows": [c.to_dict() for c in report.sows],
+                   "queues": [c.to_dict() for c in report.queues],
                    "findings": [f.to_dict() for f in report.findings]}, sys.stdout, indent=2)
         print()
     else:
@@ -62,14 +63,17 @@ def render(report: Report) -> str:
         lines.append(_line(c, f"group of {c.upstream} and {c.downstream}"))
     for c in report.sows:
         lines.append(_line(c, f"SOW {c.topic} of {c.upstream} and {c.downstream}", unit="records"))
+    for c in report.queues:
+        lines.append(_line(c, f"queue {c.topic} at {c.upstream}", unit="acknowledged messages"))
     checked = [c for c in report.links if not c.not_checked]
-    failed = [c for c in report.links + report.groups + report.sows if c.findings]
+    failed = [c for c in report.links + report.groups + report.sows + report.queues if c.findings]
     sows = [c for c in report.sows if not c.not_checked]
     lines.append("")
     lines.append(
         f"{len(checked)} links and {len(report.groups)} group pairs compared, "
         f"{sum(c.messages for c in checked):,} acknowledged messages"
-        + (f", {len(sows)} SOW topics ({sum(c.messages for c in sows):,} records)" if report.sows else "") + ": "
+        + (f", {len(sows)} SOW topics ({sum(c.messages for c in sows):,} records)" if report.sows else "")
+        + (f", {len(report.queues)} queues" if report.queues else "") + ": "
         + (f"{len(report.findings)} findings in {len(failed)}" if failed else "consistent")
         + (f"; {len(report.links) - len(checked)} links not checked" if len(checked) < len(report.links) else ""))
     return "\n".join(lines)

@@ -17,7 +17,9 @@ the filters and PassThrough say: instances of one group are meant to be
 equivalent), each side up to what its link to the other has acknowledged:
 **group** findings name what one holds and the other lacks, leaving out
 messages still on their way to it over another link. And it compares their
-SOWs key by key (**sow** findings, :mod:`replication.verify.sow`).
+SOWs key by key (**sow** findings, :mod:`replication.verify.sow`). For every
+queue of every instance it checks that no message was acknowledged twice
+(**queue** findings, :mod:`replication.verify.queues`).
 
 Rows past an acknowledged position are never compared (they may be in
 flight), so a running fabric verifies clean. A link never connected, or to an
@@ -41,6 +43,7 @@ from replication.config.model import Destination, InstanceConfig
 from replication.errors import UnsupportedAddressError
 from replication.storage.control import LinkState
 from replication.storage.layout import StorageLayout
+from replication.verify.queues import check_queues
 from replication.verify.report import Compared, Finding, Outcome, Report, count, listed, ranges_text
 from replication.verify.sow import compare_sows
 
@@ -98,6 +101,8 @@ def verify(fabric: Fabric, *, topic: str | None = None, engine: Engine = "auto",
             shared = _shared(dest_ab, dest_ba, pattern)
             report.groups.append(_check_group(logs, fabric[a], acked_ab, fabric[b], acked_ba, shared, into))
             report.sows.extend(compare_sows(fabric, fabric[a], fabric[b], shared, into))
+    for cfg in fabric:
+        report.queues.extend(check_queues(cfg))
     return report
 
 

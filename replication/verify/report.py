@@ -15,7 +15,7 @@ from replication.txlog.runs import run_bounds
 if TYPE_CHECKING:
     from replication.config.model import InstanceConfig
 
-Kind = Literal["missing", "body", "group", "sow", "unreadable"]
+Kind = Literal["missing", "body", "group", "sow", "queue", "unreadable"]
 
 #: Bookmarks or keys kept per finding (the count in its message is always exact).
 LISTED = 1000
@@ -36,9 +36,9 @@ class Finding:
     seq_ranges: Ranges = ()
     """``publisher_seq`` ranges of the messages concerned (missing, group)."""
     bookmarks: tuple[str, ...] = ()
-    """Bookmarks concerned (body), at most :data:`LISTED`."""
+    """Bookmarks concerned (body; queue: acknowledged more than once), at most :data:`LISTED`."""
     topic: str | None = None
-    """The SOW topic (sow)."""
+    """The SOW topic (sow), the queue topic (queue)."""
     keys: tuple[str, ...] = ()
     """SOW keys whose records differ (sow), at most :data:`LISTED`."""
 
@@ -51,7 +51,8 @@ class Finding:
 
 @dataclass
 class Compared:
-    """One link, group pair or SOW topic of a group pair: what was compared, and what was found."""
+    """One link, group pair, SOW topic of a group pair or queue of an instance: what was compared, and what was
+    found."""
 
     upstream: str
     destination: str | None
@@ -59,11 +60,11 @@ class Compared:
     acked_seq: int = 0
     """The upstream seq compared up to (its link's acknowledged position)."""
     messages: int = 0
-    """Messages compared (a SOW comparison: records compared)."""
+    """Messages compared (a SOW comparison: records compared; a queue: messages acknowledged)."""
     not_checked: str | None = None
     """Why this was not compared (never connected, downstream not among the configs, ...)."""
     topic: str | None = None
-    """The SOW topic of a SOW comparison."""
+    """The SOW topic of a SOW comparison, the queue topic of a queue's."""
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -82,12 +83,14 @@ class Report:
     links: list[Compared] = field(default_factory=list)
     groups: list[Compared] = field(default_factory=list)
     sows: list[Compared] = field(default_factory=list)
+    queues: list[Compared] = field(default_factory=list)
+    """One per queue of each instance: its acknowledgements (:mod:`replication.verify.queues`)."""
     engine: str = "arrow"
     """What read the txlogs: ``arrow`` (deltalake and pyarrow in this process) or ``spark``."""
 
     @property
     def findings(self) -> list[Finding]:
-        return [f for c in self.links + self.groups + self.sows for f in c.findings]
+        return [f for c in self.links + self.groups + self.sows + self.queues for f in c.findings]
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,76 @@
+"""Queues in ``replication verify``: no message of a queue acknowledged twice across the fabric.
+
+Acknowledgements are txlog rows (a ``sow_delete`` on the queue topic naming
+bookmarks) that replicate to every instance hosting the queue, so each
+instance's txlog holds the fabric's acknowledgements of the messages it
+holds. Two acknowledgement rows naming one message mean two consumers
+processed it: the duplicate delivery the spec warns of after a proxied
+transfer, or a fault. A barrier message is delivered by every instance
+holding it, so it may be acknowledged once per instance (per origin of the
+acknowledgements), never twice at one.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from replication.config.model import InstanceConfig, QueueTopic
+from replication.connectors.delta.tables import open_table
+from replication.expressions.columnar import matching
+from replication.queues.wire import bookmarks_in
+from replication.storage.layout import StorageLayout
+from replication.verify.report import LISTED, Compared, Finding, listed
+
+COLUMNS = ["bookmark", "topic", "message_type", "command", "sow_keys", "publisher", "publisher_seq", "origin",
+           "data"]
+
+
+def check_queues(cfg: InstanceConfig) -> list[Compared]:
+    """One comparison per queue ``cfg`` hosts: its txlog's acknowledgements, message by message."""
+    if not cfg.queues:
+        return []
+    rows = open_table(StorageLayout.of(cfg.storage).txlog).to_pyarrow_dataset().to_table(
+        columns=COLUMNS, filter=ds.field("command").isin(["publish", "sow_delete"]))
+    return [_check(cfg, queue, rows) for queue in cfg.queues]
+
+
+def _check(cfg: InstanceConfig, queue: QueueTopic, rows: pa.Table) -> Compared:
+    compared = Compared(cfg.name, None, cfg.name, topic=queue.name)
+    acks = rows.filter(pc.and_(pc.equal(rows["command"], "sow_delete"), pc.equal(rows["topic"], queue.name)))
+    by_message: dict[str, set[tuple[str, int, str]]] = {}
+    for sow_keys, publisher, seq, origin in zip(*(acks[c].to_pylist() for c in ("sow_keys", "publisher",
+                                                                              "publisher_seq", "origin")),
+                                                strict=True):
+        for bookmark in bookmarks_in(sow_keys):
+            by_message.setdefault(bookmark, set()).add((publisher, seq, origin or ""))
+    compared.messages = len(by_message)
+    twice = {b for b, acked in by_message.items() if len(acked) > 1}
+    if twice and queue.barrier is not None:  # a barrier: once per instance
+        barriers = _barriers(queue, rows, twice)
+        twice = {b for b in twice if b not in barriers
+                 or len({origin for _p, _s, origin in by_message[b]}) < len(by_message[b])}
+    if twice:
+        listed_twice = sorted(twice)
+        compared.findings.append(Finding(
+            "queue", cfg.name, cfg.name, None,
+            f"queue {queue.name!r}: {len(twice):,} message(s) acknowledged more than once: bookmark "
+            f"{listed(listed_twice, len(twice))} (by {_clients(by_message[listed_twice[0]])})",
+            topic=queue.name, bookmarks=tuple(listed_twice[:LISTED])))
+    return compared
+
+
+def _barriers(queue: QueueTopic, rows: pa.Table, bookmarks: set[str]) -> set[str]:
+    """Which of ``bookmarks`` are the queue's barrier messages (their publish matches its barrier expression)."""
+    assert queue.barrier is not None
+    published = rows.filter(pc.and_(pc.equal(rows["command"], "publish"),
+                                    pc.is_in(rows["bookmark"], pa.array(sorted(bookmarks), pa.string()))))
+    if not published.num_rows:
+        return set()
+    hits = matching(queue.barrier, published["data"], queue.message_type)
+    return set(published["bookmark"].filter(pa.array(hits)).to_pylist())
+
+
+def _clients(acked: set[tuple[str, int, str]]) -> str:
+    return ", ".join(f"{publisher} at {origin or '?'}" for publisher, _seq, origin in sorted(acked))
