@@ -139,8 +139,8 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
         columns=["seq", "bookmark", "publisher", "publisher_seq", "command", "topic", "sow_keys"]).sort_by("seq")
     acks = rows.filter(pc.equal(rows["publisher"], "worker"))
     assert_exactly_once(rows, {"s3-pub": published, "worker": acks.num_rows})
-    stored = {b: pseq for b, pseq in zip(*(rows[c].to_pylist() for c in ("bookmark", "publisher_seq")), strict=True)}
-    assert sorted(stored[m.bookmark] for m in delivered) == sorted(tasks), "each task delivered once"
+    seq_of = dict(zip(*(rows[c].to_pylist() for c in ("bookmark", "publisher_seq")), strict=True))
+    assert sorted(seq_of[m.bookmark] for m in delivered) == sorted(tasks), "each task delivered once"
     acknowledged = [b for r in acks.to_pylist() if r["command"] == "sow_delete" and r["topic"] == "/work"
                     for b in bookmarks_in(r["sow_keys"])]
     assert sorted(acknowledged) == sorted(m.bookmark for m in delivered), "each acknowledged once in the txlog"
