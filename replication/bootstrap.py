@@ -63,7 +63,12 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from replication import failpoints
 from replication.config.fabric import addresses_of, normalize_address
 from replication.config.model import InstanceConfig, TopicSpec
-from replication.connectors.delta.tables import IdempotentAppender, commit_metadata_since, open_table
+from replication.connectors.delta.tables import (
+    IdempotentAppender,
+    arrow_dataset,
+    commit_metadata_since,
+    open_table,
+)
 from replication.errors import ConfigError, ReplicationError, StorageAccessError
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
@@ -416,7 +421,7 @@ def _install_sow(cfg: InstanceConfig, layout: StorageLayout, data_types: frozens
 
 def _local_seqs(records: pa.Table, layout: StorageLayout) -> pa.Table:
     """Records with ``seq`` = this instance's seq of the txlog row that wrote them (by bookmark), else 0."""
-    ours = open_table(str(layout.txlog)).to_pyarrow_table(columns=["bookmark", "seq"])
+    ours = arrow_dataset(open_table(str(layout.txlog))).to_table(columns=["bookmark", "seq"])
     if not records.num_rows or not ours.num_rows:
         return records.set_column(records.schema.get_field_index("seq"), "seq",
                                   pa.repeat(pa.scalar(0, pa.int64()), records.num_rows))

@@ -25,7 +25,7 @@ from replication.actions import DowngradeController, apply_manual_downgrades
 from replication.config.link_auth import check_link_keys
 from replication.config.model import InstanceConfig
 from replication.config.security import check_security
-from replication.connectors.delta.tables import IdempotentAppender, open_table
+from replication.connectors.delta.tables import IdempotentAppender, arrow_dataset, open_table
 from replication.connectors.kafka.broker import ensure_topics
 from replication.connectors.spark.planned_batch import query_id
 from replication.destination.link import Link
@@ -312,7 +312,7 @@ class Instance:
         keep this read to the last few)."""
         seq = ds.field("upstream_seq")
         wanted = (ds.field("link") == upstream) & (seq > after) & (seq <= through)
-        return open_table(self.layout.inbox).to_pyarrow_dataset().to_table(
+        return arrow_dataset(open_table(self.layout.inbox)).to_table(
             columns=["publisher", "publisher_seq", "upstream_seq"], filter=wanted)
 
     def status(self) -> Heartbeat:

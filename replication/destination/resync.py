@@ -73,10 +73,10 @@ def resync_start(txlog_path: StoragePath, have: dict[str, int], *, after: int, f
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from replication.connectors.delta.tables import open_table
+    from replication.connectors.delta.tables import arrow_dataset, open_table
 
     table = open_table(txlog_path)
-    rows = table.to_pyarrow_dataset().to_table(
+    rows = arrow_dataset(table).to_table(
         columns=["seq", "publisher", "publisher_seq"], filter=ds.field("seq") > after
     )
     if rows.num_rows == 0:

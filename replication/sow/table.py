@@ -38,7 +38,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from replication import failpoints
 from replication.config.model import InstanceConfig, SowTopic
-from replication.connectors.delta.tables import open_table
+from replication.connectors.delta.tables import arrow_dataset, open_table
 from replication.connectors.s3.access import delta_options_for
 from replication.errors import InputError
 from replication.expressions import Filter
@@ -217,7 +217,7 @@ class SowTable:
 
     def records(self, bucket_set: set[int] | None = None) -> pa.Table:
         """Base records (all, or of some buckets)."""
-        dataset = self.table.to_pyarrow_dataset()
+        dataset = arrow_dataset(self.table)
         where = ds.field("bucket").isin(sorted(bucket_set)) if bucket_set is not None else None
         return dataset.to_table(filter=where).select(SOW_SCHEMA.names).cast(SOW_SCHEMA)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
 
-from replication.connectors.delta.tables import commit_metadata_since
+from replication.connectors.delta.tables import arrow_dataset, commit_metadata_since
 from replication.storage.control import PublishersSnapshot
 from replication.storage.layout import StoragePath
 
@@ -85,7 +85,7 @@ def recover_state(table, snapshot_path: StoragePath) -> PublisherState:
 def rebuild_from_data(table) -> PublisherState:
     """Full scan of the txlog (only when the commit history is gone)."""
     table.update_incremental()
-    data = table.to_pyarrow_table(columns=["seq", "publisher", "publisher_seq", "received_from"])
+    data = arrow_dataset(table).to_table(columns=["seq", "publisher", "publisher_seq", "received_from"])
     state = PublisherState(txlog_version=table.version())
     if data.num_rows == 0:
         return state

@@ -76,10 +76,10 @@ class ArrowTxlogs:
         return table
 
     def _read(self, name: str) -> pa.Table:
-        from replication.connectors.delta.tables import open_table
+        from replication.connectors.delta.tables import arrow_dataset, open_table
 
         path = str(StorageLayout.of(self.fabric[name].storage).txlog)
-        table = open_table(path).to_pyarrow_dataset().to_table(
+        table = arrow_dataset(open_table(path)).to_table(
             columns=COLUMNS).sort_by("seq")
         if self.pattern is not None and table.num_rows:
             topics = table["topic"].unique().to_pylist()

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from replication.config.model import InstanceConfig, QueueTopic
-from replication.connectors.delta.tables import open_table
+from replication.connectors.delta.tables import arrow_dataset, open_table
 from replication.expressions.columnar import matching
 from replication.queues.wire import bookmarks_in
 from replication.storage.layout import StorageLayout
@@ -31,7 +31,7 @@ def check_queues(cfg: InstanceConfig) -> list[Compared]:
     """One comparison per queue ``cfg`` hosts: its txlog's acknowledgements, message by message."""
     if not cfg.queues:
         return []
-    rows = open_table(StorageLayout.of(cfg.storage).txlog).to_pyarrow_dataset().to_table(
+    rows = arrow_dataset(open_table(StorageLayout.of(cfg.storage).txlog)).to_table(
         columns=COLUMNS, filter=ds.field("command").isin(["publish", "sow_delete"]))
     return [_check(cfg, queue, rows) for queue in cfg.queues]
 

@@ -23,7 +23,7 @@ import pyarrow.dataset as ds
 
 from replication.config.fabric import Fabric
 from replication.config.model import InstanceConfig, SowTopic
-from replication.connectors.delta.tables import open_table
+from replication.connectors.delta.tables import arrow_dataset, open_table
 from replication.sow.keys import SowTopics, split_keys
 from replication.sow.table import SowTable, exact_records
 from replication.storage.layout import StorageLayout
@@ -89,7 +89,7 @@ def _changing_keys(fabric: Fabric, sow: SowTopic, links: list[tuple[str, int]]) 
     changing: set[tuple[str, str]] = set()
     for upstream, acked in links:
         path = StorageLayout.of(fabric[upstream].storage).txlog
-        rows = open_table(path).to_pyarrow_dataset().to_table(
+        rows = arrow_dataset(open_table(path)).to_table(
             columns=KEY_COLUMNS, filter=ds.field("seq") > acked)
         columns = [rows[c].to_pylist() for c in ("topic", "message_type", "command", "sow_key", "filter")]
         for topic, message_type, command, sow_key, by_filter in zip(*columns, strict=True):

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,8 +31,11 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
 from replication.connectors.delta.stats import file_stats, stats_json
-from replication.connectors.s3.access import delta_options_for
+from replication.connectors.s3.access import arrow_location, delta_options_for
 from replication.connectors.s3.objects import ObjectPath
+
+if TYPE_CHECKING:
+    import pyarrow.dataset
 
 #: Key of this product's record in each commit's commitInfo.
 COMMIT_METADATA_KEY = "replication.batch"
@@ -75,6 +78,19 @@ def open_table(location: Path | str | ObjectPath, version: int | None = None) ->
     settings), at its newest version or ``version``."""
     uri = str(location)
     return DeltaTable(uri, version=version, storage_options=delta_options_for(uri))
+
+
+def arrow_dataset(table: DeltaTable) -> pyarrow.dataset.Dataset:
+    """``table``'s current files as a pyarrow dataset. On S3 it is read through Arrow's own S3 filesystem with
+    this process's settings: deltalake's default there is a filesystem written in Python, whose calls from
+    Arrow's IO threads take the GIL, and a process exiting while one still did aborted with SIGABRT
+    ("terminate called without an active exception") after its work was done."""
+    location, filesystem = arrow_location(table.table_uri)
+    if filesystem is None:
+        return table.to_pyarrow_dataset()
+    from pyarrow.fs import SubTreeFileSystem  # (here: a source's planner must not import pandas with it)
+
+    return table.to_pyarrow_dataset(filesystem=SubTreeFileSystem(location, filesystem))
 
 
 def open_or_create(
