@@ -23,22 +23,23 @@ from replication.queues.wire import bookmarks_in
 from replication.storage.layout import StorageLayout
 from replication.verify.report import LISTED, Compared, Finding, listed
 
-COLUMNS = ["bookmark", "topic", "message_type", "command", "sow_keys", "publisher", "publisher_seq", "origin",
-           "data"]
+#: The columns of an acknowledgement row the check reads.
+ACK_COLUMNS = ["topic", "sow_keys", "publisher", "publisher_seq", "origin"]
 
 
 def check_queues(cfg: InstanceConfig) -> list[Compared]:
-    """One comparison per queue ``cfg`` hosts: its txlog's acknowledgements, message by message."""
+    """One comparison per queue ``cfg`` hosts: its txlog's acknowledgements, message by message. Only the
+    acknowledgement rows are read, and the bodies of the messages that may be barriers."""
     if not cfg.queues:
         return []
-    rows = arrow_dataset(open_table(StorageLayout.of(cfg.storage).txlog)).to_table(
-        columns=COLUMNS, filter=ds.field("command").isin(["publish", "sow_delete"]))
-    return [_check(cfg, queue, rows) for queue in cfg.queues]
+    dataset = arrow_dataset(open_table(StorageLayout.of(cfg.storage).txlog))
+    acks = dataset.to_table(columns=ACK_COLUMNS, filter=(ds.field("command") == "sow_delete")
+                            & ds.field("topic").isin(sorted({q.name for q in cfg.queues})))
+    return [_check(cfg, queue, acks.filter(pc.equal(acks["topic"], queue.name)), dataset) for queue in cfg.queues]
 
 
-def _check(cfg: InstanceConfig, queue: QueueTopic, rows: pa.Table) -> Compared:
+def _check(cfg: InstanceConfig, queue: QueueTopic, acks: pa.Table, dataset: ds.Dataset) -> Compared:
     compared = Compared(cfg.name, None, cfg.name, topic=queue.name)
-    acks = rows.filter(pc.and_(pc.equal(rows["command"], "sow_delete"), pc.equal(rows["topic"], queue.name)))
     by_message: dict[str, set[tuple[str, int, str]]] = {}
     for sow_keys, publisher, seq, origin in zip(*(acks[c].to_pylist() for c in ("sow_keys", "publisher",
                                                                               "publisher_seq", "origin")),
@@ -48,7 +49,7 @@ def _check(cfg: InstanceConfig, queue: QueueTopic, rows: pa.Table) -> Compared:
     compared.messages = len(by_message)
     twice = {b for b, acked in by_message.items() if len(acked) > 1}
     if twice and queue.barrier is not None:  # a barrier: once per instance
-        barriers = _barriers(queue, rows, twice)
+        barriers = _barriers(queue, dataset, twice)
         twice = {b for b in twice if b not in barriers
                  or len({origin for _p, _s, origin in by_message[b]}) < len(by_message[b])}
     if twice:
@@ -61,11 +62,11 @@ def _check(cfg: InstanceConfig, queue: QueueTopic, rows: pa.Table) -> Compared:
     return compared
 
 
-def _barriers(queue: QueueTopic, rows: pa.Table, bookmarks: set[str]) -> set[str]:
+def _barriers(queue: QueueTopic, dataset: ds.Dataset, bookmarks: set[str]) -> set[str]:
     """Which of ``bookmarks`` are the queue's barrier messages (their publish matches its barrier expression)."""
     assert queue.barrier is not None
-    published = rows.filter(pc.and_(pc.equal(rows["command"], "publish"),
-                                    pc.is_in(rows["bookmark"], pa.array(sorted(bookmarks), pa.string()))))
+    published = dataset.to_table(columns=["bookmark", "data"], filter=(ds.field("command") == "publish")
+                                 & ds.field("bookmark").isin(sorted(bookmarks)))
     if not published.num_rows:
         return set()
     hits = matching(queue.barrier, published["data"], queue.message_type)
