@@ -35,8 +35,12 @@ Order of effects:
    and the ingest never sees a later part first. The ingest stores a part by
    moving its file into the txlog and writing its seqs in, without reading or
    writing its rows again (or, when it cannot take the part as it is,
-   classifies its rows like any others). One run of a client at a time (a
-   lock, let go when its process ends).
+   classifies its rows like any others: always so in a bucket). One run of a
+   client at a time (a lock, let go when its process ends; on S3 a leased
+   object, :mod:`replication.storage.lease`).
+
+On S3 every piece is an object under the instance's prefix: the staged parts,
+the tasks' announcements, the rejected files, the lock.
 
 Each stage is a module: ``plan``, ``tasks`` (what runs in Spark's tasks, and the
 driver's side of them) and ``commit``; this one holds what callers use and runs
@@ -147,18 +151,19 @@ def run(spark: SparkSession, cfg: InstanceConfig, inputs: list[str], options: Op
         progress: Progress | None = None) -> Result:
     """Backfill ``inputs`` into ``cfg``'s instance (see the module docstring)."""
     check(cfg, options)
-    layout = StorageLayout.local(cfg.storage, "a backfill")
+    layout = StorageLayout.of(cfg.storage).check_reachable(f"{cfg.name}'s <Storage>")
     inbox = create_inbox(layout.inbox)
     rejected = open_or_create(layout.rejected, REJECTED_SCHEMA, name=f"{cfg.name} rejected")
     numbered = plan.numbered_files(spark, inputs, options)
     result = Result(last_seq=sum(f.rows for f in numbered), bad=[])
-    with commit.client_lock(layout, cfg, options.client):
-        return _run_holding_lock(spark, cfg, layout, inbox, rejected, numbered, options, result, progress)
+    with commit.client_lock(layout, cfg, options.client) as still_held:
+        return _run_holding_lock(spark, cfg, layout, inbox, rejected, numbered, options, result, progress,
+                                 still_held)
 
 
 def _run_holding_lock(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, inbox: DeltaTable,
                       rejected: DeltaTable, numbered: list[plan.NumberedFile], options: Options, result: Result,
-                      progress: Progress | None) -> Result:
+                      progress: Progress | None, still_held: Callable[[], None]) -> Result:
     """The rest of :func:`run`, as the client's only backfill into the instance."""
     app_id = commit.APP_ID.format(client=options.client)
     done = commit.committed_through(inbox, options.client, numbered, layout)
@@ -172,6 +177,7 @@ def _run_holding_lock(spark: SparkSession, cfg: InstanceConfig, layout: StorageL
         commit.remove_unclaimed_staged_files(layout.backfill_staging(options.client), done,
                                              stored_per_publisher(layout).get(options.client, 0))
     for part in tasks.written_parts(spark, cfg, layout, todo, options, done):
+        still_held()  # (a lease on S3 taken over: another run commits now, and this one must not)
         committed = False
         if part.rejected is not None:
             committed |= commit.commit_rejected_file(layout, rejected, part.rejected, app_id, part.last_seq)
@@ -195,11 +201,6 @@ def check(cfg: InstanceConfig, options: Options) -> None:
     """Raise :class:`BackfillInputError` for a backfill that could store nothing: an instance without an
     inbox, an empty client, a ``--topic`` not recorded, bodies that cannot be of ``--type``. Needs no input
     and no Spark, so a command says it first."""
-    if cfg.on_object_storage:
-        raise BackfillInputError(
-            f"backfill into {cfg.name} is not supported yet: its storage is on S3 ({cfg.storage}), and a backfill "
-            "stages its parts as local files that the instance moves into its txlog. Fix: backfill into an "
-            "instance whose <Storage> is a local or mounted path, and let it replicate to this one")
     if cfg.replication_transport is None:
         raise BackfillInputError(
             f"{cfg.name} has no incoming amps-replication transport: backfilled rows enter through the inbox. "

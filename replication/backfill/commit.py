@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
 
 from replication.backfill import BackfillBusyError, BackfillInputError
 from replication.backfill.plan import NumberedFile
 from replication.config.model import InstanceConfig
-from replication.connectors.delta.tables import COMMIT_RETRIES
+from replication.connectors.delta.tables import COMMIT_RETRIES, arrow_dataset, open_table
+from replication.connectors.s3.objects import ObjectPath
 from replication.inbox import staged_parts
 from replication.inbox.schema import INBOX_SCHEMA, STAGED_PART_KEY
+from replication.storage import lease
 from replication.storage.control import read_json, write_json_atomic
-from replication.storage.layout import StorageLayout
+from replication.storage.layout import StorageLayout, StoragePath
 from replication.txlog.schema import REJECTED_SCHEMA
 
 #: The app transaction of a client's parts, in the inbox and ``rejected/``: its version is the last sequence
@@ -70,7 +71,7 @@ def earlier_rejects(layout: StorageLayout, client: str, through: int) -> tuple[i
     numbers are read whole: an earlier run may have rejected millions."""
     if through <= 0:
         return 0, [], 0
-    dataset = DeltaTable(str(layout.rejected)).to_pyarrow_dataset()
+    dataset = arrow_dataset(open_table(layout.rejected))
     mine = (pc.field("source") == "backfill") & (pc.field("publisher") == client)
     seqs = pc.cast(dataset.to_table(columns=["publisher_seq"], filter=mine)["publisher_seq"], pa.int64()).to_numpy()
     seqs = np.unique(seqs[seqs <= through])  # (sorted)
@@ -117,22 +118,31 @@ def check_and_record_input(cfg: InstanceConfig, layout: StorageLayout, client: s
 
 
 @contextlib.contextmanager
-def client_lock(layout: StorageLayout, cfg: InstanceConfig, client: str) -> Iterator[None]:
-    """Hold the client's backfill lock (a ``flock``, let go when the process ends, even by kill -9): two runs of
-    one client at once would each take the other's parts for its own."""
+def client_lock(layout: StorageLayout, cfg: InstanceConfig, client: str) -> Iterator[Callable[[], None]]:
+    """Hold the client's backfill lock: two runs of one client at once would each take the other's parts for
+    its own. On a local disk a ``flock`` (let go when the process ends, even by kill -9); on S3 a leased
+    object (:mod:`replication.storage.lease`). Yields a check to make before each commit: it raises once the
+    lock was lost (a lease taken over)."""
     path = layout.backfill_input(client).with_suffix(".lock")
+    busy = (f"another backfill by client {client} into {cfg.name} is running (it holds {path}). Fix: wait for it "
+            "to end, then run this one: it stores nothing the other stored")
+    if isinstance(path, ObjectPath):
+        try:
+            with lease.held(path, what=f"backfill by client {client} into {cfg.name}") as held:
+                yield held.check
+        except lease.LeaseHeld:
+            raise BackfillBusyError(busy) from None
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise BackfillBusyError(
-                f"another backfill by client {client} into {cfg.name} is running (it holds {path}). Fix: wait for "
-                "it to end, then run this one: it stores nothing the other stored") from None
-        yield
+            raise BackfillBusyError(busy) from None
+        yield lambda: None
 
 
-def remove_unclaimed_staged_files(staging: Path, done: int, stored: int) -> None:
+def remove_unclaimed_staged_files(staging: StoragePath, done: int, stored: int) -> None:
     """Staged files no one will take: a killed run's parts never handed over (their rows after sequence
     ``done``), and parts the instance has stored (through ``stored``) whose file stayed (it crashed between
     its commit and their removal)."""
@@ -150,9 +160,9 @@ def remove_unclaimed_staged_files(staging: Path, done: int, stored: int) -> None
             path.unlink(missing_ok=True)
 
 
-def _last_publisher_seq(path: Path) -> int:
+def _last_publisher_seq(path: StoragePath) -> int:
     """The highest ``publisher_seq`` of a staged file, from its footer's statistics."""
-    metadata = pq.ParquetFile(path).metadata
+    metadata = staged_parts.open_staged(path).metadata
     column = metadata.schema.names.index("publisher_seq")
     return max(metadata.row_group(g).column(column).statistics.max for g in range(metadata.num_row_groups))
 
@@ -179,7 +189,7 @@ def commit_staged_part(layout: StorageLayout, inbox: DeltaTable, descriptor: str
 
 
 def _commit_once(table: DeltaTable, schema: pa.Schema, app_id: str, number: int, *, add: dict | None = None,
-                 written: Path | None = None, metadata: dict | None = None) -> bool:
+                 written: StoragePath | None = None, metadata: dict | None = None) -> bool:
     """One commit of app transaction ``app_id`` version ``number``: the data file ``add`` (None: none, the
     version alone) and ``metadata``; False when that version is in already (``written``, this run's copy of
     what it hands over, is then removed: never in a log, its name is this run's own)."""

@@ -30,10 +30,13 @@ from replication.backfill.plan import NumberedFile
 from replication.config.model import InstanceConfig
 from replication.connectors import files, row_json
 from replication.connectors.delta.tables import DISTINCT_PER_ROW
+from replication.connectors.s3.access import arrow_location
+from replication.connectors.s3.objects import ObjectPath
+from replication.errors import StorageError
 from replication.inbox import staged_parts
 from replication.ingest.classify import TopicRecorder
 from replication.messages import MAX_MESSAGE_BYTES, body_errors
-from replication.storage.layout import StorageLayout
+from replication.storage.layout import StorageLayout, StoragePath, storage_path
 from replication.txlog.schema import REJECTED_SCHEMA
 
 if TYPE_CHECKING:
@@ -49,8 +52,10 @@ PART_BYTES = 64 * 1024 * 1024
 #: Input rows per Spark task: consecutive small files share one (a job's scheduling is paid once for them);
 #: a larger file is a task of its own.
 TASK_ROWS = 2 * PART_ROWS
-#: How often the driver looks for the next part a running task has announced.
+#: How often the driver looks for the next part a running task has announced (on a disk; in a bucket, where each
+#: look is a request, ``ANNOUNCE_POLL_S3_S``).
 ANNOUNCE_POLL_S = 0.01
+ANNOUNCE_POLL_S3_S = 0.1
 
 
 def written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayout, todo: list[NumberedFile],
@@ -71,10 +76,11 @@ def written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayou
     staging = layout.backfill_staging(options.client)
     staging.mkdir(parents=True, exist_ok=True)
     scratch = layout.backfill_parts(options.client)
-    shutil.rmtree(scratch, ignore_errors=True)  # a killed run's announcements
+    _remove_tree(scratch)  # a killed run's announcements
     announced = scratch / uuid.uuid4().hex
     announced.mkdir(parents=True)
     where = str(announced)
+    poll = ANNOUNCE_POLL_S3_S if isinstance(announced, ObjectPath) else ANNOUNCE_POLL_S
     sc = spark.sparkContext
     job_group = f"backfill {options.client} {announced.name}"
     stopping = threading.Event()
@@ -99,7 +105,7 @@ def written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayou
             while following <= group[-1].last_seq:
                 part = _announced_part(announced, following)
                 while part is None and not future.done():
-                    wait([future], timeout=ANNOUNCE_POLL_S)
+                    wait([future], timeout=poll)
                     part = _announced_part(announced, following)
                 if part is None:
                     break
@@ -128,10 +134,22 @@ def written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayou
                 break
             running = list(wait(running, timeout=0.5).not_done)
         pool.shutdown(wait=True)
-        shutil.rmtree(announced, ignore_errors=True)
-        with contextlib.suppress(OSError):  # (the client's scratch directory, when no other run uses it)
-            scratch.rmdir()
-            scratch.parent.rmdir()
+        _remove_tree(announced)
+        if isinstance(scratch, Path):
+            with contextlib.suppress(OSError):  # (the client's scratch directory, when no other run uses it)
+                scratch.rmdir()
+                scratch.parent.rmdir()
+
+
+def _remove_tree(path: StoragePath) -> None:
+    """Remove a folder and what is in it, on a disk or in a bucket (nothing there: nothing to do)."""
+    if isinstance(path, ObjectPath):
+        try:
+            path.delete_tree()
+        except Exception:  # (scratch: what is left is cleared by the client's next run)
+            log.warning("backfill: could not remove %s", path, exc_info=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def files_per_task(todo: list[NumberedFile], cores: int) -> list[list[NumberedFile]]:
@@ -158,23 +176,30 @@ def _task_failure_cause(exc: Exception) -> str:
 
 
 def _announce_part(where: str, part: Part) -> None:
-    """(In a Spark task.) Tell the driver ``part`` is written: its fields, in a file renamed into place. Only an
-    early notice (the task's result has the part too): a failure to write it does not fail the task."""
+    """(In a Spark task.) Tell the driver ``part`` is written: its fields, in a file renamed into place (in a
+    bucket: an object, put whole). Only an early notice (the task's result has the part too): a failure to
+    write it does not fail the task."""
+    body = orjson.dumps(dataclasses.asdict(part))
+    key = storage_path(where) / f"{part.first_seq}.json"
+    if isinstance(key, ObjectPath):
+        with contextlib.suppress(StorageError):
+            key.write_bytes(body)
+        return
     path = Path(where) / f"{part.first_seq}.json"
     temporary = path.with_name(f".{part.first_seq}.{uuid.uuid4().hex}.tmp")  # (an attempt of its own)
     try:
-        temporary.write_bytes(orjson.dumps(dataclasses.asdict(part)))
+        temporary.write_bytes(body)
         os.replace(temporary, path)
     except OSError:
         temporary.unlink(missing_ok=True)
 
 
-def _announced_part(where: Path, first_seq: int) -> Part | None:
+def _announced_part(where: StoragePath, first_seq: int) -> Part | None:
     """The part from ``first_seq`` a task announced; None: none yet (or one that cannot be read: the result has
     it)."""
     try:
         return Part(**orjson.loads((where / f"{first_seq}.json").read_bytes()))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, StorageError):
         return None
 
 
@@ -272,7 +297,7 @@ def _check_and_write_part(cfg: InstanceConfig, numbered: NumberedFile, position:
         kept = kept.filter(pa.array(good))
     staged = None
     if kept.num_rows:
-        inbox, directory = (Path(p) for p in staging)
+        inbox, directory = (storage_path(p) for p in staging)
         txlog_rows = staged_parts.part_rows(cfg.name, options.client, options.message_type,
                                             kept["topic"].combine_chunks(), kept["data"].combine_chunks(),
                                             kept["publisher_seq"].combine_chunks(), now)
@@ -326,10 +351,11 @@ def _write_rejected_data_file(table_dir: str, rows: pa.Table) -> dict:
     """Write rejected rows as one Parquet data file of ``rejected/``; its add action's fields (not yet
     committed)."""
     name = f"backfill-{uuid.uuid4().hex}.parquet"
-    path = Path(table_dir) / name
+    where, filesystem = arrow_location(f"{table_dir}/{name}")  # (on a disk or in a bucket)
     # Dictionaries only where values repeat, statistics only on the sequence numbers, snappy
-    pq.write_table(rows, path, compression="snappy",
+    pq.write_table(rows, where, filesystem=filesystem, compression="snappy",
                    use_dictionary=[c for c in rows.column_names if c not in _DISTINCT_PER_ROW],
                    write_statistics=["publisher_seq"])
-    return {"path": name, "size": path.stat().st_size, "modification_time": int(time.time() * 1000),
+    size = filesystem.get_file_info(where).size if filesystem is not None else os.stat(where).st_size
+    return {"path": name, "size": size, "modification_time": int(time.time() * 1000),
             "stats": json.dumps({"numRecords": rows.num_rows})}

@@ -13,6 +13,8 @@ from replication.txlog.schema import TXLOG_SCHEMA
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
+    from replication.connectors.s3.objects import ObjectPath
+
 #: Columns of the inbox table: a txlog row of the upstream without its local
 #: ``seq``, which becomes ``upstream_seq``, and the link it came by.
 INBOX_SCHEMA = pa.schema(
@@ -39,7 +41,7 @@ INBOX_TABLE_CONFIGURATION: dict[str, str] = {"delta.enableChangeDataFeed": "true
 STAGED_PART_KEY = "replication.staged_part"
 
 
-def create_inbox(path: Path | str, storage_options: dict[str, str] | None = None) -> DeltaTable:
+def create_inbox(path: Path | ObjectPath | str, storage_options: dict[str, str] | None = None) -> DeltaTable:
     """Open the inbox at ``path`` (a local path or an object-store URI), creating it (with the change data feed
     on) if absent."""
     return open_or_create(path, INBOX_SCHEMA, name="inbox", configuration=INBOX_TABLE_CONFIGURATION,

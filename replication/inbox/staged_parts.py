@@ -60,10 +60,12 @@ from replication.connectors.delta.stats import (
     stats_json,
 )
 from replication.connectors.delta.tables import log_file_options
+from replication.connectors.s3.access import arrow_location
+from replication.connectors.s3.objects import ObjectPath
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder
 from replication.messages import publisher_id
 from replication.sow.keys import SowTopics
-from replication.storage.layout import StorageLayout
+from replication.storage.layout import StorageLayout, StoragePath
 from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -139,14 +141,15 @@ def part_rows(instance: str, client: str, message_type: str, topics: pa.Array, b
     return pa.table([columns[f.name] for f in TXLOG_SCHEMA], schema=TXLOG_SCHEMA)
 
 
-def write_part(directory: Path, inbox: Path, rows: pa.Table, *, name: str) -> StagedPart:
+def write_part(directory: StoragePath, inbox: StoragePath, rows: pa.Table, *, name: str) -> StagedPart:
     """Write ``rows`` (from :func:`part_rows`) as the staged file ``directory/name``; its descriptor (``file``
-    relative to the ``inbox`` table's directory)."""
+    relative to the ``inbox`` table's directory). A local path or a key in a bucket."""
     path = directory / name
+    where, filesystem = arrow_location(str(path))
     # as the txlog's own files, but for the two columns written in place later
     base = log_file_options(rows.column_names)
     patched = parquet_in_place.writer_options(list(PATCHED), rows.column_names)
-    pq.write_table(rows, path, **{
+    pq.write_table(rows, where, filesystem=filesystem, **{
         **patched, "compression": {c: "NONE" if c in PATCHED else base["compression"] for c in rows.column_names},
         "use_dictionary": [c for c in base["use_dictionary"] if c not in PATCHED],
         "write_statistics": [c for c in base["write_statistics"] if c not in PATCHED]})
@@ -159,10 +162,26 @@ def write_part(directory: Path, inbox: Path, rows: pa.Table, *, name: str) -> St
     topics = pc.unique(rows["topic"])
     seqs = rows["publisher_seq"]
     return StagedPart(
-        file=path.relative_to(inbox).as_posix(), client=rows["publisher"][0].as_py(), rows=n,
+        file=_relative(path, inbox), client=rows["publisher"][0].as_py(), rows=n,
         first=seqs[0].as_py(), last=seqs[-1].as_py(), message_type=rows["message_type"][0].as_py(),
         origin=rows["origin"][0].as_py(), topics=tuple(topics.to_pylist()) if len(topics) <= MAX_TOPICS else None,
         stats=stats)
+
+
+def _relative(path: StoragePath, inbox: StoragePath) -> str:
+    """``path``'s name relative to the ``inbox`` table's directory (on a disk or in a bucket)."""
+    if isinstance(path, Path) and isinstance(inbox, Path):
+        return path.relative_to(inbox).as_posix()
+    prefix = f"{inbox}/"
+    if not str(path).startswith(prefix):
+        raise ValueError(f"{path} is not in the inbox {inbox}")
+    return str(path)[len(prefix):]
+
+
+def open_staged(path: StoragePath) -> pq.ParquetFile:
+    """A staged file, on a disk or in a bucket (read through Arrow's own S3 filesystem)."""
+    where, filesystem = arrow_location(str(path))
+    return pq.ParquetFile(filesystem.open_input_file(where) if filesystem is not None else where)
 
 
 # -- the ingest's side: taking parts --------------------------------------------------------------
@@ -204,7 +223,7 @@ class Taken:
     """Rows of parts stored already (a replayed inbox)."""
     rejected: pa.Table | None = None
     """One row per part whose file is gone (its rows cannot be stored)."""
-    consumed: list[Path] = field(default_factory=list)
+    consumed: list[StoragePath] = field(default_factory=list)
     """Staged files done with once the batch is committed."""
 
     def publishers(self) -> dict[str, int]:
@@ -275,7 +294,7 @@ class StagedParts:
         taken = Taken(batch)
         # 1. per part: stored already, gone, or whether it could be stored as it is
         kind: list[str] = []  # "duplicate", "missing", "as_is", "classify"
-        where: list[Path | None] = []
+        where: list[StoragePath | None] = []
         spans: list[dict | None] = []
         running = dict(publishers)
         missing: list[tuple[StagedPart, str]] = []  # (and why)
@@ -293,7 +312,7 @@ class StagedParts:
                 kind.append("missing")
                 missing.append((part, "is gone from the inbox's staging directory"))
                 continue
-            if part.first > top and part.client not in elsewhere and self._as_is(part):
+            if part.first > top and part.client not in elsewhere and self._as_is(part) and isinstance(path, Path):
                 spans[-1] = self._spans(path, part)
             kind.append("as_is" if spans[-1] is not None else "classify")
         # 2. a client with a part classified has every part of the batch classified (its order), as has one
@@ -306,7 +325,8 @@ class StagedParts:
                     continue
                 moved = self.txlog / Path(part.file).name
                 staged, part_spans = where[i], spans[i]
-                assert staged is not None and part_spans is not None  # "as_is": its file found, its spans read
+                # "as_is": its file found on this disk, its spans read
+                assert isinstance(staged, Path) and part_spans is not None
                 try:
                     if staged != moved:
                         os.rename(staged, moved)
@@ -344,7 +364,7 @@ class StagedParts:
             # done with once committed: a classified part's file (staged, or moved into the txlog's directory
             # by an earlier try and not committed), a duplicate's staged one (never one in the txlog's
             # directory: that one is committed)
-            if path is not None and (classified or (kind[i] == "duplicate" and path.parent != self.txlog)):
+            if path is not None and (classified or (kind[i] == "duplicate" and str(path.parent) != str(self.txlog))):
                 taken.consumed.append(path)
         pieces.append(batch.slice(previous))
         taken.candidates = pa.concat_tables([p for p in pieces if p.num_rows] or [batch.slice(0, 0)])
@@ -357,9 +377,15 @@ class StagedParts:
                           part.file, part.client, part.first, part.last, why)
         return taken
 
-    def _locate(self, part: StagedPart) -> Path | None:
+    def _locate(self, part: StagedPart) -> StoragePath | None:
         """The part's file: staged, or moved into the txlog's directory by an earlier try of the batch (None:
         neither, or a descriptor naming a file outside the staging directory)."""
+        if isinstance(self.inbox, ObjectPath):  # (in a bucket: never moved, see _as_is)
+            names = part.file.split("/")
+            if names[0] != STAGING or ".." in names or not part.file.endswith(".parquet"):
+                return None
+            key = self.inbox / part.file
+            return key if key.is_file() else None
         staged = self.inbox / part.file
         if not staged.resolve().is_relative_to((self.inbox / STAGING).resolve()) or staged.suffix != ".parquet":
             return None
@@ -371,6 +397,10 @@ class StagedParts:
     def _as_is(self, part: StagedPart) -> bool:
         """Whether classifying the part's rows would store them exactly as its file holds them."""
         if part.origin != self.instance or part.topics is None:
+            return False
+        if isinstance(self.txlog, ObjectPath):  # no rename in a bucket, no write in place in an object
+            log.info("%s: backfill part %s (client %s) is classified: parts are stored as they are on a local "
+                     "disk only, and this txlog is in a bucket", self.instance, part.file, part.client)
             return False
         return all(self.recorded(t, part.message_type) and self.sow.index(t, part.message_type) < 0
                    for t in part.topics)
@@ -387,9 +417,10 @@ class StagedParts:
         except (OSError, parquet_in_place.NotInPlace, pa.ArrowException):
             return None
 
-    def _candidates(self, part: StagedPart, path: Path) -> pa.Table:
+    def _candidates(self, part: StagedPart, path: StoragePath) -> pa.Table:
         """The part's rows as candidate rows (publishes of its client here, as a backfill's inbox rows were)."""
-        rows = pq.read_table(path, schema=TXLOG_SCHEMA, columns=[
+        where, filesystem = arrow_location(str(path))
+        rows = pq.read_table(where, filesystem=filesystem, schema=TXLOG_SCHEMA, columns=[
             "publisher", "publisher_seq", "topic", "message_type", "command", "sow_key", "sow_keys", "filter", "data",
             "origin", "received_from", "received_from_group", "path", "publish_time"], partitioning=None)
         n = rows.num_rows

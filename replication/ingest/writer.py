@@ -239,9 +239,9 @@ class IngestWriter:
             metadata["inbox_version"] = inbox_version
         self._enter(batch_id, "committing to the txlog")
         files = None
-        if taken is not None and taken.stored:  # (there is no inbox on object storage: config load refuses one)
+        if taken is not None and taken.stored:
             txlog_dir = self.txlog.path
-            assert isinstance(txlog_dir, Path), "staged parts are moved in place on local disks only"
+            assert isinstance(txlog_dir, Path), "staged parts are stored as they are on a local disk only"
             files = taken.actions(txlog_dir, now)
         appended = self.txlog.append(result.txlog_rows, batch_id, metadata, files)
         failpoints.hit("ingest.after_txlog_commit")

@@ -39,6 +39,11 @@ def local_path(uri: str) -> Path:
     )
 
 
+def storage_path(uri: str) -> StoragePath:
+    """``uri`` as the path of its kind: :class:`ObjectPath` for ``s3://``, else a local :class:`Path`."""
+    return StorageLayout.of(uri).root
+
+
 def spark_location(path: StoragePath) -> str:
     """How Spark (Hadoop's filesystems) names ``path``: ``s3a://bucket/key`` for a key in a bucket."""
     if isinstance(path, ObjectPath):

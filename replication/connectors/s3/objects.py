@@ -140,6 +140,13 @@ class ObjectPath:
             raise FileNotFoundError(f"{self}: no such object")
         _client(self.access).delete_object(Bucket=self.address.bucket, Key=self.address.key)
 
+    def delete_tree(self) -> None:
+        """Delete every object under this key as a folder (``shutil.rmtree`` of a folder): a thousand per request."""
+        keys = [{"Key": p.address.key} for p in self._keys(recursive=True)]
+        for start in range(0, len(keys), 1000):
+            _client(self.access).delete_objects(Bucket=self.address.bucket,
+                                                Delete={"Objects": keys[start:start + 1000], "Quiet": True})
+
     # -- what is there -----------------------------------------------------------------------------------
 
     def is_file(self) -> bool:
