@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from support.cli import run_cli
@@ -54,6 +55,7 @@ def s3_config(directory: Path, name: str, bucket: str, bootstrap: str) -> Path:
       <Topic>{name}.publish</Topic><MessageType>json</MessageType>
       <MaxOffsetsPerTrigger>100</MaxOffsetsPerTrigger>
     </Transport>
+    <Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>
   </Transports>
   <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
   <SOW>
@@ -84,6 +86,27 @@ def current_records(published: dict[str, int]) -> dict[str, int]:
 def keys(s3, bucket: str) -> list[str]:
     pages = s3.access.client().get_paginator("list_objects_v2").paginate(Bucket=bucket)
     return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+#: Rows the instance's backfill client stores: three files, one part each.
+BACKFILLED = 3 * 2000
+
+
+def backfill_into_the_running_instance(s3, cfg: Path, inputs: Path) -> None:
+    """``replication backfill`` into the instance on S3: killed with kill -9 after its first commit, then run
+    again; the instance stores each row once (its parts classified, see ``test_backfill_on_s3``)."""
+    inputs.mkdir()
+    for n in range(3):
+        pq.write_table(pa.table({"id": list(range(n * 2000, (n + 1) * 2000))}), inputs / f"f{n}.parquet")
+    args = ["backfill", cfg, "--input", inputs, "--format", "parquet", "--client", "loader", "--topic", "/history"]
+    killed = run_cli(*args, env={**s3.environment(), "REPLICATION_FAILPOINTS": "backfill.after_part@1"})
+    assert killed.code == -signal.SIGKILL and "failpoint backfill.after_part reached" in killed.err, killed.err[-3000:]
+    # (its lease is left in the bucket: this run, on the same host, takes it over since its holder is gone)
+    rerun = run_cli(*args, "--wait", "300", env=s3.environment())
+    assert rerun.code == 0, rerun.err[-3000:]
+    assert "4,000 written, 0 rejected, in 2 new commit(s)" in rerun.out, rerun.out
+    assert f"stored every backfilled row (client loader through {BACKFILLED:,})" in rerun.out
+    assert "took over the lease" in rerun.err
 
 
 def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_stores_every_message_once(
@@ -123,6 +146,7 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
             delivered.append(message)
             message.ack()
         assert worker.flush(timeout=120) == [], "every acknowledgement persisted"
+        backfill_into_the_running_instance(s3, cfg, tmp_path / "in")
         # Spark ran the killed batch again from the checkpoint in the bucket (a lost checkpoint would have
         # re-read Kafka from its start instead), and the txlog's app transaction knew it was stored
         assert re.search(rf"{name}: ingest batch \d+ already committed; replay skipped", proc.log_text()), \
@@ -138,7 +162,7 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
     rows = DeltaTable(f"{storage}/txlog", storage_options=s3.access.delta_options()).to_pyarrow_table(
         columns=["seq", "bookmark", "publisher", "publisher_seq", "command", "topic", "sow_keys"]).sort_by("seq")
     acks = rows.filter(pc.equal(rows["publisher"], "worker"))
-    assert_exactly_once(rows, {"s3-pub": published, "worker": acks.num_rows})
+    assert_exactly_once(rows, {"s3-pub": published, "worker": acks.num_rows, "loader": BACKFILLED})
     seq_of = dict(zip(*(rows[c].to_pylist() for c in ("bookmark", "publisher_seq")), strict=True))
     assert sorted(seq_of[m.bookmark] for m in delivered) == sorted(tasks), "each task delivered once"
     acknowledged = [b for r in acks.to_pylist() if r["command"] == "sow_delete" and r["topic"] == "/work"
@@ -152,9 +176,14 @@ def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_store
                      "_control/durable.json", "_checkpoints/ingest/metadata", "_checkpoints/ingest/commits/0",
                      "txlog/_delta_log/00000000000000000000.json", "rejected/_delta_log/00000000000000000000.json"):
         assert prefix + expected in stored, f"{expected} is in the bucket"
-    # on this machine: the config, the logs, the publisher's store and the scratch of the running one
+    assert not [k for k in stored if k.startswith((f"{prefix}inbox/_backfill/", f"{prefix}_backfill/"))
+                or k.endswith(".lock")], "no staged part, announcement or lock left"
+    # on this machine: the config, the logs, the publisher's store, the backfill's input and the scratch of the
+    # running one
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [cfg.name, "pub.store", "worker.store", "run0.log", "run1.log", "scratch1"])
+        [cfg.name, "pub.store", "worker.store", "run0.log", "run1.log", "scratch1", "in"])
+    assert re.search(rf"{name}: backfill part _backfill/\w+/\d+-\w+\.parquet \(client loader\) is classified",
+                     (tmp_path / "run1.log").read_text()), "the general path: no rename into txlog/ in a bucket"
 
     status = run_cli("status", cfg, "--format", "json", env=s3.environment())
     assert status.code == 0, status.err
