@@ -263,7 +263,7 @@ class Taken:
         for path in self.consumed:
             try:
                 path.unlink(missing_ok=True)
-            except OSError:
+            except Exception:  # (a disk's or a bucket's error: the batch is committed, a vacuum removes it)
                 log.warning("could not remove %s (a backfill part already stored)", path, exc_info=True)
 
 
