@@ -263,7 +263,7 @@ class Taken:
         for path in self.consumed:
             try:
                 path.unlink(missing_ok=True)
-            except Exception:  # (a disk's or a bucket's error: the batch is committed, a vacuum removes it)
+            except Exception:  # (a disk's or a bucket's error: the batch is committed; the next backfill removes it)
                 log.warning("could not remove %s (a backfill part already stored)", path, exc_info=True)
 
 
