@@ -20,6 +20,7 @@ are added around it, both needed for Delta on S3 and checked at start:
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import signal
@@ -151,6 +152,11 @@ def _serve(port: int, access_key: str) -> None:
         if key and key.group(1) != access_key:
             start_response("403 Forbidden", [("Content-Type", "application/xml")])
             return [_REFUSED]
+        # the body is read before the lock: a client that stops half way through sending one (a process
+        # killed while its socket lives on in a child) must not stop every other request behind it
+        stream, length = environ["wsgi.input"], environ.get("CONTENT_LENGTH")
+        environ["wsgi.input"] = io.BytesIO(stream.read(int(length)) if length else
+                                           stream.read() if environ.get("wsgi.input_terminated") else b"")
         with one_at_a_time:
             body = moto(environ, start_response)
             try:
