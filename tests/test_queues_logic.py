@@ -110,6 +110,28 @@ def test_a_checked_acknowledgement_frees_backlog_room_before_it_is_stored_and_a_
     assert [d.message.seq for d in state.dispatch(now=11.3)] == [2]  # 9|4 still held: room for one, not two
 
 
+def test_an_acknowledgement_seen_on_kafka_frees_room_for_the_leases_of_its_sender_only():
+    state = QueueState(queue(lease_period_s=10.0), "amps-1")
+    for seq in range(1, 7):
+        state.add(seq, f"9|{seq}", "/tasks", b"{}", origin="amps-1")
+    state.subscribe("w1", None, 2, now=0.0)
+    state.subscribe("w2", None, 2, now=0.0)
+    assert sorted(d.message.seq for d in state.dispatch(now=1.0)) == [1, 2, 3, 4]
+    leased = {d: c for d, (_, c) in state.leased.items()}
+    theirs = [b for b, c in leased.items() if c == "w2"]
+    mine = [b for b, c in leased.items() if c == "w1"]
+    # w1 names one of its own, one of w2's and one never delivered: only its own frees room, and only its own
+    assert state.seen_acks("w1", [mine[0], theirs[0], "9|6"]) == 1
+    assert state.seen_acks("nobody", mine) == 0
+    assert [d.client for d in state.dispatch(now=1.1)] == ["w1"]
+    assert state.dispatch(now=1.2) == []
+    assert len(state.leased) == 5, "seen is not stored: the message stays leased until the ack is"
+    book = QueueBook(load('<Queue><Name>/work</Name><MessageType>json</MessageType>'
+                          '<UnderlyingTopic>/tasks</UnderlyingTopic></Queue>'))
+    book.queues["/work"] = state
+    assert book.seen_acks([("w2", "/work", ",".join(theirs)), ("w2", "/other", theirs[0])]) == 2
+
+
 def test_silent_subscribers_and_unsubscribes_give_their_messages_back():
     state = QueueState(queue(), "amps-1")
     state.add(1, "9|1", "/tasks", b"{}", origin="amps-1")

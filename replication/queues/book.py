@@ -125,6 +125,12 @@ class QueueBook:
             out.append(queue.check_ack(client, bookmarks_in(keys), taken.setdefault(topic, set())))
         return out
 
+    def seen_acks(self, acks: list[tuple[str, str, str]]) -> int:
+        """Acknowledgements ``(client, queue topic, sow_keys)`` seen on Kafka before the ingest checks them: the
+        room of what they name is freed (:meth:`QueueState.seen_acks`). How many bookmarks freed room."""
+        return sum(self.queues[topic].seen_acks(client, bookmarks_in(keys)) for client, topic, keys in acks
+                   if topic in self.queues)
+
     # -- consumers ---------------------------------------------------------------------------------------
 
     def request(self, request: QueueRequest, now: float) -> Refusal | None:

@@ -34,6 +34,7 @@ from replication.config.model import InstanceConfig, QueueTopic
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.errors import ReplicationError
 from replication.messages import HEADER_TOPIC
+from replication.queues.ack_watch import AckWatch
 from replication.queues.book import COLUMNS, QueueBook
 from replication.queues.state import Delivery, QueueState
 from replication.queues.wire import (
@@ -119,6 +120,7 @@ class QueueDispatcher:
         self._partitions: int | None = None  # of the deliveries topic (as created, by us or by the user)
         self._publisher: Publisher | None = None
         self._thread: threading.Thread | None = None
+        self._watches: list[AckWatch] = []
         self.sent = 0
 
     # -- the txlog -----------------------------------------------------------------------------------------
@@ -178,7 +180,19 @@ class QueueDispatcher:
                                    "logger": log})
         self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)
         self._thread.start()
+        acknowledged = frozenset(q.name for q in self.cfg.queues if q.semantics == "at-least-once")
+        if acknowledged:  # (an at-most-once queue takes no acknowledgement)
+            self._watches = [AckWatch(self.cfg.name, t.topics, bootstrap=t.bootstrap_servers, security=t.security,
+                                      queues=acknowledged, seen=self.seen_acks).start()
+                             for t in self.cfg.kafka_transports]
         return self
+
+    def seen_acks(self, acks: list[tuple[str, str, str]]) -> None:
+        """Acknowledgements on Kafka not yet checked by the ingest (:mod:`.ack_watch`): room freed now."""
+        with self._lock:
+            freed = self.book.seen_acks(acks)
+        if freed:
+            self._wake.set()
 
     def _run(self) -> None:
         while not self._closed.is_set():
@@ -352,6 +366,8 @@ class QueueDispatcher:
             return self.book.status(time.time())
 
     def stop(self) -> None:
+        for watch in self._watches:
+            watch.stop()
         self._closed.set()
         self._wake.set()
         if self._thread is not None:

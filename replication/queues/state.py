@@ -82,6 +82,8 @@ class QueueState:
         self.acknowledged = 0
         self.delivered = 0
         self.redelivered = 0
+        self.acks_seen_before_check = 0
+        """Acknowledged bookmarks whose room was freed when seen on Kafka, before the ingest checked them."""
         self._unsorted = False
         self._takes: dict[tuple[str, str], bool] = {}
         self._lapsed: dict[str, str] = {}
@@ -207,6 +209,18 @@ class QueueState:
         if subscriber is not None:
             subscriber.acking.update(bookmarks)
         return None
+
+    def seen_acks(self, client: str, bookmarks: list[str]) -> int:
+        """An acknowledgement by ``client`` seen on Kafka, not checked yet (:mod:`.ack_watch`): the bookmarks
+        leased to it leave its backlog now, as :meth:`check_ack` would make them. How many did."""
+        subscriber = self.subscribers.get(client)
+        if subscriber is None:
+            return 0
+        mine = [b for b in bookmarks if (held := self.leased.get(b)) is not None and held[1] == client
+                and b not in subscriber.acking]
+        subscriber.acking.update(mine)
+        self.acks_seen_before_check += len(mine)
+        return len(mine)
 
     # -- subscribers ------------------------------------------------------------------------------------
 
@@ -457,6 +471,7 @@ class QueueState:
             "transfers": {"requested": self.transfers_requested, "granted": self.transfers_granted,
                           "received": self.transfers_received},
             "typical_ack_seconds": round(self.typical_ack_s, 3),
+            "acks_seen_before_check": self.acks_seen_before_check,
             "proxied_transfer_for": sorted(self.proxy_for),
             "consumers": {
                 s.client: {"leased": len(s.leased), "acknowledging": len(s.acking), "delivered": s.delivered,

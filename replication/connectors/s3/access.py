@@ -204,8 +204,9 @@ def delta_options_for(uri: str) -> dict[str, str] | None:
 def check_reachable(address: S3Address, access: S3Access, *, what: str = "storage address") -> None:
     """Raise :class:`StorageAccessError`, one line naming ``address`` and the fix, unless its bucket can be
     listed with ``access``. Writes nothing."""
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, NoCredentialsError
     from botocore.exceptions import ConnectTimeoutError as BotoConnectTimeout
+    from botocore.exceptions import ReadTimeoutError as BotoReadTimeout
 
     client = access.client()
     try:
@@ -214,6 +215,10 @@ def check_reachable(address: S3Address, access: S3Access, *, what: str = "storag
         raise StorageAccessError(
             f"{what} {address}: cannot reach {access.where} ({type(exc).__name__}). Fix: check that the endpoint "
             "is up and AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) names it", transient=True) from None
+    except (BotoReadTimeout, ConnectionClosedError) as exc:
+        raise StorageAccessError(
+            f"{what} {address}: {access.where} accepted the connection but did not answer ({type(exc).__name__}). "
+            "Fix: check that the endpoint is healthy, then start again", transient=True) from None
     except NoCredentialsError:
         raise StorageAccessError(
             f"{what} {address}: no AWS credentials found. Fix: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
