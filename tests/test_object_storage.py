@@ -389,6 +389,7 @@ def test_spark_submit_adds_s3a_for_an_instance_on_s3_only_with_no_secret(s3, tmp
     both = args(local, on_s3)
     assert "hadoop-aws-" in both and f"spark.hadoop.fs.s3a.endpoint={s3.endpoint}" in both
     assert "spark.hadoop.fs.s3a.path.style.access=true" in both and s3.secret_key not in both
+    assert "spark.hadoop.fs.s3a.performance.flags=create,mkdir" in both, "checkpoint files created without checks"
 
 
 @pytest.mark.parametrize("problem", ["unreachable endpoint", "wrong credentials", "missing bucket"])
