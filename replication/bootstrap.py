@@ -47,7 +47,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,7 +73,7 @@ from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, exact_records, topic_id
 from replication.storage.control import BootstrapState, read_instance_config
-from replication.storage.layout import StorageLayout, StoragePath
+from replication.storage.layout import StorageLayout, StoragePath, remove_tree
 from replication.txlog.files import TxlogFiles
 from replication.txlog.schema import TXLOG_SCHEMA
 
@@ -379,12 +378,7 @@ def _stage_sow(cfg: InstanceConfig, layout: StorageLayout, source: Source, topic
 
 def _remove_staging(layout: StorageLayout) -> None:
     """Remove ``_bootstrap/`` (its objects, on S3)."""
-    staging = layout.bootstrap_staging
-    if isinstance(staging, Path):
-        shutil.rmtree(staging, ignore_errors=True)
-    else:
-        for staged in list(staging.glob("*.parquet")):
-            staged.unlink(missing_ok=True)
+    remove_tree(layout.bootstrap_staging)
 
 
 def _write_staged(records: pa.Table, path: StoragePath) -> None:

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
@@ -36,7 +35,7 @@ from replication.errors import StorageError
 from replication.inbox import staged_parts
 from replication.ingest.classify import TopicRecorder
 from replication.messages import MAX_MESSAGE_BYTES, body_errors
-from replication.storage.layout import StorageLayout, StoragePath, storage_path
+from replication.storage.layout import StorageLayout, StoragePath, remove_tree, storage_path
 from replication.txlog.schema import REJECTED_SCHEMA
 
 if TYPE_CHECKING:
@@ -76,7 +75,7 @@ def written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayou
     staging = layout.backfill_staging(options.client)
     staging.mkdir(parents=True, exist_ok=True)
     scratch = layout.backfill_parts(options.client)
-    _remove_tree(scratch)  # a killed run's announcements
+    _remove_scratch(scratch)  # a killed run's announcements
     announced = scratch / uuid.uuid4().hex
     announced.mkdir(parents=True)
     where = str(announced)
@@ -134,22 +133,20 @@ def written_parts(spark: SparkSession, cfg: InstanceConfig, layout: StorageLayou
                 break
             running = list(wait(running, timeout=0.5).not_done)
         pool.shutdown(wait=True)
-        _remove_tree(announced)
+        _remove_scratch(announced)
         if isinstance(scratch, Path):
             with contextlib.suppress(OSError):  # (the client's scratch directory, when no other run uses it)
                 scratch.rmdir()
                 scratch.parent.rmdir()
 
 
-def _remove_tree(path: StoragePath) -> None:
-    """Remove a folder and what is in it, on a disk or in a bucket (nothing there: nothing to do)."""
-    if isinstance(path, ObjectPath):
-        try:
-            path.delete_tree()
-        except Exception:  # (scratch: what is left is cleared by the client's next run)
-            log.warning("backfill: could not remove %s", path, exc_info=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+def _remove_scratch(path: StoragePath) -> None:
+    """Remove the announcements under ``path``; a bucket that fails to is only logged (the client's next run
+    clears what is left)."""
+    try:
+        remove_tree(path)
+    except Exception:
+        log.warning("backfill: could not remove %s", path, exc_info=True)
 
 
 def files_per_task(todo: list[NumberedFile], cores: int) -> list[list[NumberedFile]]:
@@ -180,12 +177,11 @@ def _announce_part(where: str, part: Part) -> None:
     bucket: an object, put whole). Only an early notice (the task's result has the part too): a failure to
     write it does not fail the task."""
     body = orjson.dumps(dataclasses.asdict(part))
-    key = storage_path(where) / f"{part.first_seq}.json"
-    if isinstance(key, ObjectPath):
+    path = storage_path(where) / f"{part.first_seq}.json"
+    if isinstance(path, ObjectPath):
         with contextlib.suppress(StorageError):
-            key.write_bytes(body)
+            path.write_bytes(body)
         return
-    path = Path(where) / f"{part.first_seq}.json"
     temporary = path.with_name(f".{part.first_seq}.{uuid.uuid4().hex}.tmp")  # (an attempt of its own)
     try:
         temporary.write_bytes(body)

@@ -41,8 +41,6 @@ class AckWatch:
         self._bootstrap, self._security = bootstrap, security
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self.acks = 0
-        """Acknowledgements passed on (for tests and benchmarks)."""
 
     def start(self) -> AckWatch:
         self._thread = threading.Thread(target=self._run, name=f"{self.name}-ack-watch", daemon=True)
@@ -95,7 +93,6 @@ class AckWatch:
                     continue
                 acks = self._acks([first, *consumer.consume(num_messages=999, timeout=0)])
                 if acks:
-                    self.acks += len(acks)
                     self._seen(acks)
             except Exception as exc:  # only a shortcut: the ingest's check frees the room anyway
                 log.warning("%s: the acknowledgement watch stopped (%s); starting it again in 1 s", self.name, exc)

@@ -9,6 +9,7 @@ drift apart.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -42,6 +43,14 @@ def local_path(uri: str) -> Path:
 def storage_path(uri: str) -> StoragePath:
     """``uri`` as the path of its kind: :class:`ObjectPath` for ``s3://``, else a local :class:`Path`."""
     return StorageLayout.of(uri).root
+
+
+def remove_tree(path: StoragePath) -> None:
+    """Remove a folder and everything under it, on a disk or in a bucket (nothing there: nothing to do)."""
+    if isinstance(path, ObjectPath):
+        path.delete_tree()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def spark_location(path: StoragePath) -> str:

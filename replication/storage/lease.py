@@ -150,7 +150,7 @@ def _process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # (another user's process: alive)
     return True
 
 
