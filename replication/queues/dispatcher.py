@@ -121,7 +121,7 @@ class QueueDispatcher:
         self._publisher: Publisher | None = None
         self._thread: threading.Thread | None = None
         self._watches: list[AckWatch] = []
-        self.sent = 0
+        self._unconfirmed: dict[str, int] = {}  # the deliveries Kafka gave up on since the last round, by cause
 
     # -- the txlog -----------------------------------------------------------------------------------------
 
@@ -177,6 +177,9 @@ class QueueDispatcher:
                                    "message.send.max.retries": 5, "message.timeout.ms": self._delivery_timeout_ms,
                                    # (a request in flight is bounded too: a broker that takes it late times out)
                                    "request.timeout.ms": min(30_000, self._delivery_timeout_ms),
+                                   # a round does not wait for Kafka's confirmations (that wait was a pause
+                                   # between rounds): only a delivery Kafka gave up on is reported back
+                                   "delivery.report.only.error": True, "on_delivery": self._undelivered,
                                    "logger": log})
         self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)
         self._thread.start()
@@ -200,6 +203,7 @@ class QueueDispatcher:
             self._wake.clear()
             try:
                 self._round()
+                self._report_undelivered()
             except Exception:  # a delivery round that failed is tried again: nothing was taken from the queue
                 log.exception("%s: queue delivery round failed", self.cfg.name)
                 self._closed.wait(1.0)
@@ -340,12 +344,18 @@ class QueueDispatcher:
                     break
                 except BufferError:  # its local queue is full: let it send some
                     self._producer.poll(0.1)
-        wait_s = min(30.0, self._delivery_timeout_ms / 1000)
-        unsent = self._producer.flush(wait_s)
-        if unsent:  # a lease that runs out brings these back; an at-most-once delivery is lost, as it may be
-            log.warning("%s: %d deliveries of %s not confirmed by Kafka within %.0f s", self.cfg.name, unsent,
-                        queue.queue.name, wait_s)
-        self.sent += len(deliveries)
+
+    def _undelivered(self, error: Any, _record: Any) -> None:
+        """(librdkafka's report, for a delivery it gave up on; called from ``poll``.)"""
+        self._unconfirmed[str(error)] = self._unconfirmed.get(str(error), 0) + 1
+
+    def _report_undelivered(self) -> None:
+        """Log the deliveries Kafka gave up on since the last round, one line per cause. A lease that runs out
+        brings each message back; an at-most-once delivery is lost, as it may be."""
+        self._producer.poll(0)
+        for error, count in self._unconfirmed.items():
+            log.warning("%s: %d deliveries not confirmed by Kafka: %s", self.cfg.name, count, error)
+        self._unconfirmed.clear()
 
     # -- status and stop -------------------------------------------------------------------------------------
 
