@@ -349,3 +349,31 @@ def test_kafka_gives_up_a_delivery_when_the_shortest_at_least_once_lease_ends():
     assert delivery_timeout_ms([queue(lease_period_s=0.2)]) == 1_000, "never below a second: Kafka may retry"
     assert delivery_timeout_ms([queue(semantics="at-most-once", lease_period_s=5.0)]) == DELIVERY_TIMEOUT_DEFAULT_MS
     assert delivery_timeout_ms([]) == DELIVERY_TIMEOUT_DEFAULT_MS
+
+
+def test_a_delivery_kafka_gives_up_on_after_the_lease_is_logged_once_per_round_by_cause(caplog):
+    """A round hands deliveries to the producer and goes on; one Kafka never takes (nothing listens on the
+    address) is given up after the shortest lease, 1 s here, and reported in one line."""
+    import socket
+    import time
+
+    from replication.queues.dispatcher import QueueDispatcher
+
+    with socket.socket() as unused:  # a loopback port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+    cfg = load("<Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/tasks</UnderlyingTopic>"
+               "<Semantics>at-least-once</Semantics><LeasePeriod>1s</LeasePeriod></Queue>")
+    dispatcher = QueueDispatcher(cfg, reader=None, bootstrap=(address,))  # type: ignore[arg-type]
+    dispatcher._producer = producer = dispatcher.delivery_producer()
+    for n in range(3):
+        producer.produce("amps-1.deliveries", value=b"m%d" % n, key=b"c1")
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="replication.queues.dispatcher"):
+        while "not confirmed" not in caplog.text and time.monotonic() - started < 30:
+            dispatcher.report_undelivered()
+            time.sleep(0.1)
+    lines = [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("amps-1: 3 deliveries not confirmed by Kafka: "), lines
+    assert "timed out" in lines[0].lower(), lines[0]
+    assert time.monotonic() - started >= 0.9, "given up only once the lease could have run out"

@@ -168,19 +168,7 @@ class QueueDispatcher:
     # -- the thread ------------------------------------------------------------------------------------------
 
     def start(self) -> QueueDispatcher:
-        from confluent_kafka import Producer
-
-        # librdkafka, not kafka-python: a delivery is one Kafka record, and kafka-python's encoding of each
-        # (with its five headers) was most of the delivery thread's time (bench/queues.py)
-        self._producer = Producer({"bootstrap.servers": ",".join(self._bootstrap), **self._security.librdkafka(),
-                                   "acks": "1", "linger.ms": 5, "enable.idempotence": False,
-                                   "message.send.max.retries": 5, "message.timeout.ms": self._delivery_timeout_ms,
-                                   # (a request in flight is bounded too: a broker that takes it late times out)
-                                   "request.timeout.ms": min(30_000, self._delivery_timeout_ms),
-                                   # a round does not wait for Kafka's confirmations (that wait was a pause
-                                   # between rounds): only a delivery Kafka gave up on is reported back
-                                   "delivery.report.only.error": True, "on_delivery": self._undelivered,
-                                   "logger": log})
+        self._producer = self.delivery_producer()
         self._thread = threading.Thread(target=self._run, name=f"{self.cfg.name}-queues", daemon=True)
         self._thread.start()
         acknowledged = frozenset(q.name for q in self.cfg.queues if q.semantics == "at-least-once")
@@ -189,6 +177,22 @@ class QueueDispatcher:
                                       queues=acknowledged, seen=self.seen_acks).start()
                              for t in self.cfg.kafka_transports]
         return self
+
+    def delivery_producer(self) -> Any:
+        """The producer of ``<instance>.deliveries``: a round hands it the deliveries and goes on (waiting for
+        Kafka's confirmations was a pause between rounds); only a delivery Kafka gave up on, after the shortest
+        lease (:func:`delivery_timeout_ms`), is reported back, to :meth:`report_undelivered`."""
+        from confluent_kafka import Producer
+
+        # librdkafka, not kafka-python: a delivery is one Kafka record, and kafka-python's encoding of each
+        # (with its five headers) was most of the delivery thread's time (bench/queues.py)
+        return Producer({"bootstrap.servers": ",".join(self._bootstrap), **self._security.librdkafka(),
+                         "acks": "1", "linger.ms": 5, "enable.idempotence": False,
+                         "message.send.max.retries": 5, "message.timeout.ms": self._delivery_timeout_ms,
+                         # (a request in flight is bounded too: a broker that takes it late times out)
+                         "request.timeout.ms": min(30_000, self._delivery_timeout_ms),
+                         "delivery.report.only.error": True, "on_delivery": self._undelivered,
+                         "logger": log})
 
     def seen_acks(self, acks: list[tuple[str, str, str]]) -> None:
         """Acknowledgements on Kafka not yet checked by the ingest (:mod:`.ack_watch`): room freed now."""
@@ -203,7 +207,7 @@ class QueueDispatcher:
             self._wake.clear()
             try:
                 self._round()
-                self._report_undelivered()
+                self.report_undelivered()
             except Exception:  # a delivery round that failed is tried again: nothing was taken from the queue
                 log.exception("%s: queue delivery round failed", self.cfg.name)
                 self._closed.wait(1.0)
@@ -349,7 +353,7 @@ class QueueDispatcher:
         """(librdkafka's report, for a delivery it gave up on; called from ``poll``.)"""
         self._unconfirmed[str(error)] = self._unconfirmed.get(str(error), 0) + 1
 
-    def _report_undelivered(self) -> None:
+    def report_undelivered(self) -> None:
         """Log the deliveries Kafka gave up on since the last round, one line per cause. A lease that runs out
         brings each message back; an at-most-once delivery is lost, as it may be."""
         self._producer.poll(0)
