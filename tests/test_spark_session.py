@@ -4,11 +4,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from replication.connectors.spark import class_archive
-from replication.connectors.spark.session import SHORT_LIVED_JAVA_OPTIONS, session
+from replication.connectors.spark.session import DEFAULT_CONF, SHORT_LIVED_JAVA_OPTIONS, session
 
 
 def vm_option(spark, name: str) -> str:
@@ -54,7 +55,31 @@ def test_a_short_lived_commands_jvm_compiles_with_c1_alone_and_keeps_the_users_o
     assert seen == {"tiered_stop_at": "1", "property": "yes", "env_after": "-Dprobe.kept=yes"}
 
 
-if __name__ == "__main__":  # the probe the test above runs in a process of its own (its own JVM)
+@pytest.mark.e2e  # spark-submit's own JVM
+def test_under_spark_submit_the_users_master_and_conf_win_over_the_sessions_defaults():
+    venv_bin = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "REPLICATION_SPARK_LOG_LEVEL": "ERROR"}
+    out = subprocess.run([str(venv_bin / "spark-submit"), "--master", "local[1]",
+                          "--conf", "spark.sql.shuffle.partitions=7",
+                          "--conf", "spark.databricks.delta.snapshotPartitions=50", __file__, "--settings"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    # what the user gave, and the defaults where the user gave nothing
+    assert seen == {"master": "local[1]", "spark.sql.shuffle.partitions": "7",
+                    "spark.databricks.delta.snapshotPartitions": "50",
+                    "spark.sql.streaming.pollingDelay": DEFAULT_CONF["spark.sql.streaming.pollingDelay"]}
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--settings"]:  # the probe spark-submit runs just above
+    probe = session("settings probe")
+    keys = ("spark.sql.shuffle.partitions", "spark.databricks.delta.snapshotPartitions",
+            "spark.sql.streaming.pollingDelay")
+    print(json.dumps({"master": probe.sparkContext.master, **{key: probe.conf.get(key) for key in keys}}))
+    probe.stop()
+elif __name__ == "__main__":  # the probe the short-lived test runs in a process of its own (its own JVM)
     probe = session("short-lived probe", short_lived=True)
     print(json.dumps({"tiered_stop_at": tiered_stop_at(probe),
                       "property": probe._jvm.java.lang.System.getProperty("probe.kept"),

@@ -116,8 +116,12 @@ def session(app_name: str = "replication", *, master: str | None = None,
     # launcher also spares each of them compiling PySpark (see worker_python).
     if "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = interpreter(sys.executable)
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
+    if not _launches_jvm():
+        # under spark-submit: connect to its JVM first, or SparkConf() is an empty dict that knows nothing of
+        # --master and --conf, and every default below would override what the user gave
+        SparkContext._ensure_initialized()
     given = SparkConf()  # under spark-submit: its --master and --conf values
     builder = SparkSession.builder.appName(app_name)
     if master or not given.contains("spark.master"):
