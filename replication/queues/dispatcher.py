@@ -122,6 +122,7 @@ class QueueDispatcher:
         self._thread: threading.Thread | None = None
         self._watches: list[AckWatch] = []
         self._unconfirmed: dict[str, int] = {}  # the deliveries Kafka gave up on since the last round, by cause
+        self._unconfirmed_lock = threading.Lock()  # (librdkafka reports in whichever thread polls or flushes)
 
     # -- the txlog -----------------------------------------------------------------------------------------
 
@@ -180,8 +181,9 @@ class QueueDispatcher:
 
     def delivery_producer(self) -> Any:
         """The producer of ``<instance>.deliveries``: a round hands it the deliveries and goes on (waiting for
-        Kafka's confirmations was a pause between rounds); only a delivery Kafka gave up on, after the shortest
-        lease (:func:`delivery_timeout_ms`), is reported back, to :meth:`report_undelivered`."""
+        Kafka's confirmations was a pause between rounds); only a delivery Kafka gave up on (refused, or not
+        confirmed within the shortest lease, :func:`delivery_timeout_ms`) is reported, to
+        :meth:`report_undelivered`."""
         from confluent_kafka import Producer
 
         # librdkafka, not kafka-python: a delivery is one Kafka record, and kafka-python's encoding of each
@@ -207,10 +209,11 @@ class QueueDispatcher:
             self._wake.clear()
             try:
                 self._round()
-                self.report_undelivered()
             except Exception:  # a delivery round that failed is tried again: nothing was taken from the queue
                 log.exception("%s: queue delivery round failed", self.cfg.name)
                 self._closed.wait(1.0)
+            finally:
+                self.report_undelivered()
 
     def _round(self) -> None:
         now = time.time()
@@ -346,20 +349,25 @@ class QueueDispatcher:
                     self._producer.produce(topic, value=message.data, key=delivery.client.encode(), headers=headers,
                                            partition=delivery_partition(delivery.client, self._partitions))
                     break
-                except BufferError:  # its local queue is full: let it send some
+                except BufferError:  # its local queue is full (Kafka away): let it send some, unless stopping
+                    if self._closed.is_set():  # (the queue's state ends with the instance; a restart rebuilds it)
+                        return
                     self._producer.poll(0.1)
 
     def _undelivered(self, error: Any, _record: Any) -> None:
-        """(librdkafka's report, for a delivery it gave up on; called from ``poll``.)"""
-        self._unconfirmed[str(error)] = self._unconfirmed.get(str(error), 0) + 1
+        """(librdkafka's report, for a delivery it gave up on; called from ``poll`` or ``flush``.)"""
+        with self._unconfirmed_lock:
+            self._unconfirmed[str(error)] = self._unconfirmed.get(str(error), 0) + 1
 
     def report_undelivered(self) -> None:
         """Log the deliveries Kafka gave up on since the last round, one line per cause. A lease that runs out
         brings each message back; an at-most-once delivery is lost, as it may be."""
-        self._producer.poll(0)
-        for error, count in self._unconfirmed.items():
+        if self._producer is not None:
+            self._producer.poll(0)
+        with self._unconfirmed_lock:
+            counts, self._unconfirmed = self._unconfirmed, {}
+        for error, count in counts.items():
             log.warning("%s: %d deliveries not confirmed by Kafka: %s", self.cfg.name, count, error)
-        self._unconfirmed.clear()
 
     # -- status and stop -------------------------------------------------------------------------------------
 
@@ -388,6 +396,13 @@ class QueueDispatcher:
             self._thread.join(10)
         if self._publisher is not None:
             self._publisher.close()
+        if self._thread is not None and self._thread.is_alive():  # (stuck past the join: it keeps the producer)
+            log.warning("%s: the queue delivery thread did not stop within 10 s", self.cfg.name)
+            return
         if self._producer is not None:
-            self._producer.flush(5)
+            left = self._producer.flush(5)
+            self.report_undelivered()
+            if left:
+                log.warning("%s: %d deliveries not handed to Kafka at stop (at-most-once ones are lost)",
+                            self.cfg.name, left)
             self._producer = None  # (librdkafka's client ends with its last reference)
