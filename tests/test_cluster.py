@@ -1,6 +1,7 @@
 """An instance on a Spark standalone cluster: a master and two workers, each its own JVM with one core.
 
-200k messages wait in Kafka when the instance starts, so its batches are large and Spark reads them with
+The instance is submitted with ``spark-submit.sh --master spark://...``. 200k messages wait in Kafka when the
+instance starts, so its batches are large and Spark reads them with
 tasks on the workers' executors (small batches are read in the driver). Every message is stored once, and
 the executors' own logs show the tasks they ran.
 """
@@ -15,6 +16,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 from support.factories import assert_exactly_once, txlog_rows, wait_until, write_config
 from support.processes import InstanceProcess
+from support.repo import REPO
 
 from replication.connectors.kafka.broker import ensure_topics
 from replication.connectors.spark.cluster import StandaloneCluster
@@ -54,7 +56,9 @@ def test_an_instance_on_a_standalone_cluster_stores_200k_messages_once_read_by_t
                 producer.poll(0)
     assert producer.flush(60) == 0
 
-    proc = InstanceProcess(cfg, tmp_path / "run.log", env={"REPLICATION_SPARK_MASTER": cluster.master_url})
+    # submitted as docs/operations.md says: the master given to spark-submit.sh is the one the instance runs on
+    proc = InstanceProcess(cfg, tmp_path / "run.log",
+                           command=[str(REPO / "spark-submit.sh"), "--master", cluster.master_url])
     try:
         txlog = tmp_path / name / "txlog"
 
