@@ -174,17 +174,17 @@ def latency_table(ms: dict) -> str:
 
 
 def latency_over_time(lat: Latency, windows: int = 6) -> str:
-    """p50 of the main steps in equal slices of the publishing time: a falling p50 means the run was
-    still warming up (the JVM's JIT compiles Spark's planning code for minutes), a rising one that a
-    queue was building."""
+    """p50 of the main steps in equal slices of the publishing time, warm-up included: a falling p50 means
+    the pair was still warming up (the JVM's JIT compiles Spark's planning code for about a minute), a
+    rising one that work was piling up."""
     import numpy as np
 
     steps = ("A txlog commit", "B txlog commit", "publisher ack")
     elapsed = lat.sent_at - lat.sent_at[0]
     edges = np.linspace(0.0, elapsed[-1], windows + 1)
     rows = []
-    for start, end in zip(edges[:-1], edges[1:], strict=True):
-        inside = (elapsed >= start) & (elapsed <= end)
+    for index, (start, end) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        inside = (elapsed >= start) & ((elapsed < end) | (index == windows - 1))
         rows.append([f"{start:.0f}-{end:.0f}", f"{int(inside.sum()):,}"]
                     + [f"{pct(lat.ms[step][inside], 50):,.0f}" for step in steps])
     return format_table(["seconds of publishing", "msgs"] + [f"-> {step} p50 ms" for step in steps], rows)
@@ -243,7 +243,7 @@ def spark_table(title: str, queries: dict[str, list[dict]]) -> str:
 
 
 def verdict(ok: bool, *tighter: bool) -> str:
-    """"ok" or "MISSED"; with ``tighter`` (issue 40's targets beside issue 3's), one word per target."""
+    """One word per target, "ok" or "MISSED": ``ok`` for issue 3's, ``tighter`` for issue 40's beside it."""
     return " / ".join("ok" if met else "MISSED" for met in (ok, *tighter))
 
 def restarted(count: int) -> str:
