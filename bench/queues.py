@@ -4,7 +4,9 @@
    in micro-batches of N/10; rows/s from its first commit to its last;
 2. deliveries: the same N pre-published for an instance with an at-least-once queue on ``/orders``, four
    ``QueueConsumer`` processes (``max_backlog`` 1,000, each acknowledging what it takes); deliveries/s from
-   the first delivery to the last, every message delivered once. Target: >= 0.5 x ingest;
+   the first delivery to the last, every message delivered once. Target: >= 0.5 x ingest. CPU by process
+   over the phase, as cores in use and as CPU-ms per 1,000 deliveries (steadier from run to run than the
+   rate: it says where the two shared cores went);
 3. latency: a ``Publisher`` in its own process publishes at 2,000 msg/s for ``--seconds`` to the queue
    instance while the four consumers take and acknowledge; publish -> delivered (wall clocks of one
    machine). Target: p50 <= 500 ms.
@@ -25,6 +27,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,8 +45,10 @@ from common import (  # noqa: E402
     wait_until,
     write_instance_config,
 )
+from replication_probes import PUBLISHER, cpu_by_kind, cpu_since  # noqa: E402
 
 CONSUMERS = 4
+CONSUMERS_KIND = f"{CONSUMERS} consumer processes"
 BACKLOG = 1000
 QUEUE = ("<SOW><Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/orders</UnderlyingTopic>"
          "<Semantics>at-least-once</Semantics><LeasePeriod>60s</LeasePeriod></Queue></SOW>")
@@ -108,7 +113,17 @@ def ingest_rate(spark, workdir: Path, bootstrap: str, n: int) -> float:
         inst.stop()
 
 
-def delivery_rate(spark, workdir: Path, bootstrap: str, n: int) -> float:
+class Deliveries(NamedTuple):
+    rate: float
+    """Deliveries/s, first delivery to last."""
+    cpu: dict[str, float]
+    """CPU seconds by process kind, from the instance's start to the consumers' end."""
+    seconds: float
+    """Wall seconds of that window."""
+    count: int
+
+
+def delivery_rate(spark, workdir: Path, bootstrap: str, n: int) -> Deliveries:
     """Deliveries/s of a queue instance with four consumers, first delivery to last; each message once."""
     from replication import config
     from replication.instance import Instance
@@ -117,9 +132,13 @@ def delivery_rate(spark, workdir: Path, bootstrap: str, n: int) -> float:
     path = write_instance_config(workdir, name, bootstrap, inbox=False)
     path.write_text(path.read_text().replace("</TransactionLog>", "</TransactionLog>" + QUEUE))
     prepublish(bootstrap, f"{name}.publish", feeds(n, 4, 1))
+    before, started = cpu_by_kind(), time.perf_counter()
     inst = Instance(config.load(str(path)), spark).start()
     try:
         got = collect(start_consumers(bootstrap, f"{name}.publish", name, workdir, idle=5.0))
+        # the consumers' exit counts as "publisher process" (this process's waited-for children): rename it
+        cpu = {CONSUMERS_KIND if kind == PUBLISHER else kind: spent for kind, spent in cpu_since(before).items()}
+        seconds = time.perf_counter() - started
     finally:
         inst.stop()
     ids = sorted(i for i, _ in got)
@@ -127,7 +146,17 @@ def delivery_rate(spark, workdir: Path, bootstrap: str, n: int) -> float:
     if ids != expected:
         raise SystemExit(f"deliveries: {len(ids)} for {n} messages ({len(set(ids))} distinct)")
     times = sorted(t for _, t in got)
-    return (len(times) - 1) / max(times[-1] - times[0], 1e-9)
+    return Deliveries((len(times) - 1) / max(times[-1] - times[0], 1e-9), cpu, seconds, len(ids))
+
+
+def cpu_table(run: Deliveries) -> str:
+    """Where the cores went while the queue delivered (the consumers' 5 s idle wait at the end included)."""
+    kinds = sorted(run.cpu, key=lambda kind: -run.cpu[kind])
+    rows = [[kind, f"{run.cpu[kind] / run.seconds:.2f}", f"{1000 * 1000 * run.cpu[kind] / run.count:,.0f}"]
+            for kind in kinds]
+    total = sum(run.cpu.values())
+    rows.append(["total", f"{total / run.seconds:.2f}", f"{1000 * 1000 * total / run.count:,.0f}"])
+    return format_table([f"deliveries ({run.seconds:.0f} s), by process", "cores", "CPU-ms per 1k"], rows)
 
 
 def latency(spark, workdir: Path, bootstrap: str, seconds: float, rate: float) -> dict:
@@ -158,9 +187,12 @@ def latency(spark, workdir: Path, bootstrap: str, seconds: float, rate: float) -
 
 def measure(spark, workdir: Path, bootstrap: str, args) -> str:
     if args.only == "deliveries":  # (for a profiler: the delivery phase alone)
-        return f"deliveries: {delivery_rate(spark, workdir, bootstrap, args.messages):,.0f} msg/s"
+        run = delivery_rate(spark, workdir, bootstrap, args.messages)
+        return f"deliveries: {run.rate:,.0f} msg/s\n" + cpu_table(run)
     ingest = max(ingest_rate(spark, workdir, bootstrap, args.messages) for _ in range(args.passes))
-    deliveries = max(delivery_rate(spark, workdir, bootstrap, args.messages) for _ in range(args.passes))
+    best = max((delivery_rate(spark, workdir, bootstrap, args.messages) for _ in range(args.passes)),
+               key=lambda run: run.rate)
+    deliveries = best.rate
     lat = latency(spark, workdir, bootstrap, args.seconds, args.rate)
     rows = [["plain ingest (rows/s)", f"{ingest:,.0f}", "", ""],
             [f"queue deliveries, {CONSUMERS} consumers (msg/s)", f"{deliveries:,.0f}",
@@ -169,7 +201,8 @@ def measure(spark, workdir: Path, bootstrap: str, args) -> str:
              "target <= 500"],
             [f"publish -> delivered p99 at {args.rate:,.0f} msg/s (ms)", f"{lat['p99']:.0f}", "", ""]]
     return (f"bench/queues.py: {args.messages:,} messages, best of {args.passes} passes; latency over "
-            f"{lat['messages']:,} messages\n" + format_table(["measure", "value", "ratio", "target"], rows))
+            f"{lat['messages']:,} messages\n" + format_table(["measure", "value", "ratio", "target"], rows)
+            + "\n\n" + cpu_table(best))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -90,8 +90,9 @@ from replication_report import report, restarted  # noqa: E402
 PHASES = ("throughput", "signed", "mm2", "latency")
 #: The environment variable the signed run's link key is read from (set by the benchmark).
 LINK_KEY_VARIABLE = "BENCH_REPLICATION_LINK_KEY"
-#: Seconds the started pair is watched with nothing published, before the latency run.
-IDLE_SECONDS = 8.0
+#: Seconds the machine is watched with the pair not yet started, then with the started pair and nothing
+#: published, before the latency run.
+IDLE_SECONDS = 15.0
 
 #: Destination topics of a one-way link: B does not replicate back, so the
 #: checks that expect a symmetric pair are excluded (as in the tests' one-way links).
@@ -397,6 +398,9 @@ class Latency:
     idle_cpu_kinds: dict[str, float]
     """CPU by process kind while the started pair waited, with nothing published."""
     idle_seconds: float
+    unstarted_cpu_kinds: dict[str, float]
+    """CPU by process kind just before the pair started (the broker and Spark's JVM with no query)."""
+    unstarted_seconds: float
 
     def measured(self) -> dict[str, np.ndarray]:
         """:attr:`ms` of the messages published after the warm-up."""
@@ -407,11 +411,10 @@ class Latency:
 def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> Latency:
     """Steady publishing to A (sync destination B); per message, wall time from publish to each step."""
     pair = make_pair(workdir, bootstrap, "lat", topic=None, max_offsets=args.max_offsets, replicate=True, timer=timer)
+    unstarted_kinds, unstarted_seconds = cpu_while_waiting(IDLE_SECONDS)
     a, b = start_instances(spark, pair, args.trigger)
     wait_until_idle(a, b)
-    idle_kinds, idle_started = cpu_by_kind(), time.perf_counter()
-    time.sleep(IDLE_SECONDS)
-    idle_kinds, idle_seconds = cpu_since(idle_kinds), time.perf_counter() - idle_started
+    idle_kinds, idle_seconds = cpu_while_waiting(IDLE_SECONDS)
     marks = Milestones()
     marks.hook(a.writer, "on_commit", after="A txlog commit", seq=lambda last, _result: last)
     marks.hook(b.writer, "on_commit", before="B txlog commit", after="B ack file", seq=lambda last, _result: last)
@@ -449,7 +452,14 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
     measured = pub_time >= pub_time[0] + args.latency_warmup
     count, measured_span = int(measured.sum()), float(pub_time[-1] - pub_time[measured][0])
     return Latency(ms, pub_time, args.latency_warmup, count, count / measured_span, span, wall, stages, queries,
-                   kinds, restart_count, idle_kinds, idle_seconds)
+                   kinds, restart_count, idle_kinds, idle_seconds, unstarted_kinds, unstarted_seconds)
+
+
+def cpu_while_waiting(seconds: float) -> tuple[dict[str, float], float]:
+    """CPU seconds by process kind over ``seconds`` of this process sleeping, and the seconds measured."""
+    before, started = cpu_by_kind(), time.perf_counter()
+    time.sleep(seconds)
+    return cpu_since(before), time.perf_counter() - started
 
 
 def follow_messages(marks: Milestones, sent: list, a, b) -> tuple[dict, np.ndarray]:

@@ -99,7 +99,7 @@ def up(path, levels: int):
 PROCESS_KINDS = (
     ("python_streaming_source_runner", "Spark source runners (latestOffset...)"),
     ("pyspark.daemon", "Spark Python workers (reads)"),
-    ("kafka.Kafka", "broker (Kafka)"),
+    ("kafka.Kafka", "broker (Kafka)"),  # BROKER
     ("connect.mirror.MirrorMaker", "MirrorMaker 2"),
     ("replication.connectors.s3.server", "S3 server (moto, --storage s3)"),
     ("java", "JVM (Spark)"),
@@ -107,6 +107,9 @@ PROCESS_KINDS = (
 )
 DRIVER = "driver (Python: foreachBatch, durability, acks)"
 PUBLISHER = PROCESS_KINDS[-1][1]
+BROKER = "broker (Kafka)"
+#: The kinds that are the instances' own processes (their Spark application): the idle target's scope.
+INSTANCE_KINDS = (DRIVER, "JVM (Spark)", "Spark source runners (latestOffset...)", "Spark Python workers (reads)")
 
 
 def cpu_by_kind() -> dict[str, float]:

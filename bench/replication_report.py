@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from common import format_table, offsets_moved, percentile
-from replication_probes import LATENCY_STEPS
+from replication_probes import BROKER, INSTANCE_KINDS, LATENCY_STEPS
 
 from replication.config.model import DEFAULT_BATCH_ROWS
 
@@ -69,6 +69,8 @@ def report(args, runs: dict[str, dict[str, Run]], lat: Latency | None, mirrored:
     if mirrored is not None:
         cpu_columns[f"MirrorMaker 2 ({mirrored.seconds:.0f}s)"] = (mirrored.cpu_kinds, mirrored.seconds)
     if lat:
+        cpu_columns[f"pair not started ({lat.unstarted_seconds:.0f}s)"] = (lat.unstarted_cpu_kinds,
+                                                                            lat.unstarted_seconds)
         cpu_columns[f"idle pair ({lat.idle_seconds:.0f}s)"] = (lat.idle_cpu_kinds, lat.idle_seconds)
         cpu_columns[f"latency run ({lat.wall:.0f}s)"] = (lat.cpu_kinds, lat.wall)
     if cpu_columns:
@@ -96,7 +98,14 @@ def latency_checks(lat: Latency) -> list[list[str]]:
     a50 = pct(ms["A txlog commit"], 50)
     p50, p99 = pct(ms["B txlog commit"], 50), pct(ms["B txlog commit"], 99)
     ack50 = pct(ms["publisher ack"], 50)
-    return [[f"publish -> A txlog p50 ({what})", f"{a50:,.0f} ms", "<= 120 ms", verdict(a50 <= 120)],
+    pair_idle = sum(lat.idle_cpu_kinds.get(kind, 0.0) for kind in INSTANCE_KINDS) / lat.idle_seconds
+    broker_idle = lat.idle_cpu_kinds.get(BROKER, 0.0) / lat.idle_seconds
+    broker_alone = lat.unstarted_cpu_kinds.get(BROKER, 0.0) / lat.unstarted_seconds
+    return [["idle pair: the instances' processes (driver, JVM, source runners), cores", f"{pair_idle:.2f}",
+             "<= 0.2", verdict(pair_idle <= 0.2)],
+            ["idle pair: the broker beside it / before the pair started, cores",
+             f"{broker_idle:.2f} / {broker_alone:.2f}", "", "(the broker is the user's, not the pair's)"],
+            [f"publish -> A txlog p50 ({what})", f"{a50:,.0f} ms", "<= 120 ms", verdict(a50 <= 120)],
             ["publish -> B txlog p50", f"{p50:,.0f} ms", "<= 700 / 300 ms", verdict(p50 <= 700, p50 <= 300)],
             ["publish -> B txlog p99", f"{p99:,.0f} ms", "<= 2000 / 800 ms", verdict(p99 <= 2000, p99 <= 800)],
             ["publish -> persisted ack p50 (sync B)", f"{ack50:,.0f} ms", "<= 1000 / 350 ms",
