@@ -5,8 +5,8 @@
 2. deliveries: the same N pre-published for an instance with an at-least-once queue on ``/orders``, four
    ``QueueConsumer`` processes (``max_backlog`` 1,000, each acknowledging what it takes); deliveries/s from
    the first delivery to the last, every message delivered once. Target: >= 0.5 x ingest. CPU by process
-   over the phase, as cores in use and as CPU-ms per 1,000 deliveries (steadier from run to run than the
-   rate: it says where the two shared cores went);
+   over the same window (sampled every 0.2 s), as cores in use and as CPU-ms per 1,000 deliveries: where
+   the two shared cores went;
 3. latency: a ``Publisher`` in its own process publishes at 2,000 msg/s for ``--seconds`` to the queue
    instance while the four consumers take and acknowledge; publish -> delivered (wall clocks of one
    machine). Target: p50 <= 500 ms.
@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -45,7 +46,7 @@ from common import (  # noqa: E402
     wait_until,
     write_instance_config,
 )
-from replication_probes import PUBLISHER, cpu_by_kind, cpu_since  # noqa: E402
+from replication_probes import PUBLISHER, cpu_by_kind  # noqa: E402
 
 CONSUMERS = 4
 CONSUMERS_KIND = f"{CONSUMERS} consumer processes"
@@ -117,10 +118,11 @@ class Deliveries(NamedTuple):
     rate: float
     """Deliveries/s, first delivery to last."""
     cpu: dict[str, float]
-    """CPU seconds by process kind, from the instance's start to the consumers' end."""
+    """CPU seconds by process kind from the first delivery to the last (from samples every 0.2 s)."""
     seconds: float
-    """Wall seconds of that window."""
+    """Wall seconds between those samples."""
     count: int
+    """Deliveries in that window."""
 
 
 def delivery_rate(spark, workdir: Path, bootstrap: str, n: int) -> Deliveries:
@@ -132,13 +134,10 @@ def delivery_rate(spark, workdir: Path, bootstrap: str, n: int) -> Deliveries:
     path = write_instance_config(workdir, name, bootstrap, inbox=False)
     path.write_text(path.read_text().replace("</TransactionLog>", "</TransactionLog>" + QUEUE))
     prepublish(bootstrap, f"{name}.publish", feeds(n, 4, 1))
-    before, started = cpu_by_kind(), time.perf_counter()
     inst = Instance(config.load(str(path)), spark).start()
     try:
-        got = collect(start_consumers(bootstrap, f"{name}.publish", name, workdir, idle=5.0))
-        # the consumers' exit counts as "publisher process" (this process's waited-for children): rename it
-        cpu = {CONSUMERS_KIND if kind == PUBLISHER else kind: spent for kind, spent in cpu_since(before).items()}
-        seconds = time.perf_counter() - started
+        with CpuSampler() as samples:
+            got = collect(start_consumers(bootstrap, f"{name}.publish", name, workdir, idle=5.0))
     finally:
         inst.stop()
     ids = sorted(i for i, _ in got)
@@ -146,11 +145,46 @@ def delivery_rate(spark, workdir: Path, bootstrap: str, n: int) -> Deliveries:
     if ids != expected:
         raise SystemExit(f"deliveries: {len(ids)} for {n} messages ({len(set(ids))} distinct)")
     times = sorted(t for _, t in got)
-    return Deliveries((len(times) - 1) / max(times[-1] - times[0], 1e-9), cpu, seconds, len(ids))
+    cpu, seconds, count = samples.between(times)
+    return Deliveries((len(times) - 1) / max(times[-1] - times[0], 1e-9), cpu, seconds, count)
+
+
+class CpuSampler:
+    """CPU seconds by process kind every 0.2 s on a thread, so the delivery window alone can be measured
+    (the phase around it starts the instance's query and the consumers, and waits for the last of them)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), cpu_by_kind()))
+            if self._done.wait(0.2):
+                return
+
+    def between(self, times: list[float]) -> tuple[dict[str, float], float, int]:
+        """CPU by kind from the last sample at or before ``times[0]`` to the first at or after ``times[-1]``,
+        the seconds between them, and how many of ``times`` fall inside."""
+        start = max((s for s in self.samples if s[0] <= times[0]), key=lambda s: s[0], default=self.samples[0])
+        end = min((s for s in self.samples if s[0] >= times[-1]), key=lambda s: s[0], default=self.samples[-1])
+        cpu = {kind: end[1].get(kind, 0.0) - start[1].get(kind, 0.0) for kind in end[1]}
+        # the consumers are this process's children: while they run, their kind is "publisher process"
+        cpu = {CONSUMERS_KIND if kind == PUBLISHER else kind: spent for kind, spent in cpu.items() if spent > 0.005}
+        return cpu, end[0] - start[0], sum(start[0] <= t <= end[0] for t in times)
 
 
 def cpu_table(run: Deliveries) -> str:
-    """Where the cores went while the queue delivered (the consumers' 5 s idle wait at the end included)."""
+    """Where the cores went while the queue delivered, first delivery to last."""
     kinds = sorted(run.cpu, key=lambda kind: -run.cpu[kind])
     rows = [[kind, f"{run.cpu[kind] / run.seconds:.2f}", f"{1000 * 1000 * run.cpu[kind] / run.count:,.0f}"]
             for kind in kinds]
