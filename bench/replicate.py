@@ -24,7 +24,10 @@ One run prints (issue 3, "Performance"):
    planning code and every batch is slower (the report's over-time table
    shows it, warm-up included). Targets: publish -> B's txlog p50 <= 700 ms,
    p99 <= 2 s; publish -> persisted ack p50 <= 1 s (issue 3); issue 40's:
-   A's txlog p50 <= 120 ms, B's p50 <= 300 ms, p99 <= 800 ms, ack p50 <= 350 ms;
+   A's txlog p50 <= 120 ms, B's p50 <= 300 ms, p99 <= 800 ms, ack p50 <= 350 ms.
+   Before it, CPU is watched 15 s with the pair not started, then 15 s with
+   the started pair idle: its own processes (driver, JVM, source runners)
+   <= 0.2 cores, the broker's share shown beside them;
 3. where the time goes: CPU by process (JVM, Spark's Python source runners
    and workers, driver, broker, publisher), the engine's driver steps per
    instance (ingest at A, replicator batches, ingest at B, ack polling,
