@@ -386,10 +386,6 @@ class Latency:
     """Each message's publish time, seconds (same order as :attr:`ms`)."""
     warmup: float
     """Seconds of publishing at the start that the percentiles leave out."""
-    count: int
-    """Messages measured (published after the warm-up)."""
-    rate: float
-    """Achieved publishing rate of the measured messages, msg/s."""
     seconds: float
     """From the first publish to the last."""
     wall: float
@@ -405,10 +401,24 @@ class Latency:
     """CPU by process kind just before the pair started (the broker and Spark's JVM with no query)."""
     unstarted_seconds: float
 
+    def _after_warmup(self) -> np.ndarray:
+        return self.sent_at >= self.sent_at[0] + self.warmup
+
     def measured(self) -> dict[str, np.ndarray]:
         """:attr:`ms` of the messages published after the warm-up."""
-        after = self.sent_at >= self.sent_at[0] + self.warmup
+        after = self._after_warmup()
         return {step: values[after] for step, values in self.ms.items()}
+
+    @property
+    def count(self) -> int:
+        """Messages measured (published after the warm-up)."""
+        return int(self._after_warmup().sum())
+
+    @property
+    def rate(self) -> float:
+        """Achieved publishing rate of the measured messages, msg/s."""
+        measured = self.sent_at[self._after_warmup()]
+        return len(measured) / float(measured[-1] - measured[0])
 
 
 def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> Latency:
@@ -450,11 +460,8 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
     published = json.loads(out.read_text())
     marks.events["publisher ack"] = [tuple(e) for e in published["acks"]]
     ms, pub_time = follow_messages(marks, published["sent"], a, b)
-    span = float(pub_time[-1] - pub_time[0])
     stages = {k: (seconds_by[k], calls_by[k]) for k in seconds_by}
-    measured = pub_time >= pub_time[0] + args.latency_warmup
-    count, measured_span = int(measured.sum()), float(pub_time[-1] - pub_time[measured][0])
-    return Latency(ms, pub_time, args.latency_warmup, count, count / measured_span, span, wall, stages, queries,
+    return Latency(ms, pub_time, args.latency_warmup, float(pub_time[-1] - pub_time[0]), wall, stages, queries,
                    kinds, restart_count, idle_kinds, idle_seconds, unstarted_kinds, unstarted_seconds)
 
 

@@ -95,21 +95,24 @@ def up(path, levels: int):
 
 # -- CPU by process ------------------------------------------------------------------
 
+SOURCE_RUNNERS = "Spark source runners (latestOffset...)"
+PYTHON_WORKERS = "Spark Python workers (reads)"
+BROKER = "broker (Kafka)"
+SPARK_JVM = "JVM (Spark)"
 #: Process kinds by a fragment of their command line, in the order they are matched.
 PROCESS_KINDS = (
-    ("python_streaming_source_runner", "Spark source runners (latestOffset...)"),
-    ("pyspark.daemon", "Spark Python workers (reads)"),
-    ("kafka.Kafka", "broker (Kafka)"),  # BROKER
+    ("python_streaming_source_runner", SOURCE_RUNNERS),
+    ("pyspark.daemon", PYTHON_WORKERS),
+    ("kafka.Kafka", BROKER),
     ("connect.mirror.MirrorMaker", "MirrorMaker 2"),
     ("replication.connectors.s3.server", "S3 server (moto, --storage s3)"),
-    ("java", "JVM (Spark)"),
+    ("java", SPARK_JVM),
     ("multiprocessing", "publisher process"),
 )
 DRIVER = "driver (Python: foreachBatch, durability, acks)"
 PUBLISHER = PROCESS_KINDS[-1][1]
-BROKER = "broker (Kafka)"
 #: The kinds that are the instances' own processes (their Spark application): the idle target's scope.
-INSTANCE_KINDS = (DRIVER, "JVM (Spark)", "Spark source runners (latestOffset...)", "Spark Python workers (reads)")
+INSTANCE_KINDS = (DRIVER, SPARK_JVM, SOURCE_RUNNERS, PYTHON_WORKERS)
 
 
 def cpu_by_kind() -> dict[str, float]:
