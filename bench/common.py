@@ -576,17 +576,18 @@ STEADY_CLIENT = "steady-pub"
 
 
 def steady_publisher(bootstrap: str, topic: str, instance: str, rate: float, seconds: float, store: str,
-                     out: str) -> None:
+                     out: str, linger_ms: int | None = None) -> None:
     """(Own process.) Publish with a Publisher at ``rate`` msg/s; write publish and persisted-ack times to ``out``.
 
     Times are wall-clock (``time.time()``), comparable with the instances' on
     this machine. An ack watcher thread waits on the Publisher's own
-    ``wait_persisted`` and stamps each advance of ``persisted_seq``.
+    ``wait_persisted`` and stamps each advance of ``persisted_seq``. ``linger_ms``: the Publisher's (None:
+    its default).
     """
     from replication.client import Publisher
 
     pub = Publisher(STEADY_CLIENT, bootstrap=bootstrap, topic=topic, instance=instance, store_path=store,
-                    security=kafka_security())
+                    security=kafka_security(), **({} if linger_ms is None else {"linger_ms": linger_ms}))
     acks: list[tuple[int, float]] = []
     done = threading.Event()
     total = int(rate * seconds)

@@ -441,7 +441,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
             proc = multiprocessing.get_context("spawn").Process(
                 target=steady_publisher,
                 args=(bootstrap, pair.topic, a.name, args.latency_rate, args.latency_warmup + args.latency_seconds,
-                      str(workdir / "steady-publisher.store"), str(out)),
+                      str(workdir / "steady-publisher.store"), str(out), args.linger_ms),
             )
             kinds, started = cpu_by_kind(), time.perf_counter()
             proc.start()
@@ -538,6 +538,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a Spark SQL setting for the measured queries, to try a change (repeatable)")
     parser.add_argument("--latency-rate", type=float, default=2000.0, help="msg/s of the steady publisher")
     parser.add_argument("--latency-seconds", type=float, default=None, help="measured seconds (30; --quick: 10)")
+    parser.add_argument("--linger-ms", type=int, default=None,
+                        help="the steady publisher's linger (default: the Publisher's, LINGER_MS)")
     parser.add_argument("--latency-warmup", type=float, default=None,
                         help="seconds of the same publishing before the measured ones (60; --quick: 0)")
     parser.add_argument("--only", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
