@@ -188,6 +188,6 @@ LATENCY_STEPS = (
     ("B inbox commit", "A->B replicator appended it to B's inbox"),
     ("B txlog commit", "B ingest committed it"),
     ("B ack file", "B wrote its ack to A (_control/acks/A.json)"),
-    ("A reads ack", "A's ack watcher read that file (every 50 ms on disk, 100 ms on S3, while rows wait)"),
+    ("A reads ack", "A's ack watcher read that file (every 20 ms on disk, 100 ms on S3, while rows wait)"),
     ("publisher ack", "the persisted ack reached the Publisher"),
 )

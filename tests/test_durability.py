@@ -195,7 +195,7 @@ def test_durable_json_records_the_watermark_whenever_it_moves(tmp_path):
 
 
 def test_the_ack_watch_reads_the_ack_while_rows_wait_for_it_and_an_idle_link_once_a_second(tmp_path):
-    from replication.destination.manager import IDLE_ACK_READ_S, ack_read_due
+    from replication.destination.manager import IDLE_ACK_READ_S, ack_read_due, watch_pace
 
     link = Link(tmp_path / "l.json", "b", "sync")
     assert not link.awaiting_ack(), "nothing sent"
@@ -204,6 +204,9 @@ def test_the_ack_watch_reads_the_ack_while_rows_wait_for_it_and_an_idle_link_onc
     link.on_sent([(6, 9)], through=9)
     assert link.awaiting_ack()
     assert ack_read_due(link.awaiting_ack(), now=100.0, last_read=99.99), "every turn while rows wait"
+    # turns come faster while rows wait on a disk (the persisted ack's last hop), never on a billed object store
+    assert watch_pace(True, on_disk=True) < watch_pace(False, on_disk=True) <= 0.05
+    assert watch_pace(True, on_disk=False) == watch_pace(False, on_disk=False) == 0.1
     link.on_ack(9)
     assert not link.awaiting_ack() and link.acked_seq == 9
     assert not ack_read_due(link.awaiting_ack(), now=100.0, last_read=99.5)
