@@ -19,9 +19,11 @@ file                        written by                           read by
                             are released or ``durable_seq``      replays (``replication.replay``), for
                             moves                                ``durable_seq``
 ``acks/<upstream>.json``    the durability tracker, once the     ``<upstream>``'s destination manager,
-                            rows received from ``<upstream>``    every 50 ms: its link's acknowledged
-                            are durable here                     position moves, and with it the
-                                                                 upstream's own acks
+                            rows received from ``<upstream>``    every 20 ms while rows wait for it
+                            are durable here                     (100 ms on S3), else once a second:
+                                                                 its link's acknowledged position
+                                                                 moves, and with it the upstream's
+                                                                 own acks
 ``links/<destination>.json``  this instance's destination        the instance at restart;
                             manager and replicator               ``replication status``
 ``bootstrap.json``          a bootstrap, when it starts and      the instance at start: an interrupted
