@@ -60,6 +60,10 @@ def assert_read_path(read_path: str, *instances) -> None:
     counts += [m.writer.batches_read_in_driver for inst in instances for m in inst.managers if m.writer is not None]
     if read_path == "driver-read":
         assert all(n > 0 for n in counts), counts
+        # and batches were read as soon as Spark had planned them (the rows checked exactly once above)
+        ahead = [sum(inst.writer.driver_read.ahead.hits for inst in instances),
+                 sum(m.writer.ahead.hits for inst in instances for m in inst.managers if m.writer is not None)]
+        assert all(n > 0 for n in ahead), ahead
     else:
         assert not any(counts), counts
 

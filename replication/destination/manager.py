@@ -218,6 +218,8 @@ class DestinationManager:
             self.link.reset(start_seq=start, epoch=state.epoch + 1, address=address, downstream=down_cfg.name,
                             txlog_id=down_id)
             state = self.link.snapshot()
+        if self.writer is not None:
+            self.writer.close()  # (its query has stopped)
         self.query, self.writer = replicator.start_query(
             self.spark, self.cfg, self.dest,
             txlog=self.layout.txlog, inbox=down.inbox, checkpoint=self._checkpoint(state.incarnation),
@@ -274,6 +276,8 @@ class DestinationManager:
                 query.stop()
             except Exception:
                 log.exception("%s: stopping the replicator failed", self.name)
+        if self.writer is not None:
+            self.writer.close()
 
 
 def watch_pace(awaiting: bool, on_disk: bool) -> float:

@@ -23,6 +23,8 @@ A crash between 2 and 3 replays ``b``: step 2 is skipped, step 3 runs.
 from __future__ import annotations
 
 import logging
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,8 +36,10 @@ from replication.connectors.delta.tables import (
     IdempotentAppender,
     log_writer_properties,
 )
+from replication.connectors.s3.objects import ObjectPath
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
+from replication.connectors.spark.planned_read_ahead import PlannedReadAhead
 from replication.inbox import signing
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.storage.layout import StoragePath, link_name, spark_location
@@ -50,6 +54,9 @@ if TYPE_CHECKING:
     from replication.destination.link import Link
 
 log = logging.getLogger(__name__)
+
+#: How long stopping waits for a read ahead under way (a txlog read of one small batch).
+READ_AHEAD_WAIT_S = 5.0
 
 _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW", "none": "UNCOMPRESSED"}
 
@@ -78,18 +85,29 @@ class ReplicatorWriter:
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
         """Where small batches' seq ranges are found, to read them in the driver (see
         replication.connectors.spark.planned_batch)."""
+        self.ahead: PlannedReadAhead | None = None
+        """Reads and routes the next batch once Spark has planned it (a local checkpoint only; see
+        replication.connectors.spark.planned_read_ahead)."""
+        if checkpoint is not None and not isinstance(checkpoint, ObjectPath):
+            self.ahead = PlannedReadAhead(Path(checkpoint) / "offsets",
+                                          partial(self._read_ahead, PlannedBatch(checkpoint)),
+                                          f"{cfg.name}->{dest.name}")
         self.rows_sent = 0
         self.batches_read_in_driver = 0
         self.signing_key = dest.signing_key.reveal().encode() if dest.signing_key is not None else None
         """HMAC key of this link's commits (the destination's ``<Authenticator>``, :mod:`replication.inbox.signing`)."""
 
     def __call__(self, df, batch_id: int) -> None:
-        span = self._planned_span(batch_id)
+        ahead = self.ahead.take(batch_id) if self.ahead is not None else None  # (the thread is done after this)
+        span = self._planned_span(self.planned, batch_id) if self.planned is not None else None
         if span is not None and span[0] == span[1]:
+            self._read_next(batch_id)
             return  # an empty batch
-        routed_here = self._route_here(*span) if span is not None else None
+        routed_here = self._route_here(*span, ahead if ahead is not None and ahead[0] == span else None) \
+            if span is not None else None
         if routed_here is not None:
             self._send(*routed_here, batch_id)
+            self._read_next(batch_id)
             return
         decided = df.select("seq", self.condition.alias("_routed")).toArrow()
         if decided.num_rows == 0:
@@ -102,12 +120,20 @@ class ReplicatorWriter:
             # seq is contiguous: the batch is exactly (first - 1, through], read in seq order.
             routed = self.txlog.read(first - 1, through).take(pa.array(routed_seqs - first))
         self._send(routed, routed_seqs, through, batch_id)
+        self._read_next(batch_id)
 
-    def _planned_span(self, batch_id: int) -> tuple[int, int] | None:
+    def close(self) -> None:
+        """Stop reading ahead (the query has stopped)."""
+        if self.ahead is not None:
+            self.ahead.close(READ_AHEAD_WAIT_S)
+
+    def _read_next(self, batch_id: int) -> None:
+        if self.ahead is not None:
+            self.ahead.start(batch_id + 1)
+
+    def _planned_span(self, planned: PlannedBatch, batch_id: int) -> tuple[int, int] | None:
         """(after, through) seqs of a batch small enough to read in the driver, from the offset log; else None."""
-        if self.planned is None:
-            return None
-        ranges = self.planned.ranges(batch_id)
+        ranges = planned.ranges(batch_id)
         if ranges is None or len(ranges) != 1:
             return None
         start, end = ranges[0]
@@ -117,12 +143,24 @@ class ReplicatorWriter:
             return None
         return (after, through) if 0 <= through - after <= planned_batch.DRIVER_READ_MAX_ROWS else None
 
-    def _route_here(self, after: int, through: int) -> tuple[pa.Table | None, np.ndarray, int] | None:
+    def _read_and_route(self, after: int, through: int) -> tuple[pa.Table, np.ndarray]:
+        """Txlog rows (after, through] and which of them are routed here."""
+        rows = self.txlog.read(after, through)
+        return rows, routing.route_mask(self.cfg, self.dest, rows, target=self.target)
+
+    def _read_ahead(self, plans: PlannedBatch, batch_id: int) -> tuple[tuple[int, int], pa.Table, np.ndarray] | None:
+        """(On the read-ahead thread.) The next batch's span, rows and routing, once Spark has planned it."""
+        span = self._planned_span(plans, batch_id)
+        return (span, *self._read_and_route(*span)) if span is not None and span[0] < span[1] else None
+
+    def _route_here(self, after: int, through: int,
+                    ahead: tuple[tuple[int, int], pa.Table, np.ndarray] | None = None,
+                    ) -> tuple[pa.Table | None, np.ndarray, int] | None:
         """The batch (after, through] read from the txlog files and routed here, without a Spark job:
-        (routed rows, their seqs, through); None when it could not be read in the driver (Spark routes it)."""
+        (routed rows, their seqs, through); None when it could not be read in the driver (Spark routes it).
+        ``ahead``: the same, read and routed ahead."""
         try:
-            rows = self.txlog.read(after, through)
-            mask = routing.route_mask(self.cfg, self.dest, rows, target=self.target)
+            rows, mask = ahead[1:] if ahead is not None else self._read_and_route(after, through)
         except Exception:
             log.warning("%s->%s: seqs %d-%d could not be read in the driver; Spark reads them instead",
                         self.cfg.name, self.dest.name, after + 1, through, exc_info=True)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,8 +24,10 @@ from replication.connectors.kafka.source import (
     KafkaSourceOptions,
     KafkaStreamReader,
 )
+from replication.connectors.s3.objects import ObjectPath
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
+from replication.connectors.spark.planned_read_ahead import PlannedReadAhead
 from replication.inbox import staged_parts as staged
 from replication.inbox import stream as inbox_stream
 from replication.inbox.entitlement import Entitlements
@@ -306,6 +312,27 @@ def _counts(links: pa.ChunkedArray, reasons: pa.Array) -> dict[tuple[str, str], 
 
 #: A read in the driver that gets no records for this long gives the batch to Spark's tasks.
 DRIVER_READ_STALL_S = 15.0
+#: A read ahead that gets no records for this long gives up (the batch's call reads it again).
+READ_AHEAD_STALL_S = 2.0
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a batch reads: per Kafka transport its partitions' ranges, and its inbox versions."""
+
+    ranges: list[tuple[dict, dict]]
+    """As the offset log gives them (compared to take what was read ahead)."""
+    kafka: list[tuple[KafkaTransport, RangeReader, list]]
+    versions: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A batch's rows as read, before they become candidate rows (in the caller's thread)."""
+
+    ranges: list[tuple[dict, dict]]
+    kafka: list[tuple[KafkaTransport, pa.Table]]
+    inbox: tuple[pa.Table, list[tuple[int, str]]] | None
 
 
 class DriverRead:
@@ -317,12 +344,15 @@ class DriverRead:
     Kafka ranges are read with the source's decoding (one consumer kept per
     transport, ``kafka_source.RangeReader``) and mapped with
     :func:`kafka_candidates`, inbox versions with :class:`InboxRows`. The rows
-    and their order are those Spark would have collected.
+    and their order are those Spark would have collected. With a local
+    checkpoint, the next batch is read as soon as Spark has planned it
+    (:mod:`replication.connectors.spark.planned_read_ahead`).
     """
 
     def __init__(self, cfg: InstanceConfig, layout: StorageLayout, inbox: InboxRows | None = None) -> None:
         """``inbox``: the writer's :class:`InboxRows` (one verifier of the inbox's commits); default a new one."""
-        self.planned = PlannedBatch(layout.checkpoint(INGEST_QUERY))
+        checkpoint = layout.checkpoint(INGEST_QUERY)
+        self.planned = PlannedBatch(checkpoint)
         self.kafka = [(t, KafkaSourceOptions.parse(kafka_options(t))) for t in cfg.kafka_transports]
         self.readers = [RangeReader(options) for _t, options in self.kafka]
         if inbox is None and cfg.replication_transport is not None:
@@ -332,9 +362,37 @@ class DriverRead:
         self.inbox_reads = InboxReadAhead(str(layout.inbox), DEFAULT_BATCH_ROWS) if self.inbox is not None else None
         self.batches = 0
         """Micro-batches read in the driver rather than by a Spark job."""
+        self.ahead: PlannedReadAhead[_Read] | None = None
+        """Reads the next batch once Spark has planned it (a local checkpoint only)."""
+        if not isinstance(checkpoint, ObjectPath):
+            ahead_plans = PlannedBatch(checkpoint)  # (its own: PlannedBatch keeps the entry it read last)
+            self.ahead = PlannedReadAhead(Path(checkpoint) / "offsets", partial(self._read_ahead, ahead_plans),
+                                          f"{cfg.name} ingest")
 
     def __call__(self, batch_id: int) -> pa.Table | None:
-        ranges = self.planned.ranges(batch_id, initial=self._initial_offsets)
+        read = self.ahead.take(batch_id) if self.ahead is not None else None  # (the thread is done after this)
+        plan = self._plan(self.planned, batch_id, initial=self._initial_offsets)
+        if plan is None:
+            return None
+        try:
+            if read is None or read.ranges != plan.ranges:
+                read = self._read(plan, DRIVER_READ_STALL_S)
+            table = self._candidates(read)
+        except Exception:
+            # Spark's tasks read the same ranges with their own consumers and retries.
+            log.warning("ingest batch %d: reading it in the driver failed; Spark reads it instead", batch_id,
+                        exc_info=True)
+            self._close_readers()
+            return None
+        self.batches += 1
+        if self.ahead is not None:
+            self.ahead.start(batch_id + 1)
+        return table
+
+    def _plan(self, planned: PlannedBatch, batch_id: int,
+              initial: Callable[[], list[dict] | None] | None = None) -> _Plan | None:
+        """What batch ``batch_id`` reads; None: Spark's tasks read it (not a layout known here, or too big)."""
+        ranges = planned.ranges(batch_id, initial=initial)
         if ranges is None or len(ranges) != len(self.kafka) + (self.inbox is not None):
             return None
         plans, offsets = [], 0
@@ -354,23 +412,30 @@ class DriverRead:
                 versions = (int(start["version"]) + 1, int(end["version"]))
             except (KeyError, TypeError, ValueError):
                 return None
-        tables = []
-        try:
-            for transport, reader, parts in plans:
-                batches = reader.read(parts, stall_timeout=DRIVER_READ_STALL_S)
-                if batches:
-                    tables.append(kafka_candidates(pa.Table.from_batches(batches), transport))
-            if versions is not None and versions[1] >= versions[0]:
-                assert self.inbox is not None and self.inbox_reads is not None  # versions are read with an inbox only
-                tables.append(self.inbox.candidates(self.inbox_reads.read(*versions),
-                                                    staged_parts(self.inbox.inbox, *versions)))
-        except Exception:
-            # Spark's tasks read the same ranges with their own consumers and retries.
-            log.warning("ingest batch %d: reading it in the driver failed; Spark reads it instead", batch_id,
-                        exc_info=True)
-            self.close()
-            return None
-        self.batches += 1
+        return _Plan(ranges, plans, versions)
+
+    def _read(self, plan: _Plan, stall_timeout: float) -> _Read:
+        """The rows of ``plan`` as read (no state of the writer's is touched: the read-ahead thread calls this)."""
+        kafka = []
+        for transport, reader, parts in plan.kafka:
+            batches = reader.read(parts, stall_timeout=stall_timeout)
+            if batches:
+                kafka.append((transport, pa.Table.from_batches(batches)))
+        inbox = None
+        if plan.versions is not None and plan.versions[1] >= plan.versions[0]:
+            assert self.inbox is not None and self.inbox_reads is not None  # versions are read with an inbox only
+            inbox = (self.inbox_reads.read(*plan.versions), staged_parts(self.inbox.inbox, *plan.versions))
+        return _Read(plan.ranges, kafka, inbox)
+
+    def _read_ahead(self, plans: PlannedBatch, batch_id: int) -> _Read | None:
+        plan = self._plan(plans, batch_id)
+        return self._read(plan, READ_AHEAD_STALL_S) if plan is not None else None
+
+    def _candidates(self, read: _Read) -> pa.Table:
+        tables = [kafka_candidates(rows, transport) for transport, rows in read.kafka]
+        if read.inbox is not None:
+            assert self.inbox is not None
+            tables.append(self.inbox.candidates(*read.inbox))
         return pa.concat_tables(tables) if tables else CANDIDATE_SCHEMA.empty_table()
 
     def _initial_offsets(self) -> list[dict] | None:
@@ -394,6 +459,11 @@ class DriverRead:
         return starts
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close(READ_AHEAD_STALL_S + 1)
+        self._close_readers()
+
+    def _close_readers(self) -> None:
         for reader in self.readers:
             reader.close()
         if self.inbox_reads is not None:

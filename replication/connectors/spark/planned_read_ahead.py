@@ -1,0 +1,104 @@
+"""A micro-batch's rows read as soon as Spark has planned it, while Spark gets ready to run it.
+
+Spark writes a batch's end offsets to the query's offset log
+(:mod:`replication.connectors.spark.planned_batch`) and only then plans
+and runs it: at 2k msg/s the ``foreachBatch`` function is called ~35 ms
+after the entry appears (bench/replicate.py). A writer that reads its small
+batches itself (``ingest.inputs.DriverRead``) knows from that entry alone
+which rows the batch holds, so :class:`PlannedReadAhead` waits on a thread for
+the next batch's entry and reads its rows then; the call finds them read.
+
+The rows are those the call would read: an entry is never rewritten (a
+re-run batch reuses its own), and the caller compares the ranges read
+ahead with its own before taking them. Anything not read ahead in time,
+read for another batch, or whose read failed, is read by the call as
+before. Local checkpoints only: on object storage each look for the entry
+would be a billed request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+#: How often the thread looks for the next entry: while batches follow one another, and once they have not
+#: for :data:`BUSY_S` (an idle instance's thread then wakes 50 times a second, not 200).
+BUSY_POLL_S = 0.005
+IDLE_POLL_S = 0.02
+BUSY_S = 1.0
+
+T = TypeVar("T")
+
+
+class PlannedReadAhead(Generic[T]):
+    """``read(batch_id)`` on a thread once ``offsets/<batch_id>`` exists; :meth:`take` gives its answer.
+
+    ``read`` returns what the caller will use (None: nothing to read ahead, e.g. a batch too big for the
+    driver); it must not share state with the caller's own reads except through :meth:`take`, which waits
+    for the thread first.
+    """
+
+    def __init__(self, offsets: Path, read: Callable[[int], T | None], name: str) -> None:
+        self.offsets = offsets
+        self.read = read
+        self.name = name
+        self.hits = 0
+        """Batches whose rows were read ahead and taken."""
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._done: tuple[int, T] | None = None
+        self._closed = False
+
+    def start(self, batch_id: int) -> None:
+        """Wait for batch ``batch_id``'s entry on a thread, and read it then."""
+        self._finish()
+        if self._closed:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(batch_id, self._stop, time.monotonic()),
+                                        name=f"{self.name}-read-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, batch_id: int) -> T | None:
+        """What was read ahead for ``batch_id`` (waiting for a read under way), else None; the thread ends."""
+        self._finish()
+        done, self._done = self._done, None
+        if done is None or done[0] != batch_id:
+            return None
+        self.hits += 1
+        return done[1]
+
+    def close(self, timeout: float) -> None:
+        """Stop, waiting up to ``timeout`` seconds for a read under way."""
+        self._closed = True
+        self._finish(timeout)
+
+    def _finish(self, timeout: float | None = None) -> None:
+        """Stop the thread: a read already under way completes (its answer kept), no new one begins."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self, batch_id: int, stop: threading.Event, since: float) -> None:
+        entry = self.offsets / str(batch_id)
+        while not entry.exists():
+            pace = BUSY_POLL_S if time.monotonic() - since < BUSY_S else IDLE_POLL_S
+            if stop.wait(pace):
+                return
+        if stop.is_set():
+            return
+        try:
+            got = self.read(batch_id)
+        except Exception:  # noqa: BLE001 - the call reads the batch itself, and reports a real failure
+            log.debug("%s batch %d: reading it ahead failed; the batch reads itself", self.name, batch_id,
+                      exc_info=True)
+            return
+        if got is not None:
+            self._done = (batch_id, got)
