@@ -81,3 +81,25 @@ def test_a_closed_read_ahead_starts_no_thread(tmp_path):
     entry(tmp_path, 2)
     ahead.start(2)
     assert ahead._thread is None and ahead.take(2) is None
+
+
+def test_rows_the_call_does_not_want_are_not_used_nor_counted(tmp_path):
+    ahead = PlannedReadAhead(tmp_path, lambda b: ("ranges of another plan", b), "test")
+    entry(tmp_path, 4)
+    ahead.start(4)
+    ahead._thread.join(10)
+    assert ahead.take(4, lambda read: read[0] == "ranges of this plan") is None
+    assert ahead.hits == 0
+
+
+def test_close_says_when_a_read_is_still_under_way(tmp_path):
+    release = threading.Event()
+    ahead = PlannedReadAhead(tmp_path, lambda b: release.wait(10), "test")
+    entry(tmp_path, 1)
+    ahead.start(1)
+    wait_until(lambda: ahead._thread is not None and ahead._thread.is_alive() and (tmp_path / "1").exists(),
+               timeout=10, what="the read under way")
+    time.sleep(0.1)  # (past the thread's first look for the entry)
+    assert ahead.close(0.1) is False, "the caller must not close the readers the thread still uses"
+    release.set()
+    assert ahead.close(10) is True

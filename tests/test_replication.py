@@ -313,3 +313,42 @@ def test_fix_and_nvfix_topics_filtered_by_tag_route_row_by_row(fabric):
             assert row["topic"] == "/nv/orders" and (fields["Side"] == "buy" or "Note" not in fields), fields
     a_rows = fabric.rows("a").to_pylist()
     assert len(a_rows) == 120 and {r["message_type"] for r in a_rows} == {"fix", "nvfix"}
+
+
+def test_a_batch_read_ahead_for_other_ranges_is_not_used_and_stop_ends_the_threads(fabric, monkeypatch):
+    """The writers take rows read ahead only when they are the batch's own: here every read ahead is made to
+    claim other ranges (and hold no rows), so using one would lose the batch's rows. Stopping the instances
+    ends their read-ahead threads."""
+    from replication.destination.replicator import ReplicatorWriter
+    from replication.ingest.inputs import DriverRead, _Read
+
+    made = {"ingest": 0, "replicator": 0}
+    ingest_read, replicator_read = DriverRead._read_ahead, ReplicatorWriter._read_ahead
+
+    def other_ranges(self, plans, batch_id):
+        read = ingest_read(self, plans, batch_id)
+        made["ingest"] += read is not None
+        return None if read is None else _Read([({"t": {"0": -1}}, {"t": {"0": -1}})], [], None)
+
+    def other_span(self, plans, batch_id):
+        read = replicator_read(self, plans, batch_id)
+        made["replicator"] += read is not None
+        return None if read is None else ((-1, -1), read[1].slice(0, 0), read[2][:0])
+
+    monkeypatch.setattr(DriverRead, "_read_ahead", other_ranges)
+    monkeypatch.setattr(ReplicatorWriter, "_read_ahead", other_span)
+    fabric.start_one_way_pair()
+    a, b = fabric.running["a"], fabric.running["b"]
+    pub = fabric.publisher("pub-a", "a")
+    publish_paced(pub, 600, 1000.0)  # many small batches, each read ahead
+    pub.flush(timeout=240)
+    wait_until(lambda: fabric.count("b") >= 600, timeout=120, what="B has A's 600 rows")
+    for side in ("a", "b"):
+        assert_exactly_once(fabric.rows(side), {"pub-a": 600})
+    assert made["ingest"] > 0 and made["replicator"] > 0, made
+    assert a.writer.driver_read.ahead.hits == 0 and b.writer.driver_read.ahead.hits == 0
+    assert all(m.writer.ahead.hits == 0 for m in a.managers if m.writer is not None)
+    fabric.stop("a")
+    fabric.stop("b")
+    left = [t.name for t in threading.enumerate() if t.name.endswith("-read-ahead") and fabric.suffix in t.name]
+    assert left == [], left

@@ -98,16 +98,22 @@ class ReplicatorWriter:
         """HMAC key of this link's commits (the destination's ``<Authenticator>``, :mod:`replication.inbox.signing`)."""
 
     def __call__(self, df, batch_id: int) -> None:
-        ahead = self.ahead.take(batch_id) if self.ahead is not None else None  # (the thread is done after this)
         span = self._planned_span(self.planned, batch_id) if self.planned is not None else None
+        # (the read-ahead thread is done after take: the txlog files are this thread's again)
+        ahead = self.ahead.take(batch_id, lambda read: read[0] == span) if self.ahead is not None else None
+        try:
+            self._write(df, batch_id, span, ahead)
+        finally:
+            if self.ahead is not None:
+                self.ahead.start(batch_id + 1)
+
+    def _write(self, df, batch_id: int, span: tuple[int, int] | None,
+               ahead: tuple[tuple[int, int], pa.Table, np.ndarray] | None) -> None:
         if span is not None and span[0] == span[1]:
-            self._read_next(batch_id)
             return  # an empty batch
-        routed_here = self._route_here(*span, ahead if ahead is not None and ahead[0] == span else None) \
-            if span is not None else None
+        routed_here = self._route_here(*span, ahead) if span is not None else None
         if routed_here is not None:
             self._send(*routed_here, batch_id)
-            self._read_next(batch_id)
             return
         decided = df.select("seq", self.condition.alias("_routed")).toArrow()
         if decided.num_rows == 0:
@@ -120,16 +126,11 @@ class ReplicatorWriter:
             # seq is contiguous: the batch is exactly (first - 1, through], read in seq order.
             routed = self.txlog.read(first - 1, through).take(pa.array(routed_seqs - first))
         self._send(routed, routed_seqs, through, batch_id)
-        self._read_next(batch_id)
 
     def close(self) -> None:
         """Stop reading ahead (the query has stopped)."""
         if self.ahead is not None:
             self.ahead.close(READ_AHEAD_WAIT_S)
-
-    def _read_next(self, batch_id: int) -> None:
-        if self.ahead is not None:
-            self.ahead.start(batch_id + 1)
 
     def _planned_span(self, planned: PlannedBatch, batch_id: int) -> tuple[int, int] | None:
         """(after, through) seqs of a batch small enough to read in the driver, from the offset log; else None."""
@@ -158,7 +159,7 @@ class ReplicatorWriter:
                     ) -> tuple[pa.Table | None, np.ndarray, int] | None:
         """The batch (after, through] read from the txlog files and routed here, without a Spark job:
         (routed rows, their seqs, through); None when it could not be read in the driver (Spark routes it).
-        ``ahead``: the same, read and routed ahead."""
+        ``ahead``: the batch's rows and routing, read ahead."""
         try:
             rows, mask = ahead[1:] if ahead is not None else self._read_and_route(after, through)
         except Exception:

@@ -370,23 +370,24 @@ class DriverRead:
                                           f"{cfg.name} ingest")
 
     def __call__(self, batch_id: int) -> pa.Table | None:
-        read = self.ahead.take(batch_id) if self.ahead is not None else None  # (the thread is done after this)
         plan = self._plan(self.planned, batch_id, initial=self._initial_offsets)
-        if plan is None:
-            return None
+        # (the read-ahead thread is done after take: the readers are this thread's again)
+        read = self.ahead.take(batch_id, lambda ahead: plan is not None and ahead.ranges == plan.ranges) \
+            if self.ahead is not None else None
         try:
-            if read is None or read.ranges != plan.ranges:
-                read = self._read(plan, DRIVER_READ_STALL_S)
-            table = self._candidates(read)
+            if plan is None:
+                return None
+            table = self._candidates(read if read is not None else self._read(plan, DRIVER_READ_STALL_S))
         except Exception:
             # Spark's tasks read the same ranges with their own consumers and retries.
             log.warning("ingest batch %d: reading it in the driver failed; Spark reads it instead", batch_id,
                         exc_info=True)
             self._close_readers()
             return None
+        finally:
+            if self.ahead is not None:
+                self.ahead.start(batch_id + 1)
         self.batches += 1
-        if self.ahead is not None:
-            self.ahead.start(batch_id + 1)
         return table
 
     def _plan(self, planned: PlannedBatch, batch_id: int,
@@ -415,7 +416,8 @@ class DriverRead:
         return _Plan(ranges, plans, versions)
 
     def _read(self, plan: _Plan, stall_timeout: float) -> _Read:
-        """The rows of ``plan`` as read (no state of the writer's is touched: the read-ahead thread calls this)."""
+        """The rows of ``plan`` as read, with the readers (the read-ahead thread calls this too, never while the
+        caller reads); the mapping to candidate rows, which counts refusals, stays with the caller."""
         kafka = []
         for transport, reader, parts in plan.kafka:
             batches = reader.read(parts, stall_timeout=stall_timeout)
@@ -459,8 +461,12 @@ class DriverRead:
         return starts
 
     def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close(READ_AHEAD_STALL_S + 1)
+        if self.ahead is not None and not self.ahead.close(READ_AHEAD_STALL_S + 1):
+            # a read ahead still under way (a broker not answering) uses the readers: it ends within its stall
+            # limit, and its consumer goes with it
+            log.warning("%s: a read ahead is still under way at stop; its Kafka consumer is left to it",
+                        self.ahead.name)
+            return
         self._close_readers()
 
     def _close_readers(self) -> None:

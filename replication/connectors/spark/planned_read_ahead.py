@@ -40,8 +40,9 @@ class PlannedReadAhead(Generic[T]):
     """``read(batch_id)`` on a thread once ``offsets/<batch_id>`` exists; :meth:`take` gives its answer.
 
     ``read`` returns what the caller will use (None: nothing to read ahead, e.g. a batch too big for the
-    driver); it must not share state with the caller's own reads except through :meth:`take`, which waits
-    for the thread first.
+    driver). It may use the objects the caller reads with (a Kafka consumer, say): the thread never runs
+    while the caller reads, since :meth:`take` waits for it first. That wait is at most one read of the
+    batch, which gives up after its own stall limit (the caller then reads the batch again itself).
     """
 
     def __init__(self, offsets: Path, read: Callable[[int], T | None], name: str) -> None:
@@ -49,42 +50,54 @@ class PlannedReadAhead(Generic[T]):
         self.read = read
         self.name = name
         self.hits = 0
-        """Batches whose rows were read ahead and taken."""
+        """Batches whose rows were read ahead and used."""
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._done: tuple[int, T] | None = None
         self._closed = False
+        self._lock = threading.Lock()
+        """Guards starting and stopping the thread (the writer's and a stopping instance's threads)."""
 
     def start(self, batch_id: int) -> None:
         """Wait for batch ``batch_id``'s entry on a thread, and read it then."""
-        self._finish()
-        if self._closed:
-            return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(batch_id, self._stop, time.monotonic()),
-                                        name=f"{self.name}-read-ahead", daemon=True)
-        self._thread.start()
+        with self._lock:
+            self._finish(None)
+            if self._closed:
+                return
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, args=(batch_id, self._stop, time.monotonic()),
+                                            name=f"{self.name}-read-ahead", daemon=True)
+            self._thread.start()
 
-    def take(self, batch_id: int) -> T | None:
-        """What was read ahead for ``batch_id`` (waiting for a read under way), else None; the thread ends."""
-        self._finish()
-        done, self._done = self._done, None
-        if done is None or done[0] != batch_id:
+    def take(self, batch_id: int, wanted: Callable[[T], bool] = lambda _read: True) -> T | None:
+        """What was read ahead for ``batch_id`` if ``wanted`` says it is what the call would read (waiting for a
+        read under way), else None; the thread ends either way."""
+        with self._lock:
+            self._finish(None)
+            done, self._done = self._done, None
+        if done is None or done[0] != batch_id or not wanted(done[1]):
             return None
         self.hits += 1
         return done[1]
 
-    def close(self, timeout: float) -> None:
-        """Stop, waiting up to ``timeout`` seconds for a read under way."""
-        self._closed = True
-        self._finish(timeout)
+    def close(self, timeout: float) -> bool:
+        """Stop, waiting up to ``timeout`` seconds for a read under way; False if it is still under way."""
+        with self._lock:
+            self._closed = True
+            return self._finish(timeout)
 
-    def _finish(self, timeout: float | None = None) -> None:
-        """Stop the thread: a read already under way completes (its answer kept), no new one begins."""
+    def _finish(self, timeout: float | None) -> bool:
+        """Stop the thread: a read already under way completes (its answer kept), no new one begins. False if
+        the thread is still running after ``timeout``."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            self._thread = thread
+            return False
+        return True
 
     def _run(self, batch_id: int, stop: threading.Event, since: float) -> None:
         entry = self.offsets / str(batch_id)
