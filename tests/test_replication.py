@@ -192,18 +192,19 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type, monke
 
 
 def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark(fabric, monkeypatch, caplog):
-    from replication.txlog import stream as txlog_source
+    from replication.destination.replicator import ReplicatorWriter
 
-    real_read = txlog_source.TxlogFiles.read
+    real_read = ReplicatorWriter._read_and_route
     failures = []
 
-    def failing_once(self, start, end, **kwargs):
-        if not failures and end > start:
-            failures.append((start, end))
+    def failing_for_one_batch(self, after, through):
+        # every driver read of the first batch fails, read ahead or not (Spark's tasks read it another way)
+        if through > after and (not failures or failures[0] == (after, through)):
+            failures.append((after, through))
             raise OSError("a txlog file could not be opened (injected)")
-        return real_read(self, start, end, **kwargs)
+        return real_read(self, after, through)
 
-    monkeypatch.setattr(txlog_source.TxlogFiles, "read", failing_once)
+    monkeypatch.setattr(ReplicatorWriter, "_read_and_route", failing_for_one_batch)
     fabric.start_one_way_pair()
     pub = fabric.publisher("via-spark", "a")
     publish_orders(pub, 300)
