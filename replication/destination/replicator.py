@@ -23,8 +23,6 @@ A crash between 2 and 3 replays ``b``: step 2 is skipped, step 3 runs.
 from __future__ import annotations
 
 import logging
-from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +34,6 @@ from replication.connectors.delta.tables import (
     IdempotentAppender,
     log_writer_properties,
 )
-from replication.connectors.s3.objects import ObjectPath
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.connectors.spark.planned_read_ahead import PlannedReadAhead
@@ -85,13 +82,10 @@ class ReplicatorWriter:
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
         """Where small batches' seq ranges are found, to read them in the driver (see
         replication.connectors.spark.planned_batch)."""
-        self.ahead: PlannedReadAhead | None = None
+        self.ahead = PlannedReadAhead.of_checkpoint(checkpoint, self._read_ahead, f"{cfg.name}->{dest.name}") \
+            if checkpoint is not None else None
         """Reads and routes the next batch once Spark has planned it (a local checkpoint only; see
         replication.connectors.spark.planned_read_ahead)."""
-        if checkpoint is not None and not isinstance(checkpoint, ObjectPath):
-            self.ahead = PlannedReadAhead(Path(checkpoint) / "offsets",
-                                          partial(self._read_ahead, PlannedBatch(checkpoint)),
-                                          f"{cfg.name}->{dest.name}")
         self.rows_sent = 0
         self.batches_read_in_driver = 0
         self.signing_key = dest.signing_key.reveal().encode() if dest.signing_key is not None else None

@@ -6,8 +6,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +22,6 @@ from replication.connectors.kafka.source import (
     KafkaSourceOptions,
     KafkaStreamReader,
 )
-from replication.connectors.s3.objects import ObjectPath
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
 from replication.connectors.spark.planned_read_ahead import PlannedReadAhead
@@ -362,12 +359,8 @@ class DriverRead:
         self.inbox_reads = InboxReadAhead(str(layout.inbox), DEFAULT_BATCH_ROWS) if self.inbox is not None else None
         self.batches = 0
         """Micro-batches read in the driver rather than by a Spark job."""
-        self.ahead: PlannedReadAhead[_Read] | None = None
+        self.ahead = PlannedReadAhead.of_checkpoint(checkpoint, self._read_ahead, f"{cfg.name} ingest")
         """Reads the next batch once Spark has planned it (a local checkpoint only)."""
-        if not isinstance(checkpoint, ObjectPath):
-            ahead_plans = PlannedBatch(checkpoint)  # (its own: PlannedBatch keeps the entry it read last)
-            self.ahead = PlannedReadAhead(Path(checkpoint) / "offsets", partial(self._read_ahead, ahead_plans),
-                                          f"{cfg.name} ingest")
 
     def __call__(self, batch_id: int) -> pa.Table | None:
         plan = self._plan(self.planned, batch_id, initial=self._initial_offsets)

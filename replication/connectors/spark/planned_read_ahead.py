@@ -25,6 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from replication.connectors.s3.objects import ObjectPath
+from replication.connectors.spark.planned_batch import PlannedBatch
+
 log = logging.getLogger(__name__)
 
 #: How often the thread looks for the next entry: while batches follow one another, and once they have not
@@ -57,6 +60,16 @@ class PlannedReadAhead(Generic[T]):
         self._closed = False
         self._lock = threading.Lock()
         """Guards starting and stopping the thread (the writer's and a stopping instance's threads)."""
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path | ObjectPath, read: Callable[[PlannedBatch, int], T | None],
+                      name: str) -> PlannedReadAhead[T] | None:
+        """The read-ahead of a query's checkpoint: ``read`` is given a :class:`PlannedBatch` of its own (one
+        keeps the entry it read last, so the caller's is not shared). None on object storage."""
+        if isinstance(checkpoint, ObjectPath):
+            return None
+        plans = PlannedBatch(checkpoint)
+        return cls(Path(checkpoint) / "offsets", lambda batch_id: read(plans, batch_id), name)
 
     def start(self, batch_id: int) -> None:
         """Wait for batch ``batch_id``'s entry on a thread, and read it then."""
