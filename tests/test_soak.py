@@ -7,6 +7,7 @@ longer."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -41,8 +42,12 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_the_mesh_survives_kill_9_of_lower_tier_instances_under_continuous_publishing(broker, tmp_path):
+def test_the_mesh_survives_kill_9_of_lower_tier_instances_under_continuous_publishing(broker, tmp_path, monkeypatch):
+    from support.processes import with_test_java_options
+
     soak = load_soak()
+    # the bench's instance processes inherit this process's environment: the JVM options of tests' instances
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", with_test_java_options(dict(os.environ))["SPARK_SUBMIT_OPTS"])
     # test_mesh published to the same mesh's topics on this broker: the soak's Incoming instances, starting
     # afresh, would ingest that too
     delete_topics(broker.bootstrap, [f"{name}.{kind}" for name in soak.ALL for kind in ("publish", "acks")])

@@ -11,6 +11,18 @@ from pathlib import Path
 from replication.destination.resync import heartbeat_fresh
 from replication.storage.layout import StorageLayout
 
+#: JVM options of the instance processes tests start: C1 alone. Such an instance lives for seconds to a minute,
+#: too short for C2's compilations of Spark's own code to pay back the CPU they take from the other processes on
+#: 2 cores (the sync pair killed four times, test_crashes: 119 s with C2, 93 s without). What these tests check
+#: does not depend on the JIT tier; instances users run keep C2 (``session.SHORT_LIVED_JAVA_OPTIONS`` says why).
+TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def with_test_java_options(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with :data:`TEST_JAVA_OPTIONS` added to ``SPARK_SUBMIT_OPTS`` (which Spark's launcher puts on the
+    driver JVM's command line), after whatever options it holds."""
+    return {**env, "SPARK_SUBMIT_OPTS": f"{env.get('SPARK_SUBMIT_OPTS', '')} {TEST_JAVA_OPTIONS}".strip()}
+
 
 class InstanceProcess:
     """``replication run CONFIG`` in its own process group (so kill -9 takes its JVM too)."""
@@ -19,7 +31,7 @@ class InstanceProcess:
                  command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         """``command``: what runs the configs (default ``replication run ... --log-level INFO``); ``env``: more
         environment variables."""
-        env = dict(os.environ, **(env or {}))
+        env = with_test_java_options(dict(os.environ, **(env or {})))
         env.pop("REPLICATION_FAILPOINTS", None)
         if failpoints:
             env["REPLICATION_FAILPOINTS"] = failpoints
