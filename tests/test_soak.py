@@ -11,6 +11,7 @@ import os
 import sys
 
 import pytest
+from support.processes import with_test_java_options
 from support.repo import REPO
 
 pytestmark = pytest.mark.e2e  # the session's broker, instance processes
@@ -43,8 +44,6 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
 
 @pytest.mark.slow
 def test_the_mesh_survives_kill_9_of_lower_tier_instances_under_continuous_publishing(broker, tmp_path, monkeypatch):
-    from support.processes import with_test_java_options
-
     soak = load_soak()
     # the bench's instance processes inherit this process's environment: the JVM options of tests' instances
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", with_test_java_options(dict(os.environ))["SPARK_SUBMIT_OPTS"])

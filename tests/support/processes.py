@@ -13,7 +13,7 @@ from replication.storage.layout import StorageLayout
 
 #: JVM options of the instance processes tests start: C1 alone. Such an instance lives for seconds to a minute,
 #: too short for C2's compilations of Spark's own code to pay back the CPU they take from the other processes on
-#: 2 cores (the sync pair killed four times, test_crashes: 119 s with C2, 93 s without). What these tests check
+#: 2 cores (tests/faults/test_crashes.py, same hour: 201 s with C2, 141 s without). What these tests check
 #: does not depend on the JIT tier; instances users run keep C2 (``session.SHORT_LIVED_JAVA_OPTIONS`` says why).
 TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
