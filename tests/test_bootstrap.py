@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -89,9 +90,8 @@ def test_a_rebuilt_instance_bootstraps_the_sources_rows_of_its_topics_then_repli
         pub.flush(timeout=300)
 
     def later(name: str) -> dict[str, int]:
-        publishers = txlog_rows(fabric.root, fabric.name(name), ["seq", "publisher"])["publisher"]
-        counts = publishers.value_counts().to_pylist()
-        return {c: next((n["counts"] for n in counts if n["values"] == c), 0) for c in ("r-live", "s-live", "x-more")}
+        counts = Counter(fabric.rows(name, ["seq", "publisher"])["publisher"].to_pylist())
+        return {c: counts[c] for c in ("r-live", "s-live", "x-more")}
 
     wait_until(lambda: later("r") == {"r-live": 1500, "s-live": 1500, "x-more": 500}, timeout=240,
                what="r to receive the later messages once each")

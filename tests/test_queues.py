@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 from support.cli import run_cli
-from support.factories import destination_xml, rejected_rows, replication_xml, txlog_rows, wait_until
+from support.factories import destination_xml, rejected_rows, replication_xml, wait_until
 from support.processes import InstanceProcess, running
 
 from replication.client import QueueConsumer
@@ -51,7 +51,7 @@ def queue_status(fabric, short: str, queue: str = "/work") -> dict:
 
 def acknowledged_rows(fabric, short: str, queue: str = "/work") -> Counter:
     """Bookmarks acknowledged in ``short``'s txlog, with how many acknowledgement rows name each."""
-    rows = txlog_rows(fabric.root, fabric.name(short), ["seq", "command", "topic", "sow_keys"]).to_pylist()
+    rows = fabric.rows(short, ["seq", "command", "topic", "sow_keys"]).to_pylist()
     return Counter(b for r in rows if r["command"] == "sow_delete" and r["topic"] == queue
                    for b in bookmarks_in(r["sow_keys"]))
 

@@ -50,14 +50,14 @@ class TestFabric:
     def storage(self, short: str) -> Path:
         return self.root / self.name(short)
 
-    def rows(self, short: str):
-        """The txlog of an instance, in seq order."""
-        return txlog_rows(self.root, self.name(short))
+    def rows(self, short: str, columns: list[str] | None = None):
+        """The txlog of an instance, in seq order; ``columns`` (``seq`` among them): only those."""
+        return txlog_rows(self.root, self.name(short), columns)
 
     def count(self, short: str) -> int:
         """Rows in an instance's txlog (0 before it exists); one column read, as tests poll it."""
         try:
-            return txlog_rows(self.root, self.name(short), ["seq"]).num_rows
+            return self.rows(short, ["seq"]).num_rows
         except Exception:
             return 0
 
