@@ -1,9 +1,12 @@
-"""An instance whose ``<Storage>`` is ``s3://`` (issue 36): its txlog, rejected table, control files and Spark's
-streaming checkpoint live in the bucket (the local S3 server), the machine keeps nothing but scratch.
+"""Instances whose every address is ``s3://`` (issue 36): their txlogs, inboxes, SOW tables, rejected tables,
+control files and Spark's streaming checkpoints live in the bucket (the local S3 server), the machines keep
+nothing but scratch.
 
-The instance runs in processes of its own, each with a private scratch folder (``TMPDIR``, Spark's local
-directories), killed with kill -9 mid-batch; its scratch is deleted before the next start, as when a machine
-is lost and a new one takes the same config.
+A two-way sync pair A <-> B and a chain A -> B -> C, each instance in a process of its own with a private
+scratch folder (``TMPDIR``, Spark's local directories); B is killed with kill -9 mid-batch and its scratch is
+deleted before the next start, as when a machine is lost and a new one takes the same config. C, the chain's
+end, also serves a queue and takes a backfill (killed, then run again), and the query commands read it from
+the bucket. (One fabric for all of it: each start of an instance process costs the suite ~20 s.)
 """
 
 from __future__ import annotations
@@ -36,35 +39,10 @@ from replication.queues.wire import bookmarks_in
 
 pytestmark = pytest.mark.slow
 
-#: Where the instance is killed: its txlog commit done, Spark's checkpoint commit (in the bucket, through s3a)
-#: not, so the restarted instance runs that batch again from the bucket alone and must not store it twice.
-CRASH_POINT = "ingest.after_txlog_commit@2"
-PER_RUN = 400
+#: Tasks published to C's queue /work over /tasks, each delivered to and acknowledged by its consumer.
 TASKS = 30
-
-
-def s3_config(directory: Path, name: str, bucket: str, bootstrap: str) -> Path:
-    path = directory / f"{name}.xml"
-    path.write_text(f"""<?xml version="1.0"?>
-<AMPSConfig>
-  <Name>{name}</Name>
-  <Storage>s3://{bucket}/fabric/{name}</Storage>
-  <Transports>
-    <Transport>
-      <Name>json-kafka</Name><Type>kafka</Type><InetAddr>{bootstrap}</InetAddr>
-      <Topic>{name}.publish</Topic><MessageType>json</MessageType>
-      <MaxOffsetsPerTrigger>100</MaxOffsetsPerTrigger>
-    </Transport>
-    <Transport><Name>amps-replication</Name><Type>amps-replication</Type></Transport>
-  </Transports>
-  <TransactionLog><Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
-  <SOW>
-    <Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/tasks</UnderlyingTopic>
-      <Semantics>at-least-once</Semantics></Queue>
-  </SOW>
-</AMPSConfig>
-""")
-    return path
+QUEUE = ("<Queue><Name>/work</Name><MessageType>json</MessageType><UnderlyingTopic>/tasks</UnderlyingTopic>"
+         "<Semantics>at-least-once</Semantics></Queue>")
 
 
 #: The SOW topic of the pair and chain: a record per publisher and ``i`` modulo :data:`KEYS`, each updated in turn.
@@ -109,109 +87,6 @@ def backfill_into_the_running_instance(s3, cfg: Path, inputs: Path) -> None:
     assert "took over the lease" in rerun.err
 
 
-def test_an_instance_on_s3_killed_mid_batch_and_restarted_on_a_new_scratch_stores_every_message_once(
-        s3, broker, tmp_path):
-    name = f"s3i{uuid.uuid4().hex[:6]}"
-    bucket = f"fabric-{uuid.uuid4().hex[:8]}"
-    s3.create_bucket(bucket)
-    cfg = s3_config(tmp_path, name, bucket, broker.bootstrap)
-
-    def start(run: int, failpoints: str | None) -> InstanceProcess:
-        scratch = tmp_path / f"scratch{run}"  # this machine's: temporary files, Spark's local directories
-        scratch.mkdir()
-        return InstanceProcess(cfg, tmp_path / f"run{run}.log", failpoints=failpoints,
-                               env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch)})
-
-    proc = start(0, CRASH_POINT)
-    worker = None
-    pub = Publisher("s3-pub", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
-                    store_path=tmp_path / "pub.store", resend_after=3, logon_timeout=240)
-    published = 0
-    try:
-        published = publish(pub, published, PER_RUN)
-        assert proc.wait_killed(timeout=300) == -signal.SIGKILL, proc.log_text()[-3000:]
-        assert f"failpoint {CRASH_POINT.split('@')[0]} reached" in proc.log_text()
-        assert pub.persisted_seq < published, "the crash came after everything was acknowledged"
-        shutil.rmtree(tmp_path / "scratch0")  # the machine is lost with everything on its disk
-        proc = start(1, None)
-        orders = published = publish(pub, published, PER_RUN // 2)
-        # the queue over /tasks, served from the bucket: each task delivered once, and acknowledged
-        tasks = {pub.publish("/tasks", b'{"task": %d}' % n) for n in range(TASKS)}
-        published += TASKS
-        pub.flush(timeout=300)
-        worker = QueueConsumer("worker", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
-                               queue="/work", store_path=tmp_path / "worker.store", max_backlog=TASKS)
-        delivered = []
-        while len(delivered) < TASKS and (message := worker.receive(timeout=120)) is not None:
-            delivered.append(message)
-            message.ack()
-        assert worker.flush(timeout=120) == [], "every acknowledgement persisted"
-        backfill_into_the_running_instance(s3, cfg, tmp_path / "in")
-        # Spark ran the killed batch again from the checkpoint in the bucket (a lost checkpoint would have
-        # re-read Kafka from its start instead), and the txlog's app transaction knew it was stored
-        assert re.search(rf"{name}: ingest batch \d+ already committed; replay skipped", proc.log_text()), \
-            proc.log_text()[-3000:]
-    finally:
-        pub.close()
-        if worker is not None:
-            worker.close()
-        proc.stop()
-    assert pub.persisted_seq == published, "every message acknowledged as persisted"
-
-    storage = f"s3://{bucket}/fabric/{name}"
-    rows = DeltaTable(f"{storage}/txlog", storage_options=s3.access.delta_options()).to_pyarrow_table(
-        columns=["seq", "bookmark", "publisher", "publisher_seq", "command", "topic", "sow_keys"]).sort_by("seq")
-    acks = rows.filter(pc.equal(rows["publisher"], "worker"))
-    assert_exactly_once(rows, {"s3-pub": published, "worker": acks.num_rows, "loader": BACKFILLED})
-    seq_of = dict(zip(*(rows[c].to_pylist() for c in ("bookmark", "publisher_seq")), strict=True))
-    assert sorted(seq_of[m.bookmark] for m in delivered) == sorted(tasks), "each task delivered once"
-    acknowledged = [b for r in acks.to_pylist() if r["command"] == "sow_delete" and r["topic"] == "/work"
-                    for b in bookmarks_in(r["sow_keys"])]
-    assert sorted(acknowledged) == sorted(m.bookmark for m in delivered), "each acknowledged once in the txlog"
-
-    stored = keys(s3, bucket)
-    prefix = f"fabric/{name}/"
-    assert all(k.startswith(prefix) for k in stored)
-    for expected in ("_control/instance.json", "_control/heartbeat.json", "_control/publishers.json",
-                     "_control/durable.json", "_checkpoints/ingest/metadata", "_checkpoints/ingest/commits/0",
-                     "txlog/_delta_log/00000000000000000000.json", "rejected/_delta_log/00000000000000000000.json"):
-        assert prefix + expected in stored, f"{expected} is in the bucket"
-    assert not [k for k in stored if k.startswith((f"{prefix}inbox/_backfill/", f"{prefix}_backfill/"))
-                or k.endswith(".lock")], "no staged part, announcement or lock left"
-    # on this machine: the config, the logs, the publisher's store, the backfill's input and the scratch of the
-    # running one
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [cfg.name, "pub.store", "worker.store", "run0.log", "run1.log", "scratch1", "in"])
-    assert re.search(rf"{name}: backfill part _backfill/\w+/\d+-\w+\.parquet \(client loader\) is classified",
-                     (tmp_path / "run1.log").read_text()), "the general path: no rename into txlog/ in a bucket"
-
-    status = run_cli("status", cfg, "--format", "json", env=s3.environment())
-    assert status.code == 0, status.err
-    [instance] = json.loads(status.out)
-    assert (instance["instance"], instance["max_seq"], instance["durable_seq"]) == (name, rows.num_rows,
-                                                                                    rows.num_rows), \
-        "status reads the heartbeat in the bucket"
-    replayed = run_cli("replay", cfg, "--topic", "/orders", "--fully-durable", env=s3.environment())
-    assert replayed.code == 0, replayed.err
-    assert [json.loads(line)["data"]["i"] for line in replayed.out.splitlines()] == list(range(1, orders + 1))
-    verified = run_cli("verify", cfg, "--engine", "arrow", env=s3.environment())
-    assert verified.code == 0, verified.out + verified.err
-    queue = run_cli("queue", cfg, "--topic", "/work", "--format", "json", env=s3.environment())
-    assert queue.code == 0, queue.err
-    assert (json.loads(queue.out)["acknowledged"], json.loads(queue.out)["depth"]) == (TASKS, 0), queue.out
-    by_spark = run_cli("verify", cfg, "--engine", "spark", env=s3.environment())
-    assert by_spark.code == 2 and "with Spark is not supported yet. Fix: --engine arrow" in by_spark.err, \
-        by_spark.err
-    secret = s3.secret_key
-    assert secret not in status.out + status.err + replayed.err + verified.out + verified.err
-    for run in range(2):
-        assert secret not in (tmp_path / f"run{run}.log").read_text(errors="replace")
-    client = s3.access.client()
-    for control in ("instance.json", "heartbeat.json"):
-        body = client.get_object(Bucket=bucket, Key=f"{prefix}_control/{control}")["Body"].read().decode()
-        assert secret not in body, f"{control} names no secret"
-
-
 class _BucketRoot(str):
     """An ``s3://`` prefix that test config builders join as they join a local folder (``root / name``)."""
 
@@ -226,10 +101,11 @@ FABRIC_PER_RUN = 200
 PAIR = "<Topic><Name>.*</Name><MessageType>json</MessageType><ExcludeValidation>cascade</ExcludeValidation></Topic>"
 
 
-def test_a_sync_pair_and_a_chain_of_three_on_s3_survive_a_kill_9_of_the_middle_instance(s3, broker, tmp_path):
+def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_a_queue_and_a_backfill(
+        s3, broker, tmp_path):
     """A <-> B (a two-way sync pair) and A -> B -> C (a chain of three, B passing A's messages on), every address
     an ``s3://`` one, each instance a process of its own with a private scratch; B is killed mid-batch, loses its
-    scratch, and is restarted."""
+    scratch, and is restarted. C serves a queue and takes a backfill meanwhile."""
     tag = uuid.uuid4().hex[:6]
     a, b, c = (f"{x}{tag}" for x in ("a", "b", "c"))
     bucket = f"fabric-{uuid.uuid4().hex[:8]}"
@@ -244,11 +120,11 @@ def test_a_sync_pair_and_a_chain_of_three_on_s3_survive_a_kill_9_of_the_middle_i
         replication = replication_xml(*(destination_xml(d, [root / d], topics=topics[d])
                                         for d in downstream)) if downstream else ""
         configs[name] = tmp_path / f"{name}.xml"
-        configs[name].write_text(instance_xml(name, root, broker.bootstrap, max_offsets=100, sow=SOW,
-                                              replication=replication))
+        configs[name].write_text(instance_xml(name, root, broker.bootstrap, max_offsets=100,
+                                              sow=SOW + (QUEUE if name == c else ""), replication=replication))
 
     def start(name: str, run: int, failpoints: str | None = None) -> InstanceProcess:
-        scratch = tmp_path / f"scratch-{name}-{run}"
+        scratch = tmp_path / f"scratch-{name}-{run}"  # this machine's: temporary files, Spark's local directories
         scratch.mkdir()
         return InstanceProcess(configs[name], tmp_path / f"{name}-{run}.log", failpoints=failpoints,
                                env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch)})
@@ -258,32 +134,64 @@ def test_a_sync_pair_and_a_chain_of_three_on_s3_survive_a_kill_9_of_the_middle_i
                             store_path=tmp_path / f"pub-{name}.store", resend_after=3, logon_timeout=300)
             for name in (a, b)}
     published = dict.fromkeys(pubs, 0)
+    tasker = worker = None
     try:
         for name, pub in pubs.items():
             published[name] = publish(pub, published[name], FABRIC_PER_RUN)
         assert procs[b].wait_killed(timeout=600) == -signal.SIGKILL, procs[b].log_text()[-3000:]
         assert f"failpoint {FABRIC_CRASH_POINT.split('@')[0]} reached" in procs[b].log_text()
+        assert pubs[b].persisted_seq < published[b], "the crash came after everything was acknowledged"
         shutil.rmtree(tmp_path / f"scratch-{b}-0")  # B's machine is lost with everything on its disk
         procs[b] = start(b, 1)
         for name, pub in pubs.items():
             published[name] = publish(pub, published[name], FABRIC_PER_RUN // 2)
+        # the queue over /tasks at C, served from the bucket: each task delivered once, and acknowledged
+        tasker = Publisher("tasker", bootstrap=broker.bootstrap, topic=f"{c}.publish", instance=c,
+                           store_path=tmp_path / "tasker.store", resend_after=3, logon_timeout=300)
+        tasks = {tasker.publish("/tasks", b'{"task": %d}' % n) for n in range(TASKS)}
+        worker = QueueConsumer("worker", bootstrap=broker.bootstrap, topic=f"{c}.publish", instance=c,
+                               queue="/work", store_path=tmp_path / "worker.store", max_backlog=TASKS)
+        delivered = []
+        while len(delivered) < TASKS and (message := worker.receive(timeout=120)) is not None:
+            delivered.append(message)
+            message.ack()
+        assert worker.flush(timeout=120) == [], "every acknowledgement persisted"
+        assert tasker.flush(timeout=120) == []
+        backfill_into_the_running_instance(s3, configs[c], tmp_path / "in")
         for pub in pubs.values():
             pub.flush(timeout=600)
         expected = {f"pub-{name}": count for name, count in published.items()}
-        for name in (a, b, c):
+        for name in (a, b):
             wait_until(lambda name=name: _txlog(s3, root / name).num_rows >= sum(expected.values()), timeout=300,
                        what=f"{name} holds every message")
+        at_c = {**expected, "tasker": TASKS, "worker": worker.publisher.persisted_seq, "loader": BACKFILLED}
+        wait_until(lambda: _txlog(s3, root / c).num_rows >= sum(at_c.values()), timeout=300,
+                   what=f"{c} holds every message")
     finally:
-        for pub in pubs.values():
-            pub.close()
+        for client in (*pubs.values(), tasker, worker):
+            if client is not None:
+                client.close()
         for proc in procs.values():
             proc.stop()
     for name, pub in pubs.items():
         assert pub.persisted_seq == published[name], f"every message published at {name} acknowledged"
-    for name in (a, b, c):
+    for name in (a, b):
         assert_exactly_once(_txlog(s3, root / name), expected)
+    # Spark ran the killed batch again from the checkpoint in the bucket (a lost checkpoint would have re-read
+    # Kafka from its start instead), and the txlog's app transaction knew it was stored
     assert re.search(rf"{b}: ingest batch \d+ already committed; replay skipped", procs[b].log_text()), \
         procs[b].log_text()[-3000:]
+
+    storage = f"s3://{bucket}/fabric/{c}"
+    rows = DeltaTable(f"{storage}/txlog", storage_options=s3.access.delta_options()).to_pyarrow_table(
+        columns=["seq", "bookmark", "publisher", "publisher_seq", "command", "topic", "sow_keys"]).sort_by("seq")
+    assert_exactly_once(rows, at_c)
+    seq_of = dict(zip(*(rows[col].to_pylist() for col in ("bookmark", "publisher_seq")), strict=True))
+    assert sorted(seq_of[m.bookmark] for m in delivered) == sorted(tasks), "each task delivered once"
+    acks = rows.filter(pc.equal(rows["publisher"], "worker"))
+    acknowledged = [k for r in acks.to_pylist() if r["command"] == "sow_delete" and r["topic"] == "/work"
+                    for k in bookmarks_in(r["sow_keys"])]
+    assert sorted(acknowledged) == sorted(m.bookmark for m in delivered), "each acknowledged once in the txlog"
 
     verified = run_cli("verify", *configs.values(), "--engine", "arrow", env=s3.environment())
     assert verified.code == 0, verified.out + verified.err
@@ -299,20 +207,54 @@ def test_a_sync_pair_and_a_chain_of_three_on_s3_survive_a_kill_9_of_the_middle_i
         assert {k: json.loads(d)["i"] for k, d in zip(compacted["sow_key"].to_pylist(), compacted["data"].to_pylist(),
                                                       strict=True)} == sow, f"{name}'s SOW table in the bucket"
     stored = keys(s3, bucket)
+    assert all(k.startswith("fabric/") for k in stored)
     for name in (a, b, c):
-        assert f"fabric/{name}/inbox/_delta_log/00000000000000000000.json" in stored, f"{name}'s inbox is in the bucket"
+        for expected_key in ("_control/instance.json", "_control/heartbeat.json", "_control/publishers.json",
+                             "_control/durable.json", "_checkpoints/ingest/metadata", "_checkpoints/ingest/commits/0",
+                             "txlog/_delta_log/00000000000000000000.json",
+                             "rejected/_delta_log/00000000000000000000.json",
+                             "inbox/_delta_log/00000000000000000000.json"):
+            assert f"fabric/{name}/{expected_key}" in stored, f"{name}'s {expected_key} is in the bucket"
     for upstream, name in ((a, b), (b, a), (b, c)):
         assert f"fabric/{name}/_control/acks/{upstream}.json" in stored, f"{name} acknowledges {upstream} there"
         assert f"fabric/{upstream}/_control/links/{name}.json" in stored, f"{upstream}'s link to {name} is there"
-    # on this machine: configs, logs, the publishers' stores, and the scratch of the runs still there
+    assert not [k for k in stored if k.startswith((f"fabric/{c}/inbox/_backfill/", f"fabric/{c}/_backfill/"))
+                or k.endswith(".lock")], "no staged part, announcement or lock left"
+    assert re.search(rf"{c}: backfill part _backfill/\w+/\d+-\w+\.parquet \(client loader\) is classified",
+                     procs[c].log_text()), "the general path: no rename into txlog/ in a bucket"
+    # on this machine: configs, logs, the clients' stores, the backfill's input, and the scratch of the runs
+    # still there
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [*(p.name for p in configs.values()), *(f"pub-{n}.store" for n in pubs),
-         *(f"{n}-0.log" for n in (a, b, c)), f"{b}-1.log",
+        [*(p.name for p in configs.values()), *(f"pub-{n}.store" for n in pubs), "tasker.store", "worker.store",
+         "in", *(f"{n}-0.log" for n in (a, b, c)), f"{b}-1.log",
          *(f"scratch-{n}-0" for n in (a, c)), f"scratch-{b}-1"])
+
+    # the query commands read C from the bucket, with no Spark
+    status = run_cli("status", configs[c], "--format", "json", env=s3.environment())
+    assert status.code == 0, status.err
+    [instance] = json.loads(status.out)
+    assert (instance["instance"], instance["max_seq"], instance["durable_seq"]) == (c, rows.num_rows,
+                                                                                    rows.num_rows), \
+        "status reads the heartbeat in the bucket"
+    replayed = run_cli("replay", configs[c], "--topic", "/orders", "--fully-durable", env=s3.environment())
+    assert replayed.code == 0, replayed.err
+    assert sorted((r["publisher"], r["data"]["i"]) for r in map(json.loads, replayed.out.splitlines())) == sorted(
+        (f"pub-{name}", i) for name, count in published.items() for i in range(1, count + 1))
+    queue = run_cli("queue", configs[c], "--topic", "/work", "--format", "json", env=s3.environment())
+    assert queue.code == 0, queue.err
+    assert (json.loads(queue.out)["acknowledged"], json.loads(queue.out)["depth"]) == (TASKS, 0), queue.out
+    by_spark = run_cli("verify", configs[c], "--engine", "spark", env=s3.environment())
+    assert by_spark.code == 2 and "with Spark is not supported yet. Fix: --engine arrow" in by_spark.err, \
+        by_spark.err
     secret = s3.secret_key
-    assert secret not in verified.out + verified.err
+    assert secret not in verified.out + verified.err + status.out + status.err + replayed.err + queue.out
     for log in tmp_path.glob("*.log"):
         assert secret not in log.read_text(errors="replace"), f"{log.name} names no secret"
+    client = s3.access.client()
+    for name in (a, b, c):
+        for control in ("instance.json", "heartbeat.json"):
+            body = client.get_object(Bucket=bucket, Key=f"fabric/{name}/_control/{control}")["Body"].read().decode()
+            assert secret not in body, f"{name}'s {control} names no secret"
 
 
 def _txlog(s3, storage: str):
