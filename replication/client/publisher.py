@@ -38,9 +38,10 @@ import sqlite3
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from replication import failpoints
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
@@ -73,6 +74,13 @@ LINGER_MS = 5
 #: How long the producer keeps retrying a send while the broker is away (a week: it gives up only on an error
 #: no retry mends, which ``flush()`` raises).
 SEND_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+
+
+class SendRefused(Exception):
+    """What the Kafka client said about a send it gave up on (its text and its error code)."""
+
+    def __init__(self, err: Any) -> None:
+        super().__init__(f"{err.str()} ({err.name()})")
 
 
 class FailedMessage(NamedTuple):
@@ -186,7 +194,8 @@ class Publisher:
         an instance config's transport has it: ``cfg.kafka_transports[0].security``). ``linger_ms``: how long a
         message may wait for others to share its request (0: send each at once, for the lowest latency at a
         low rate; more: fewer, larger requests, less CPU on both sides at a high rate)."""
-        from kafka import KafkaConsumer, KafkaProducer
+        from confluent_kafka import KafkaException, Producer
+        from kafka import KafkaConsumer
 
         self.name = name
         self.topic = topic
@@ -197,10 +206,16 @@ class Publisher:
         # Gapless, in order: the instance keeps one sequence number per client, so a message lost while a later
         # one arrives would be taken for a duplicate when resent. The idempotent producer (all acks) keeps
         # order through retries, and a send is retried until the broker is back (the store holds it anyway).
-        self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap.split(","), acks="all", enable_idempotence=True, linger_ms=linger_ms,
-            compression_type=compression, delivery_timeout_ms=SEND_TIMEOUT_MS, **security.kafka_python(),
-        )
+        # librdkafka, not kafka-python: kafka-python's encoding and its network thread took ~4 times the CPU
+        # per message, on the cores the publisher's own application (and often the instance) needs.
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap, **security.librdkafka(), "acks": "all", "enable.idempotence": True,
+            "linger.ms": linger_ms, "compression.type": compression or "none", "message.timeout.ms": SEND_TIMEOUT_MS,
+            "delivery.report.only.error": True, "on_delivery": self._request_failed,
+            "error_cb": self._client_error, "logger": log,
+        })
+        self._key = name.encode()
+        self._client_refusal = KafkaException
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap.split(","),
             **security.kafka_python(),
@@ -230,6 +245,8 @@ class Publisher:
         self._attach_acks_topic()
         self._listener = threading.Thread(target=self._listen, name=f"{name}-acks", daemon=True)
         self._listener.start()
+        self._sender = threading.Thread(target=self._serve_sends, name=f"{name}-sends", daemon=True)
+        self._sender.start()
         self.last_logon_seq = self.logon(timeout=logon_timeout)
         self._next_seq = max(self.last_logon_seq, self.store.last_seq()) + 1
         self._watchdog = threading.Thread(target=self._watch, name=f"{name}-resend", daemon=True)
@@ -275,8 +292,8 @@ class Publisher:
         self._raise_clash()
         headers = [(HEADER_CLIENT, self.name.encode()), (HEADER_TOPIC, topic.encode()),
                    (HEADER_SESSION, self.session.encode()), (HEADER_COMMAND, command.encode())]
-        self._producer.send(self.topic, key=self.name.encode(), value=body, headers=headers)
-        self._producer.flush(timeout=30)
+        self._produce(body, headers)
+        self._producer.flush(30)
 
     @property
     def clash(self) -> str | None:
@@ -302,13 +319,8 @@ class Publisher:
         Returns the messages it refused since the last ``flush()`` (empty when every one was persisted), in
         sequence order. TimeoutError if not answered within ``timeout``; :class:`ReplicationError` when a
         message could not be sent."""
-        from kafka.errors import KafkaError
-
         deadline = time.monotonic() + timeout
-        try:
-            self._producer.flush(timeout=timeout)
-        except KafkaError:  # a send that failed: its own error (an errback) is what wait_persisted raises
-            pass
+        self._producer.flush(timeout)  # (a send that failed is reported by its delivery callback, raised below)
         self.wait_persisted(self._next_seq - 1, timeout=max(0.0, deadline - time.monotonic()))
         with self._cond:
             failed = sorted(self._failed.values())
@@ -355,14 +367,10 @@ class Publisher:
         deadline = time.monotonic() + timeout
         with self._cond:
             while correlation not in self._logon_replies:
-                self._producer.send(
-                    self.topic,
-                    key=self.name.encode(),
-                    value=correlation.encode(),
-                    headers=[(HEADER_CLIENT, self.name.encode()), (HEADER_COMMAND, LOGON.encode()),
-                             (HEADER_SESSION, self.session.encode())],
-                )
-                self._producer.flush(timeout=10)
+                self._produce(correlation.encode(), [(HEADER_CLIENT, self.name.encode()),
+                                                     (HEADER_COMMAND, LOGON.encode()),
+                                                     (HEADER_SESSION, self.session.encode())])
+                self._producer.flush(10)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ReplicationError(
@@ -378,7 +386,7 @@ class Publisher:
             if resend_stored or seq > stored:
                 self._send(seq, topic, message_type, command, data, headers)
                 self.resent.append(seq)
-        self._producer.flush(timeout=30)
+        self._producer.flush(30)
         log.info("publisher %s: logged on to %s, persisted through %d", self.name, self.instance, persisted)
         return persisted
 
@@ -386,9 +394,10 @@ class Publisher:
         self._closed.set()
         self._watchdog.join(timeout=self.resend_after + 5)  # it may be in a logon: let it end first
         try:
-            self._producer.flush(timeout=10)
+            self._producer.flush(10)
         finally:
-            self._producer.close(timeout=5)
+            self._sender.join(timeout=5)
+            self._producer.close()
             self._listener.join(timeout=5)
             self._consumer.close()
             self.store.close()
@@ -410,8 +419,46 @@ class Publisher:
         if message_type:
             headers.append((HEADER_TYPE, message_type.encode()))
         headers.extend((key, value.encode()) for key, value in extra.items())
-        future = self._producer.send(self.topic, key=self.name.encode(), value=body, headers=headers)
-        future.add_errback(self._send_failed, seq)
+        try:
+            self._produce(body, headers, partial(self._delivery_failed, seq))
+        except self._client_refusal as exc:  # refused before it left (larger than the client sends)
+            self._send_failed(seq, SendRefused(exc.args[0]))
+
+    def _produce(self, value: bytes, headers: list[tuple[str, bytes]], failed: Any = None) -> None:
+        """Hand one record to the client; ``failed(err, message)`` is called if it cannot be delivered."""
+        extra = {"on_delivery": failed} if failed is not None else {}
+        while True:
+            try:
+                self._producer.produce(self.topic, key=self._key, value=value, headers=headers, **extra)
+                return
+            except BufferError:  # the client's queue is full: wait for room, as a blocking send does
+                self._producer.poll(0.05)
+
+    def _serve_sends(self) -> None:
+        """Serve the client's callbacks (failed sends, errors, logs) until the publisher closes."""
+        while not self._closed.is_set():
+            self._producer.poll(0.1)
+
+    def _delivery_failed(self, seq: int, err: Any, message: Any) -> None:
+        """librdkafka's report of a message it could not deliver (it reports only those). The broker refuses a
+        batch whole: each message of it is reported, and ``flush`` names the lowest."""
+        if err is not None:
+            self._send_failed(seq, SendRefused(err))
+
+    def _request_failed(self, err: Any, message: Any) -> None:
+        """The same for a logon or a queue command: its caller waits for the answer, and asks again."""
+        if err is not None:
+            log.warning("publisher %s: a request to %s could not be sent: %s", self.name, self.topic,
+                        SendRefused(err))
+
+    def _client_error(self, err: Any) -> None:
+        """An error of the Kafka client itself. A broker away is retried (and logged); a fatal one ends sending."""
+        if not err.fatal():
+            log.info("publisher %s: Kafka: %s", self.name, SendRefused(err))
+            return
+        with self._cond:
+            seq = self._answered() + 1
+        self._send_failed(seq, SendRefused(err))
 
     def _send_failed(self, seq: int, exc: BaseException) -> None:
         """A send that no retry mends (a message too large, no right to write the topic): ``flush`` raises it."""
