@@ -87,21 +87,27 @@ def acks_topic(instance: str) -> str:
     return f"{instance}.acks"
 
 
+#: How long a send of acks may take before the step that sends them fails (it is retried by the next one).
+ACK_FLUSH_TIMEOUT_S = 30.0
+
+
 class AckSender:
-    """Publishes persisted acks and logon replies for one instance."""
+    """Publishes persisted acks and logon replies for one instance.
+
+    Each send waits until Kafka has the acks (a failure ack must be on the topic before a later persisted
+    ack). librdkafka, not kafka-python: the send and its wait sit on every persisted ack's path, and cost
+    the driver's CPU per batch."""
 
     def __init__(self, instance: str, bootstrap_servers: Iterable[str], security: KafkaSecurity = PLAINTEXT) -> None:
-        from kafka import KafkaProducer
+        from confluent_kafka import Producer
 
         self.instance = instance
         self.topic = acks_topic(instance)
-        self._producer = KafkaProducer(
-            bootstrap_servers=list(bootstrap_servers),
-            **security.kafka_python(),
-            acks=1,
-            linger_ms=0,
-            retries=5,
-        )
+        self._producer = Producer({
+            "bootstrap.servers": ",".join(bootstrap_servers), **security.librdkafka(), "acks": "1",
+            "linger.ms": 0, "enable.idempotence": False, "message.send.max.retries": 5,
+            "delivery.report.only.error": True, "on_delivery": self._undelivered, "logger": log,
+        })
 
     def send(self, acks: dict[str, int], logons: list[Logon], persisted: dict[str, int],
              stored: dict[str, int] | None = None) -> None:
@@ -121,7 +127,7 @@ class AckSender:
                 },
             )
         if acks or logons:
-            self._producer.flush(timeout=30)
+            self._flush()
 
     def send_failures(self, failures: list[Failure]) -> None:
         """Failure acks for publishes the instance rejected (final: nothing waits for them)."""
@@ -129,24 +135,43 @@ class AckSender:
             self._send(failure.client, {"client": failure.client, "seq": failure.seq, "instance": self.instance,
                                         "status": "failure", "reason": failure.reason})
         if failures:
-            self._producer.flush(timeout=30)
+            self._flush()
 
     def send_clash(self, client: str, session: str, reason: str) -> None:
         """A failure ack to one session of ``client``: its logon took a name another publisher still uses."""
         self._send(client, {"client": client, "seq": 0, "session": session, "instance": self.instance,
                             "status": "failure", "logon": True, "reason": reason})
-        self._producer.flush(timeout=30)
+        self._flush()
 
     def send_refusal(self, refusal: Refusal) -> None:
         """A queue subscription refused (:mod:`replication.queues.wire`): the client is told why."""
-        self._producer.send(self.topic, key=refusal.client.encode(), value=refusal_ack(refusal, self.instance))
-        self._producer.flush(timeout=30)
+        self._produce(refusal.client, refusal_ack(refusal, self.instance))
+        self._flush()
 
     def _send(self, client: str, value: dict) -> None:
-        self._producer.send(self.topic, key=client.encode(), value=json.dumps(value, separators=(",", ":")).encode())
+        self._produce(client, json.dumps(value, separators=(",", ":")).encode())
+
+    def _produce(self, client: str, value: bytes) -> None:
+        while True:
+            try:
+                self._producer.produce(self.topic, key=client.encode(), value=value)
+                return
+            except BufferError:  # the client's queue is full (the broker away): wait for room
+                self._producer.poll(0.1)
+
+    def _flush(self) -> None:
+        left = self._producer.flush(ACK_FLUSH_TIMEOUT_S)
+        if left:
+            raise TimeoutError(f"{left} ack(s) not taken by Kafka on {self.topic} within {ACK_FLUSH_TIMEOUT_S:.0f}s; "
+                               "they are sent again as publishers log on")
+
+    def _undelivered(self, err: object, message: object) -> None:
+        if err is not None:  # the publisher's logon asks again for what it lacks
+            log.warning("%s: an ack could not be sent to %s: %s", self.instance, self.topic, err)
 
     def close(self) -> None:
-        self._producer.close(timeout=5)
+        self._producer.flush(5)
+        self._producer.close()
 
 
 @dataclass(frozen=True)

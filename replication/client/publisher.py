@@ -59,6 +59,7 @@ from replication.messages import (
     HEADER_TYPE,
     LOGON,
 )
+from replication.queues.wire import partition_count
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +195,7 @@ class Publisher:
         an instance config's transport has it: ``cfg.kafka_transports[0].security``). ``linger_ms``: how long a
         message may wait for others to share its request (0: send each at once, for the lowest latency at a
         low rate; more: fewer, larger requests, less CPU on both sides at a high rate)."""
-        from confluent_kafka import KafkaException, Producer
-        from kafka import KafkaConsumer
+        from confluent_kafka import Consumer, KafkaException, Producer
 
         self.name = name
         self.topic = topic
@@ -216,13 +216,12 @@ class Publisher:
         })
         self._key = name.encode()
         self._client_refusal = KafkaException
-        self._consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap.split(","),
-            **security.kafka_python(),
-            enable_auto_commit=False,
-            fetch_max_wait_ms=ACK_FETCH_WAIT_MS,
-            consumer_timeout_ms=10,
-        )
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap, **security.librdkafka(),
+            # (assigned, never subscribed: the id only names the client, no group is joined)
+            "group.id": f"publisher-{name}", "enable.auto.commit": False, "enable.partition.eof": False,
+            "fetch.wait.max.ms": ACK_FETCH_WAIT_MS, "logger": log,
+        })
         self._cond = threading.Condition()
         self._persisted = 0
         self._failed: dict[int, FailedMessage] = {}
@@ -468,45 +467,51 @@ class Publisher:
             self._cond.notify_all()
 
     def _attach_acks_topic(self) -> None:
-        from kafka import TopicPartition
+        from confluent_kafka import TopicPartition
 
         topic = acks_topic(self.instance)
         deadline = time.monotonic() + 30
         while True:
-            parts = self._consumer.partitions_for_topic(topic)
+            try:
+                parts = partition_count(self._consumer, topic, timeout=10)
+                # Acks already on the topic are older than this session: start at its end, resolved now
+                # (before the logon goes out, so its reply is read)
+                ends = [self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                        for p in range(parts)]
+            except Exception as exc:  # (the broker not answering yet: confluent_kafka.KafkaException)
+                parts, ends, why = 0, [], f"Kafka did not answer ({exc})"
+            else:
+                why = f"topic {topic} does not exist; start instance {self.instance} first"
             if parts:
                 break
             if time.monotonic() > deadline:
-                raise ReplicationError(
-                    f"publisher {self.name}: topic {topic} does not exist; start instance {self.instance} first"
-                )
+                raise ReplicationError(f"publisher {self.name}: {why}")
             time.sleep(0.2)
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        self._consumer.assign(tps)
-        # Acks already on the topic are older than this session: start at its end.
-        self._consumer.seek_to_end(*tps)
+        self._consumer.assign([TopicPartition(topic, p, end) for p, end in enumerate(ends)])
 
     def _listen(self) -> None:
-        me = self.name.encode()
+        me = self._key
         while not self._closed.is_set():
             try:
-                batches = self._consumer.poll(timeout_ms=50)
+                # (the first record waited for, the rest taken as they are)
+                first = self._consumer.poll(0.1)
+                records = [first, *self._consumer.consume(num_messages=999, timeout=0)] if first is not None else []
             except Exception:  # a broker hiccup: keep listening
                 log.exception("publisher %s: ack poll failed", self.name)
                 time.sleep(0.5)
                 continue
             latest = None
-            for records in batches.values():
-                for record in records:
-                    if record.key != me:
-                        continue
-                    try:
-                        seq = self._take_ack(json.loads(record.value))
-                    except Exception:  # one bad record must not end the listener (flush would wait for ever)
-                        log.exception("publisher %s: an ack it cannot read: %r", self.name, record.value[:200])
-                        continue
-                    if seq is not None:
-                        latest = max(latest or 0, seq)
+            for record in records:
+                if record.error() is not None or record.key() != me:
+                    continue
+                value = record.value() or b""
+                try:
+                    seq = self._take_ack(json.loads(value))
+                except Exception:  # one bad record must not end the listener (flush would wait for ever)
+                    log.exception("publisher %s: an ack it cannot read: %r", self.name, value[:200])
+                    continue
+                if seq is not None:
+                    latest = max(latest or 0, seq)
             if latest is not None:
                 with self._cond:
                     advanced = latest > self._persisted
@@ -566,7 +571,7 @@ class Publisher:
         because a sync destination is away must not make the publisher send
         its whole store again every few seconds.
         """
-        from kafka.errors import KafkaError
+        from confluent_kafka import KafkaException
 
         last_progress = (self.persisted_seq, time.monotonic())
         while not self._closed.wait(1.0):
@@ -585,7 +590,7 @@ class Publisher:
                 self.logon(timeout=self.resend_after, resend_stored=False)
             except ReplicationError as exc:
                 log.warning("%s", exc)
-            except KafkaError as exc:  # the broker is away: try again at the next stall
+            except KafkaException as exc:  # the broker is away: try again at the next stall
                 if self._closed.is_set():
                     return
                 log.warning("publisher %s: logon to %s failed (%s); retrying", self.name, self.instance, exc)
