@@ -1,9 +1,10 @@
 """How a Kafka client authenticates and encrypts: TLS (with or without a client certificate) and SASL.
 
 One :class:`KafkaSecurity` describes it, and is turned into the settings of each
-client the project uses: kafka-python's keyword arguments (the engine, the
-publisher), librdkafka's configuration (``confluent-kafka``) and Spark's Kafka
-source options (the benchmark baseline). Secrets are :class:`Secret` values:
+client the project uses: kafka-python's keyword arguments (the engine's Kafka
+reads and topic checks), librdkafka's configuration (``confluent-kafka``: the
+publisher, the acks, queue deliveries) and Spark's Kafka source options (the
+benchmark baseline). Secrets are :class:`Secret` values:
 their ``str``/``repr`` never show them, so a log line, an error or a status that
 formats one prints ``<secret>``; only :meth:`Secret.reveal` gives the value, and
 only where a client is made.
