@@ -63,6 +63,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from replication import failpoints
+from replication.connectors.kafka.librdkafka import produce_waiting
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.queues.wire import Refusal, refusal_ack
 from replication.storage.control import Ack, DurableState
@@ -152,12 +153,7 @@ class AckSender:
         self._produce(client, json.dumps(value, separators=(",", ":")).encode())
 
     def _produce(self, client: str, value: bytes) -> None:
-        while True:
-            try:
-                self._producer.produce(self.topic, key=client.encode(), value=value)
-                return
-            except BufferError:  # the client's queue is full (the broker away): wait for room
-                self._producer.poll(0.1)
+        produce_waiting(self._producer, self.topic, key=client.encode(), value=value)
 
     def _flush(self) -> None:
         left = self._producer.flush(ACK_FLUSH_TIMEOUT_S)

@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from replication import failpoints
+from replication.connectors.kafka.librdkafka import produce_waiting, take_waiting
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
@@ -426,12 +427,7 @@ class Publisher:
     def _produce(self, value: bytes, headers: list[tuple[str, bytes]], failed: Any = None) -> None:
         """Hand one record to the client; ``failed(err, message)`` is called if it cannot be delivered."""
         extra = {"on_delivery": failed} if failed is not None else {}
-        while True:
-            try:
-                self._producer.produce(self.topic, key=self._key, value=value, headers=headers, **extra)
-                return
-            except BufferError:  # the client's queue is full: wait for room, as a blocking send does
-                self._producer.poll(0.05)
+        produce_waiting(self._producer, self.topic, key=self._key, value=value, headers=headers, **extra)
 
     def _serve_sends(self) -> None:
         """Serve the client's callbacks (failed sends, errors, logs) until the publisher closes."""
@@ -493,9 +489,7 @@ class Publisher:
         me = self._key
         while not self._closed.is_set():
             try:
-                # (the first record waited for, the rest taken as they are)
-                first = self._consumer.poll(0.1)
-                records = [first, *self._consumer.consume(num_messages=999, timeout=0)] if first is not None else []
+                records = take_waiting(self._consumer, 0.1)
             except Exception:  # a broker hiccup: keep listening
                 log.exception("publisher %s: ack poll failed", self.name)
                 time.sleep(0.5)

@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import NoReturn
 
 from replication.client.publisher import FailedMessage, Publisher
+from replication.connectors.kafka.librdkafka import take_waiting
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.errors import ReplicationError
 from replication.messages import HEADER_TOPIC
@@ -129,11 +130,7 @@ class QueueConsumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            # the first delivery waited for, the rest taken as they are: consume() with a count waits for the
-            # count or its whole timeout, so deliveries fewer than the count were each held back 200 ms
-            first = self._consumer.poll(min(remaining, 0.2))
-            if first is not None:
-                self._take([first, *self._consumer.consume(num_messages=999, timeout=0)])
+            self._take(take_waiting(self._consumer, min(remaining, 0.2)))
         return self._ready.popleft()
 
     def messages(self, timeout: float = 5.0) -> Iterator[QueueMessage]:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from replication.connectors.kafka.librdkafka import take_waiting
 from replication.connectors.kafka.security import KafkaSecurity
 from replication.messages import HEADER_CLIENT, HEADER_COMMAND, HEADER_SOW_KEYS, HEADER_TOPIC
 
@@ -86,12 +87,10 @@ class AckWatch:
                 elif len(assigned) < len(self.topics) and time.monotonic() - looked >= 1.0:
                     self._assign(consumer, assigned, first=False)
                     looked = time.monotonic()
-                # (the first record waited for, the rest taken as they are: consume() with a count waits for the
-                # count or its whole timeout, so it would hold each acknowledgement back that long)
-                first = consumer.poll(0.1)
-                if first is None:
+                records = take_waiting(consumer, 0.1)
+                if not records:
                     continue
-                acks = self._acks([first, *consumer.consume(num_messages=999, timeout=0)])
+                acks = self._acks(records)
                 if acks:
                     self._seen(acks)
             except Exception as exc:  # only a shortcut: the ingest's check frees the room anyway
