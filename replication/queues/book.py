@@ -89,24 +89,25 @@ class QueueBook:
         mine = self.relevant(rows)
         if mine.num_rows == 0:
             return
-        for row in mine.select(COLUMNS).to_pylist():
-            command = row["command"]
-            if row["publisher"] == self.manager and row["publisher_seq"] is not None:
-                self.manager_stored = max(self.manager_stored, row["publisher_seq"])
+        # (column by column, not ``to_pylist()``: a dict per row was most of folding a commit in)
+        columns = [mine[name].to_pylist() for name in COLUMNS]
+        for seq, bookmark, publisher, publisher_seq, topic, message_type, command, sow_keys, data, origin \
+                in zip(*columns):
+            if publisher == self.manager and publisher_seq is not None:
+                self.manager_stored = max(self.manager_stored, publisher_seq)
             if command == "publish":
                 for queue in self.queues.values():
-                    if queue.takes(row["topic"], row["message_type"]):
-                        queue.add(row["seq"], row["bookmark"], row["topic"], row["data"] or b"", row["origin"], now)
+                    if queue.takes(topic, message_type):
+                        queue.add(seq, bookmark, topic, data or b"", origin, now)
                 continue
-            queue = self.queues[row["topic"]]
+            queue = self.queues[topic]
             if command == "sow_delete":
-                queue.remove(bookmarks_in(row["sow_keys"]), row["publisher"], now,
-                             local=row["origin"] == self.instance)
+                queue.remove(bookmarks_in(sow_keys), publisher, now, local=origin == self.instance)
             elif command == TRANSFER:
-                bookmarks, to = transfer_of(row["data"])
+                bookmarks, to = transfer_of(data)
                 queue.transferred(bookmarks, to, now)
             elif command == TRANSFER_REQUEST and live:
-                bookmarks, to = transfer_of(row["data"])
+                bookmarks, to = transfer_of(data)
                 if to != self.instance:
                     self.requests.append((queue, bookmarks, to))
 

@@ -337,17 +337,27 @@ class QueueDispatcher:
             if not self._partitions:
                 raise ReplicationError(f"{self.cfg.name}: the deliveries topic {topic} is not in Kafka's metadata "
                                        "with its partitions; retrying")
-        name, instance = queue.queue.name.encode(), self.cfg.name.encode()
-        for delivery in deliveries:
-            message = delivery.message
-            headers = [(HEADER_TOPIC, name), (HEADER_BOOKMARK, message.bookmark.encode()),
-                       (HEADER_UNDERLYING_TOPIC, message.topic.encode()),
-                       (HEADER_LEASE_EXPIRES, str(int(delivery.lease_expires * 1000)).encode()),
-                       (HEADER_INSTANCE, instance)]
+        name, instance = (HEADER_TOPIC, queue.queue.name.encode()), (HEADER_INSTANCE, self.cfg.name.encode())
+        # (a round's deliveries share their lease's end and have few consumers and underlying topics: each
+        # such header and partition is worked out once per round, not once per delivery)
+        expiries: dict[float, tuple[str, bytes]] = {}
+        underlying: dict[str, tuple[str, bytes]] = {}
+        consumers: dict[str, tuple[bytes, int]] = {}
+        for client, message, lease_expires in deliveries:
+            expires = expiries.get(lease_expires)
+            if expires is None:
+                expires = expiries[lease_expires] = (HEADER_LEASE_EXPIRES, str(int(lease_expires * 1000)).encode())
+            source = underlying.get(message.topic)
+            if source is None:
+                source = underlying[message.topic] = (HEADER_UNDERLYING_TOPIC, message.topic.encode())
+            consumer = consumers.get(client)
+            if consumer is None:
+                consumer = consumers[client] = (client.encode(), delivery_partition(client, self._partitions))
+            headers = [name, (HEADER_BOOKMARK, message.bookmark.encode()), source, expires, instance]
             while True:
                 try:
-                    self._producer.produce(topic, value=message.data, key=delivery.client.encode(), headers=headers,
-                                           partition=delivery_partition(delivery.client, self._partitions))
+                    self._producer.produce(topic, value=message.data, key=consumer[0], headers=headers,
+                                           partition=consumer[1])
                     break
                 except BufferError:  # its local queue is full (Kafka away): let it send some, unless stopping
                     if self._closed.is_set():  # (the queue's state ends with the instance; a restart rebuilds it)

@@ -10,7 +10,8 @@ until their owner's acknowledgement arrives by replication.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from replication.config.model import QueueTopic
 from replication.expressions import Filter
@@ -26,8 +27,10 @@ REQUEST_AGAIN_S = 5.0
 TYPICAL_WEIGHT = 0.2
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
+    """(A named tuple, not a dataclass: a queue makes one per message, and a frozen dataclass's ``__init__``
+    was the largest part of folding a publish in.)"""
+
     seq: int
     bookmark: str
     topic: str
@@ -57,8 +60,7 @@ class Subscriber:
         return len(self.leased) - len(self.acking)
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(NamedTuple):
     client: str
     message: Message
     lease_expires: float
@@ -154,13 +156,17 @@ class QueueState:
         ``local``: published at this instance; another instance's acknowledgement of a barrier is its own
         copy's (every instance delivers its barrier), not this one's."""
         removed = 0
+        # (the maps are often empty, and this runs for every acknowledged message: skip what cannot hold it)
+        arrived_at, requested, lapsed, barrier_ids = self.arrived, self.requested, self._lapsed, self._barrier_ids
         for bookmark in bookmarks:
-            if not local and bookmark in self._barrier_ids:
+            if barrier_ids and not local and bookmark in barrier_ids:
                 continue
-            arrived = self.arrived.pop(bookmark, None)
-            if arrived is not None and now > arrived:
-                self.typical_ack_s += TYPICAL_WEIGHT * ((now - arrived) - self.typical_ack_s)
-            self.requested.pop(bookmark, None)
+            if arrived_at:
+                arrived = arrived_at.pop(bookmark, None)
+                if arrived is not None and now > arrived:
+                    self.typical_ack_s += TYPICAL_WEIGHT * ((now - arrived) - self.typical_ack_s)
+            if requested:
+                requested.pop(bookmark, None)
             held = self.leased.pop(bookmark, None)
             if held is not None:
                 subscriber = self.subscribers.get(held[1])
@@ -170,8 +176,10 @@ class QueueState:
             elif self.waiting.pop(bookmark, None) is None and self.elsewhere.pop(bookmark, None) is None \
                     and self.barriers.pop(bookmark, None) is None:
                 continue
-            self._lapsed.pop(bookmark, None)
-            self._barrier_ids.discard(bookmark)
+            if lapsed:
+                lapsed.pop(bookmark, None)
+            if barrier_ids:
+                barrier_ids.discard(bookmark)
             removed += 1
         self.acknowledged += removed
         subscriber = self.subscribers.get(client)
@@ -308,7 +316,7 @@ class QueueState:
                                       for s in self.subscribers.values()):
                 continue
             del self.waiting[bookmark]
-            self.elsewhere[bookmark] = replace(message, owner=to)
+            self.elsewhere[bookmark] = message._replace(owner=to)
             self.arrived[bookmark] = now
             granted.append(bookmark)
         self.transfers_granted += len(granted)
@@ -319,7 +327,7 @@ class QueueState:
         for bookmark in bookmarks:
             message = self.elsewhere.pop(bookmark, None)
             if message is not None:
-                self.waiting[bookmark] = replace(message, owner=self.instance)
+                self.waiting[bookmark] = message._replace(owner=self.instance)
                 self.arrived.pop(bookmark, None)
         self.transfers_granted -= len(bookmarks)
         self._unsorted = True
@@ -331,7 +339,7 @@ class QueueState:
             message = held or self.elsewhere.pop(bookmark, None)
             if message is None:
                 continue  # acknowledged already, or leased here (this instance granted it, so it is not)
-            message = replace(message, owner=to)
+            message = message._replace(owner=to)
             if to == self.instance:
                 if held is None:
                     self.transfers_received += 1
@@ -370,7 +378,10 @@ class QueueState:
         scans = {s.client: iter(self.waiting.values()) for s in turn}
         taken: set[str] = set()
         try:
-            self._deal(turn, given, scans, taken, out, now, limit)
+            if not self._lapsed and all(s.filter is None for s in turn):
+                self._deal_in_order(turn, taken, out, now, limit)
+            else:
+                self._deal(turn, given, scans, taken, out, now, limit)
         finally:  # (even if a round fails half way: what was leased must not stay waiting too)
             for bookmark in taken:
                 del self.waiting[bookmark]
@@ -385,6 +396,8 @@ class QueueState:
         while turn and len(taken) < len(self.waiting) and len(out) < limit:
             still = []
             for subscriber in turn:
+                if len(out) >= limit:
+                    return
                 if self._room(subscriber, given[subscriber.client]) <= 0:
                     continue
                 message = self._next_for(subscriber, scans[subscriber.client], taken)
@@ -406,6 +419,31 @@ class QueueState:
                 still.append(subscriber)
             turn = still
 
+    def _deal_in_order(self, turn: list[Subscriber], taken: set[str], out: list[Delivery], now: float,
+                       limit: int) -> None:
+        """:meth:`_deal` when no subscriber has a filter and no lease lapsed (the usual case): every subscriber
+        takes the next waiting message, so one pass over ``waiting`` deals them all."""
+        expires = 0.0 if self.at_most_once else now + self.queue.lease_period_s
+        room = {s.client: self._room(s) for s in turn}
+        scan = iter(self.waiting.values())
+        while turn:
+            turn = [s for s in turn if room[s.client] > 0]
+            for subscriber in turn:
+                message = next(scan, None)
+                if message is None or len(out) >= limit:
+                    return
+                client, bookmark = subscriber.client, message.bookmark
+                taken.add(bookmark)
+                room[client] -= 1
+                subscriber.delivered += 1
+                self.delivered += 1
+                if self.at_most_once:
+                    self.acknowledged += 1  # (removed now: its removal row, folded later, finds nothing)
+                else:
+                    subscriber.leased[bookmark] = expires
+                    self.leased[bookmark] = (message, client)
+                out.append(Delivery(client, message, expires))
+
     def undo(self, deliveries: list[Delivery]) -> None:
         """At-most-once deliveries whose removal could not be recorded: back to the queue, undelivered."""
         for delivery in deliveries:
@@ -423,8 +461,8 @@ class QueueState:
         if not self.barriers:
             return
         ahead = min((m.seq for m in self.waiting.values()), default=None)
-        for held in (self.leased.values(), self.elsewhere.values()):
-            first = min((m[0].seq if isinstance(m, tuple) else m.seq for m in held), default=None)
+        for first in (min((m.seq for m, _client in self.leased.values()), default=None),
+                      min((m.seq for m in self.elsewhere.values()), default=None)):
             if first is not None:
                 ahead = first if ahead is None else min(ahead, first)
         for bookmark, barrier in list(self.barriers.items()):  # in seq order: an earlier one blocks the later

@@ -142,4 +142,4 @@ def transfer_of(body: bytes | None) -> tuple[list[str], str]:
 
 def bookmarks_in(sow_keys: str | None) -> list[str]:
     """The bookmarks an acknowledgement names (its ``sow_keys``, comma-separated; blanks ignored)."""
-    return [b.strip() for b in (sow_keys or "").split(",") if b.strip()]
+    return [b for b in map(str.strip, sow_keys.split(",")) if b] if sow_keys else []
