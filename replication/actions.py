@@ -96,7 +96,7 @@ def apply_manual_downgrades(links: dict[str, Link], layout: StorageLayout) -> bo
     for name, link in links.items():
         if not link.sync:
             continue
-        asked = layout.manual_downgrade_file(name).exists()
+        asked = layout.manual_downgrade_file(name).is_file()  # (on S3, exists() would also list it as a folder)
         if asked and not (link.manual and link.downgraded):
             link.set(downgraded=True, manual=True)
             log.warning("destination %s downgraded to async by an operator (replication downgrade); it stays "

@@ -106,8 +106,11 @@ def _commit_exists(log_dir: Path | str, version: int) -> bool:
     path, filesystem = arrow_location(f"{log_dir.rstrip('/')}/_delta_log/{version:020d}.json")
     if filesystem is None:
         filesystem, path = fs.FileSystem.from_uri(path)
-    try:
-        return filesystem.get_file_info(path).type != fs.FileType.NotFound
+    try:  # (opening asks one HEAD; get_file_info follows a missing object with a LIST, as for a folder)
+        filesystem.open_input_file(path).close()
+        return True
+    except FileNotFoundError:
+        return False
     except OSError as exc:  # (not "no newer version": the caller asks delta-rs instead)
         raise StorageError(f"{log_dir}: commit {version} cannot be probed ({exc})") from None
 
