@@ -44,7 +44,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from replication import failpoints
-from replication.connectors.kafka.librdkafka import produce_waiting, take_waiting
+from replication.connectors.kafka.librdkafka import partition_count, produce_waiting, take_waiting
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.durability import acks_topic
 from replication.errors import ReplicationError
@@ -60,7 +60,6 @@ from replication.messages import (
     HEADER_TYPE,
     LOGON,
 )
-from replication.queues.wire import partition_count
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import NoReturn
 
 from replication.client.publisher import FailedMessage, Publisher
-from replication.connectors.kafka.librdkafka import take_waiting
+from replication.connectors.kafka.librdkafka import partition_count, take_waiting
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.errors import ReplicationError
 from replication.messages import HEADER_TOPIC
@@ -48,7 +48,6 @@ from replication.queues.wire import (
     UNSUBSCRIBE,
     deliveries_topic,
     delivery_partition,
-    partition_count,
 )
 
 #: Acknowledgements sent together (one ``sow_delete`` naming them all) once this many wait, or after ACK_EVERY_S.

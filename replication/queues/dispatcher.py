@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replication.config.model import InstanceConfig, QueueTopic
+from replication.connectors.kafka.librdkafka import partition_count
 from replication.connectors.kafka.security import PLAINTEXT, KafkaSecurity
 from replication.errors import ReplicationError
 from replication.messages import HEADER_TOPIC
@@ -50,7 +51,6 @@ from replication.queues.wire import (
     deliveries_topic,
     delivery_partition,
     manager_client,
-    partition_count,
     transfer_body,
 )
 from replication.storage.control import ProxiedTransfer

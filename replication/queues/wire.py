@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 SUBSCRIBE = "subscribe"
 UNSUBSCRIBE = "unsubscribe"
@@ -66,13 +65,6 @@ DELIVERY_PARTITIONS = 16
 
 def deliveries_topic(instance: str) -> str:
     return f"{instance}.deliveries"
-
-
-def partition_count(client: Any, topic: str, timeout: float = 30.0) -> int:
-    """How many partitions ``topic`` has by the metadata a confluent-kafka ``client`` (producer or consumer)
-    gets; 0 when the topic is not there (yet) or its metadata came with an error."""
-    found = client.list_topics(topic, timeout=timeout).topics.get(topic)
-    return 0 if found is None or found.error is not None else len(found.partitions)
 
 
 def delivery_partition(client: str, partitions: int) -> int:

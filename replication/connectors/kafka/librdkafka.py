@@ -1,4 +1,5 @@
-"""Two habits of every ``confluent-kafka`` (librdkafka) client of the project."""
+"""What every ``confluent-kafka`` (librdkafka) client of the project does alike: wait for the first record,
+produce while the local queue is full, and count a topic's partitions."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ def produce_waiting(producer: Any, topic: str, **record: Any) -> None:
             return
         except BufferError:
             producer.poll(0.05)
+
+
+def partition_count(client: Any, topic: str, timeout: float = 30.0) -> int:
+    """How many partitions ``topic`` has by the metadata a confluent-kafka ``client`` (producer or consumer)
+    gets; 0 when the topic is not there (yet) or its metadata came with an error."""
+    found = client.list_topics(topic, timeout=timeout).topics.get(topic)
+    return 0 if found is None or found.error is not None else len(found.partitions)
