@@ -50,12 +50,13 @@ from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import open_table
 from replication.connectors.spark.pacing import parse_rate
 from replication.connectors.spark.session import session
-from replication.errors import InputError, ReplicationError, UnsupportedAddressError
+from replication.errors import InputError, ReplicationError
 from replication.expressions import columnar
 from replication.messages import FIELD_TYPES
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, as_records, net_changes, sow_topic_for, tail_rows
 from replication.storage.control import read_instance_config
+from replication.storage.layout import spark_uri
 from replication.txlog import stream as txlog_stream
 from replication.txlog.reader import Source, TxlogReader, open_txlog
 from replication.txlog.schema import REJECTED_SCHEMA
@@ -213,20 +214,17 @@ def txlog(
 
 
 def _spark_for(log: TxlogReader, spark: SparkSession | None) -> SparkSession:
-    """The session to read ``log`` with; an instance on S3 is refused (not built yet: Spark's reads of its
-    tables would go through S3A, which the plain readers here do not set up)."""
-    if log.path.startswith("s3://"):
-        raise UnsupportedAddressError(
-            f"{log.name}: reading an instance on S3 ({log.path}) with Spark is not supported yet. Fix: use "
-            "the replication replay command, or replication.txlog.reader.TxlogReader, which read it without Spark")
-    return spark or session()
+    """The session to read ``log`` with: ``spark``, else the active one, else a local one; one built here
+    for an instance on S3 has Hadoop's S3A filesystem, with this process's S3 settings (a session of the
+    user's own reads ``s3a://`` as it was set up to: Databricks', for one, does)."""
+    return spark or session(object_storage=log.path.startswith("s3://"))
 
 
 def snapshot(spark: SparkSession, log: TxlogReader, start: int, end: int) -> DataFrame:
     """The txlog's rows that may lie in ``(start, end]``: the whole table natively, else the files that overlap."""
     if reads_delta_natively(spark):
-        return spark.read.format(DELTA_FORMAT).load(log.path).select(*SCHEMA.fieldNames())
-    uris = log.file_uris(start, end)
+        return spark.read.format(DELTA_FORMAT).load(spark_uri(log.path)).select(*SCHEMA.fieldNames())
+    uris = [spark_uri(uri) for uri in log.file_uris(start, end)]
     if not uris:
         return spark.createDataFrame([], SCHEMA)
     return spark.read.schema(SCHEMA).parquet(*uris)
@@ -307,10 +305,10 @@ def sow(source: Source, *, topic: str, filter: str | None = None, spark: SparkSe
     spark = _spark_for(log, spark)
     schema = from_arrow_schema(SOW_SCHEMA)
     if reads_delta_natively(spark):
-        base = spark.read.format(DELTA_FORMAT).load(str(table.path))
+        base = spark.read.format(DELTA_FORMAT).load(spark_uri(str(table.path)))
     else:
-        uris = table.table.file_uris()
-        base = (spark.read.schema(schema).option("basePath", str(table.path)).parquet(*uris) if uris
+        uris = [spark_uri(uri) for uri in table.table.file_uris()]
+        base = (spark.read.schema(schema).option("basePath", spark_uri(str(table.path))).parquet(*uris) if uris
                 else spark.createDataFrame([], schema))  # bucket comes from the files' partition folders
     base = base.where(F.col("topic") == F.lit(topic)).select(*SOW_SCHEMA.names)
     touched = sorted(changes.touched())
@@ -342,11 +340,11 @@ def rejected(source: Source, *, spark: SparkSession | None = None) -> DataFrame:
     path = str(log.layout.rejected)
     schema = from_arrow_schema(REJECTED_SCHEMA)
     try:
-        uris = open_table(path).file_uris()
+        uris = [spark_uri(uri) for uri in open_table(path).file_uris()]
     except TableNotFoundError:  # the instance has not run yet
         return spark.createDataFrame([], schema)
     if reads_delta_natively(spark):
-        return spark.read.format(DELTA_FORMAT).load(path)
+        return spark.read.format(DELTA_FORMAT).load(spark_uri(path))
     return spark.read.schema(schema).parquet(*uris) if uris else spark.createDataFrame([], schema)
 
 

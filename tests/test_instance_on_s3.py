@@ -12,9 +12,12 @@ the bucket. (One fabric for all of it: each start of an instance process costs t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -193,7 +196,7 @@ def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_
                     for k in bookmarks_in(r["sow_keys"])]
     assert sorted(acknowledged) == sorted(m.bookmark for m in delivered), "each acknowledged once in the txlog"
 
-    verified = run_cli("verify", *configs.values(), "--engine", "arrow", env=s3.environment())
+    verified = run_cli("verify", *configs.values(), "--engine", "arrow", "--format", "json", env=s3.environment())
     assert verified.code == 0, verified.out + verified.err
     # The SOW of every instance, exact (``replication sow``) and as compacted in its table in the bucket at stop
     sow = current_records({f"pub-{name}": count for name, count in published.items()})
@@ -243,11 +246,25 @@ def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_
     queue = run_cli("queue", configs[c], "--topic", "/work", "--format", "json", env=s3.environment())
     assert queue.code == 0, queue.err
     assert (json.loads(queue.out)["acknowledged"], json.loads(queue.out)["depth"]) == (TASKS, 0), queue.out
-    by_spark = run_cli("verify", configs[c], "--engine", "spark", env=s3.environment())
-    assert by_spark.code == 2 and "with Spark is not supported yet. Fix: --engine arrow" in by_spark.err, \
-        by_spark.err
+    # and with Spark, through S3A: verify's Spark engine, and the replay API as a notebook calls it
+    by_spark = run_cli("verify", *configs.values(), "--engine", "spark", "--format", "json", env=s3.environment())
+    assert by_spark.code == 0, by_spark.out + by_spark.err
+    spark_report, arrow_report = json.loads(by_spark.out), json.loads(verified.out)
+    assert (spark_report["ok"], spark_report["engine"], arrow_report["engine"]) == (True, "spark", "arrow")
+    assert [(k["upstream"], k["downstream"], k["messages"], k["status"]) for k in spark_report["links"]] == \
+        [(k["upstream"], k["downstream"], k["messages"], k["status"]) for k in arrow_report["links"]]
+    notebook = run_python(NOTEBOOK, configs[c], tmp_path / "notebook-checkpoint", env=s3.environment())
+    assert notebook.returncode == 0, notebook.stderr[-3000:]
+    read = json.loads(notebook.stdout.splitlines()[-1])
+    assert read["orders"] == sorted([f"pub-{name}", i] for name, count in published.items()
+                                    for i in range(1, count + 1)), "replay.txlog() on S3"
+    assert read["subscribed"] == sum(published.values()), "replay.subscribe(fully_durable=True) on S3"
+    assert read["sow"] == len(sow), "replay.sow() on S3"
+    assert read["rejected"] == DeltaTable(f"{storage}/rejected", storage_options=s3.access.delta_options()
+                                          ).to_pyarrow_table().num_rows, "replay.rejected() on S3"
     secret = s3.secret_key
-    assert secret not in verified.out + verified.err + status.out + status.err + replayed.err + queue.out
+    assert secret not in (verified.out + verified.err + status.out + status.err + replayed.err + queue.out
+                          + by_spark.out + by_spark.err + notebook.stdout + notebook.stderr)
     for log in tmp_path.glob("*.log"):
         assert secret not in log.read_text(errors="replace"), f"{log.name} names no secret"
     client = s3.access.client()
@@ -255,6 +272,30 @@ def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_
         for control in ("instance.json", "heartbeat.json"):
             body = client.get_object(Bucket=bucket, Key=f"fabric/{name}/_control/{control}")["Body"].read().decode()
             assert secret not in body, f"{name}'s {control} names no secret"
+
+
+#: A notebook's reads of an instance on S3 through Spark: ``NOTEBOOK CONFIG CHECKPOINT`` prints what it read.
+NOTEBOOK = """
+import json, sys
+from replication import replay
+
+config, checkpoint = sys.argv[1:3]
+orders = replay.txlog(config, topic="/orders").select("publisher", "publisher_seq").collect()
+subscribed = []
+query = (replay.subscribe(config, topic="/orders", fully_durable=True).writeStream
+         .foreachBatch(lambda df, _batch: subscribed.extend(r.seq for r in df.select("seq").collect()))
+         .option("checkpointLocation", checkpoint).start())
+query.processAllAvailable()
+query.stop()
+print(json.dumps({"orders": sorted([r.publisher, r.publisher_seq] for r in orders),
+                  "subscribed": len(subscribed), "sow": replay.sow(config, topic="/orders").count(),
+                  "rejected": replay.rejected(config).count()}))
+"""
+
+
+def run_python(code: str, *args: object, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **env})
 
 
 def _txlog(s3, storage: str):

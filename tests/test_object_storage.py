@@ -47,18 +47,12 @@ def test_s3_addresses_parse_and_name_no_secret():
     assert provider.endswith("software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider")
 
 
-def test_spark_reads_of_an_instance_on_s3_are_refused_until_built():
-    from replication import replay
-    from replication.connectors.s3.objects import ObjectPath
-    from replication.errors import UnsupportedAddressError
-    from replication.storage.layout import StorageLayout
-    from replication.txlog.reader import TxlogReader
+def test_spark_names_objects_on_s3_with_s3a_and_leaves_other_addresses_alone():
+    from replication.storage.layout import spark_uri
 
-    access = S3Access("eu-west-3", "http://127.0.0.1:9", "k", "s")
-    log = TxlogReader(StorageLayout(ObjectPath.of("s3://bkt/amps-1", access)), "amps-1")
-    with pytest.raises(UnsupportedAddressError, match=r"amps-1: reading an instance on S3 \(s3://bkt/amps-1/txlog\) "
-                                                      r"with Spark is not supported yet"):
-        replay._spark_for(log, None)
+    assert spark_uri("s3://bkt/amps-1/txlog/part-0.parquet") == "s3a://bkt/amps-1/txlog/part-0.parquet"
+    assert spark_uri("/data/amps-1/txlog") == "/data/amps-1/txlog"
+    assert spark_uri("file:///data/amps-1") == "file:///data/amps-1"
 
 
 def test_the_local_s3_server_lets_one_of_racing_creates_of_an_object_win(s3):

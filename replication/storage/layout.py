@@ -60,6 +60,12 @@ def spark_location(path: StoragePath) -> str:
     return str(path)
 
 
+def spark_uri(uri: str) -> str:
+    """How Spark names a file or table at ``uri`` (as deltalake and the config give it): ``s3a://`` for
+    ``s3://`` (Hadoop's S3 filesystem is S3A), any other unchanged."""
+    return f"s3a://{uri.removeprefix('s3://')}" if uri.startswith("s3://") else uri
+
+
 def link_name(upstream: str, destination: str, incarnation: str | None = None) -> str:
     """``<upstream>-><destination>`` (``#<incarnation>`` for one replicator incarnation).
 

@@ -40,7 +40,6 @@ import functools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -61,6 +60,7 @@ from replication.connectors.spark.options import int_option
 from replication.connectors.spark.pacing import Pacer, parse_rate
 from replication.errors import ConfigError
 from replication.storage.control import DurableState
+from replication.storage.layout import storage_path
 from replication.txlog.files import ROWS_PER_PARTITION, TxlogFiles, TxlogRange, read_files, read_range
 from replication.txlog.schema import TXLOG_SCHEMA
 
@@ -269,7 +269,7 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.options.end_seq is not None:
             latest = min(latest, self.options.end_seq)
         if self.options.durable_file:
-            saved = DurableState.read(Path(self.options.durable_file))
+            saved = DurableState.read(storage_path(self.options.durable_file))  # (local, or an object on S3)
             latest = min(latest, saved.durable_seq if saved else 0)
         latest = max(latest, begin)  # a log behind the start (absent, or startSeq ahead): hold
         self._latest = latest

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from replication import routing
 from replication.config.fabric import Fabric
 from replication.config.model import Destination, InstanceConfig
-from replication.errors import UnsupportedAddressError
 from replication.storage.control import LinkState
 from replication.storage.layout import StorageLayout
 from replication.verify.queues import check_queues
@@ -108,13 +107,8 @@ def verify(fabric: Fabric, *, topic: str | None = None, engine: Engine = "auto",
 
 def _txlogs(fabric: Fabric, pattern: re.Pattern[str] | None, engine: Engine,
             spark: SparkSession | None) -> Txlogs:
-    on_s3 = [cfg.name for cfg in fabric if cfg.on_object_storage]
-    if engine == "spark" and on_s3:
-        raise UnsupportedAddressError(
-            f"verify --engine spark: reading instances on S3 ({', '.join(on_s3)}) with Spark is not supported yet. "
-            "Fix: --engine arrow (or auto, which takes it for them)")
     if engine == "auto":
-        engine = "spark" if _txlog_bytes(fabric) > ARROW_MAX_BYTES and not on_s3 else "arrow"
+        engine = "spark" if _txlog_bytes(fabric) > ARROW_MAX_BYTES else "arrow"
     if engine == "arrow":
         from replication.verify.arrow import ArrowTxlogs
 
@@ -122,7 +116,8 @@ def _txlogs(fabric: Fabric, pattern: re.Pattern[str] | None, engine: Engine,
     from replication.connectors.spark.session import session
     from replication.verify.spark import SparkTxlogs
 
-    return SparkTxlogs(fabric, pattern, spark or session("replication verify"))
+    on_s3 = any(cfg.on_object_storage for cfg in fabric)  # (Spark reads those through S3A)
+    return SparkTxlogs(fabric, pattern, spark or session("replication verify", object_storage=on_s3))
 
 
 def _txlog_bytes(fabric: Fabric) -> int:
