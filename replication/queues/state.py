@@ -371,17 +371,15 @@ class QueueState:
         self._sort()
         out: list[Delivery] = []
         turn = sorted(self.subscribers.values(), key=lambda s: (s.holds(), s.client))
-        given: dict[str, int] = {s.client: 0 for s in turn}
-        # Each subscriber scans the waiting messages once per round, from the oldest, and what is taken leaves
-        # ``waiting`` after the round: a dict iterated from its start again after each removal at its front
-        # walks over every removed slot, which made a 100k-message queue's deliveries quadratic.
-        scans = {s.client: iter(self.waiting.values()) for s in turn}
+        # What is taken leaves ``waiting`` after the round: a dict iterated from its start again after each
+        # removal at its front walks over every removed slot, which made a 100k-message queue's deliveries
+        # quadratic.
         taken: set[str] = set()
         try:
             if not self._lapsed and all(s.filter is None for s in turn):
                 self._deal_in_order(turn, taken, out, now, limit)
             else:
-                self._deal(turn, given, scans, taken, out, now, limit)
+                self._deal(turn, taken, out, now, limit)
         finally:  # (even if a round fails half way: what was leased must not stay waiting too)
             for bookmark in taken:
                 del self.waiting[bookmark]
@@ -390,9 +388,11 @@ class QueueState:
                 self.waiting, self._removed = dict(self.waiting), 0
         return out
 
-    def _deal(self, turn: list[Subscriber], given: dict[str, int], scans: dict[str, Iterator[Message]],
-              taken: set[str], out: list[Delivery], now: float, limit: int) -> None:
-        """:meth:`dispatch`'s rounds: one message to each subscriber with room in turn, into ``out``."""
+    def _deal(self, turn: list[Subscriber], taken: set[str], out: list[Delivery], now: float, limit: int) -> None:
+        """:meth:`dispatch`'s rounds: one message to each subscriber with room in turn, into ``out``. Each
+        subscriber scans the waiting messages once, from the oldest, skipping what is ``taken``."""
+        given = {s.client: 0 for s in turn}
+        scans = {s.client: iter(self.waiting.values()) for s in turn}
         while turn and len(taken) < len(self.waiting) and len(out) < limit:
             still = []
             for subscriber in turn:
