@@ -55,7 +55,7 @@ def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
     """(a): the instance's Kafka source and rows, ``toArrow`` + ``write_deltalake``, nothing else."""
     from deltalake import write_deltalake
 
-    from replication.ingest.inputs import publish_stream
+    from replication.ingest.inputs import publish_stream, spark_candidates
 
     target = table_location(workdir, f"{cfg.name}-baseline-a")
     options = delta_options(target)
@@ -65,7 +65,7 @@ def spark_baseline(spark, cfg, rows: int, workdir: Path) -> Run:
 
     def sink(df, _batch_id: int) -> None:
         t0 = time.perf_counter()
-        table = df.toArrow()
+        table = spark_candidates(df.toArrow())
         t1 = time.perf_counter()
         write_deltalake(target, table, mode="append", storage_options=options)
         parts["toArrow"] += t1 - t0

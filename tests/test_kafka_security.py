@@ -161,13 +161,51 @@ def test_an_instance_on_sasl_ssl_serves_every_client_and_no_secret_shows_anywher
                "heartbeat": json.dumps(inst.status().to_json(), default=str),
                "progress": json.dumps(inst.query.lastProgress, default=str),
                "explain": capsys.readouterr().out}
-    assert "replication-kafka" in outputs["explain"], outputs["explain"][:2000]
+    assert "KafkaSourceProvider" in outputs["explain"], outputs["explain"][:2000]  # Spark's own Kafka source
     for what, text in outputs.items():
         assert KAFKA_PASSWORD not in text, f"the password shows in the {what}"
     files = [p for p in fabric.storage("a").rglob("*") if p.is_file()]
     assert any(p.name == "instance.json" for p in files) and len(files) > 20
     leaking = [str(p) for p in files if KAFKA_PASSWORD.encode() in p.read_bytes()]
     assert leaking == [], "files under the instance's storage hold the password"
+
+
+def mutual_tls_xml(ca_file: Path, certificate: Path, key: Path) -> str:
+    return (f"<Security><Protocol>SSL</Protocol><CAFile>{ca_file}</CAFile><CertificateFile>{certificate}"
+            f"</CertificateFile><KeyFile>{key}</KeyFile></Security>")
+
+
+def test_an_instance_reads_its_publishes_over_mutual_tls(fabric, broker):
+    """Spark's Kafka client takes the client certificate from a PEM keystore the engine writes: key then chain,
+    readable by this user only."""
+    name = fabric.name("a")
+    certificate, key = broker.issue("mtls-instance")
+    path = write_config(fabric.root, name, broker.mtls_bootstrap,
+                        security=mutual_tls_xml(broker.ca_file, certificate, key))
+    fabric.paths["a"] = path
+    fabric.start("a")
+    security = config.load(str(path)).kafka_transports[0].security
+    keystore = Path(security.spark_kafka()["kafka.ssl.keystore.location"])
+    assert keystore.stat().st_mode & 0o777 == 0o600
+    assert keystore.read_text() == key.read_text().strip() + "\n" + certificate.read_text().strip() + "\n"
+    publisher = secure_publisher(fabric, "mtls", broker.mtls_bootstrap, security)
+    publish_orders(publisher, 25)
+    assert publisher.flush(timeout=120) == []
+    wait_until(lambda: fabric.count("a") == 25, timeout=60, what="the 25 publishes read over mutual TLS")
+    assert set(fabric.rows("a", ["seq", "publisher"])["publisher"].to_pylist()) == {"mtls"}
+
+
+def test_a_key_spark_cannot_read_is_refused_with_the_command_that_converts_it(tmp_path):
+    key = tmp_path / "client.key"
+    key.write_text("-----BEGIN EC PRIVATE KEY-----\nMHcCAQEE\n-----END EC PRIVATE KEY-----\n")
+    certificate = tmp_path / "client.pem"
+    certificate.write_text("-----BEGIN CERTIFICATE-----\n")
+    security = KafkaSecurity("SSL", certificate_file=str(certificate), key_file=str(key))
+    with pytest.raises(ValueError, match=f"KeyFile {key} is not a PKCS#8 key") as info:
+        security.spark_kafka()
+    assert f"openssl pkcs8 -topk8 -in {key} -out key-pkcs8.pem" in str(info.value)
+    with pytest.raises(ValueError, match="is not a PKCS#8 key"):  # at start-up, before any client is made
+        security.check()
 
 
 def test_a_wrong_password_stops_start_up_naming_the_transport_and_not_the_password(spark, broker, tmp_path,

@@ -16,7 +16,6 @@ from replication import routing
 from replication.config import link_auth
 from replication.config.model import DEFAULT_BATCH_ROWS, InstanceConfig
 from replication.connectors.delta.log import commit_info
-from replication.connectors.kafka import source as kafka_source
 from replication.connectors.kafka.ranges import RangeReader
 from replication.connectors.kafka.source import (
     KafkaSourceOptions,
@@ -32,6 +31,7 @@ from replication.inbox.read_ahead import InboxReadAhead
 from replication.inbox.schema import INBOX_SCHEMA
 from replication.inbox.signing import CommitVerifier, Refusal
 from replication.inbox.versions import read_versions, staged_parts
+from replication.ingest import spark_kafka
 from replication.ingest.classify import CANDIDATE_SCHEMA
 from replication.messages import BACKFILL_LINK
 from replication.storage.layout import INGEST_QUERY, StorageLayout
@@ -45,19 +45,41 @@ log = logging.getLogger(__name__)
 
 
 def publish_stream(spark: SparkSession, cfg: InstanceConfig) -> DataFrame:
-    """Kafka publishes of every ``kafka`` transport, as candidate rows (DESIGN §7 wire format)."""
-    kafka_source.register(spark)
+    """Kafka publishes of every ``kafka`` transport, as candidate rows (DESIGN §7 wire format) with each
+    record's raw headers in :data:`spark_kafka.HEADERS`: :func:`spark_candidates` takes them out once the
+    batch is collected."""
+    from pyspark.sql import functions as F
+
     frames = []
     for transport in cfg.kafka_transports:
-        reader = spark.readStream.format(kafka_source.FORMAT)
-        for key, value in kafka_options(transport).items():
-            reader = reader.option(key, value)
-        frames.append(reader.load().select(*_spark_columns(kafka_candidate_columns(transport))))
+        raw = spark.readStream.format("kafka").options(**spark_kafka_options(transport)).load().select(
+            F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
+            F.col("offset").alias("kafka_offset"), F.col("timestamp").alias("kafka_timestamp"), "key", "value",
+            "headers")
+        frames.append(raw.select(*_spark_columns(spark_kafka.without_headers(kafka_candidate_columns(transport))),
+                                 F.col("headers").alias(spark_kafka.HEADERS)))
     return _union(frames)
 
 
+def spark_kafka_options(transport: KafkaTransport) -> dict[str, str]:
+    """The ingest query's options of Spark's ``format("kafka")`` for one transport.
+
+    Every partition from its earliest offset, as the project's reader plans batch 0; a range that retention
+    removed before it was read is logged by Spark and skipped (``failOnDataLoss``): the instance keeps running.
+    """
+    return {
+        "kafka.bootstrap.servers": ",".join(transport.bootstrap_servers),
+        "subscribePattern": spark_kafka.topics_pattern(transport.topics),
+        "startingOffsets": "earliest",
+        "failOnDataLoss": "false",
+        "includeHeaders": "true",
+        "maxOffsetsPerTrigger": str(transport.max_offsets_per_trigger),
+        **transport.security.spark_kafka(),
+    }
+
+
 def kafka_options(transport: KafkaTransport) -> dict[str, str]:
-    """The ingest query's options of the ``replication-kafka`` source of one transport."""
+    """The options of the project's ``replication-kafka`` reader for one transport (the driver's reads)."""
     return {
         "bootstrap.servers": ",".join(transport.bootstrap_servers),
         "topics": ",".join(transport.topics),
@@ -69,11 +91,16 @@ def kafka_options(transport: KafkaTransport) -> dict[str, str]:
 
 
 def kafka_candidate_columns(transport: KafkaTransport) -> dict[str, tuple]:
-    """How each candidate column comes from a Kafka source row: the one mapping for Spark and for Arrow.
+    """How each candidate column comes from a Kafka source row (``kafka_source.SCHEMA``): the one mapping for
+    Spark and for Arrow.
 
     ``("col", name)``: that column; ``("first", name, default)``: that column,
     or ``default`` where it is null; ``("lit", value)``: a constant (None: null).
     """
+    return _candidate_columns(transport.message_type)
+
+
+def _candidate_columns(message_type: str) -> dict[str, tuple]:
     return {
         "source": ("lit", "kafka"),
         "kafka_topic": ("col", "kafka_topic"),
@@ -82,7 +109,7 @@ def kafka_candidate_columns(transport: KafkaTransport) -> dict[str, tuple]:
         "publisher": ("col", "h_client"),
         "publisher_seq": ("col", "h_seq"),
         "topic": ("first", "h_topic", ("col", "kafka_topic")),
-        "message_type": ("first", "h_type", ("lit", transport.message_type)),
+        "message_type": ("first", "h_type", ("lit", message_type)),
         "command": ("first", "h_command", ("lit", "publish")),
         "sow_key": ("col", "h_sow_key"),
         "sow_keys": ("col", "h_sow_keys"),
@@ -93,6 +120,15 @@ def kafka_candidate_columns(transport: KafkaTransport) -> dict[str, tuple]:
         **{name: ("lit", None) for name in ("origin", "received_from", "received_from_group", "path",
                                              "upstream_seq", "refused", "inbox_version")},
     }
+
+
+#: The candidate column each DESIGN §7 publish header fills (header key -> column).
+PUBLISH_HEADER_COLUMNS = spark_kafka.header_columns(_candidate_columns("json"))
+
+
+def spark_candidates(batch: pa.Table) -> pa.Table:
+    """An ingest batch as Spark collected it, as candidate rows: its Kafka records' headers taken out."""
+    return spark_kafka.with_publish_headers(batch, PUBLISH_HEADER_COLUMNS)
 
 
 def _spark_columns(spec: dict[str, tuple]) -> list:
@@ -144,6 +180,7 @@ def inbox_versions_stream(spark: SparkSession, cfg: InstanceConfig, layout: Stor
         *[F.lit(INBOX_MARK if name == "source" else None).cast(_spark_type(name)).alias(name)
           for name in CANDIDATE_SCHEMA.names if name != "inbox_version"],
         F.col("inbox_version"),
+        *([F.lit(None).cast(_HEADERS_SPARK_TYPE).alias(spark_kafka.HEADERS)] if cfg.kafka_transports else []),
     )
 
 
@@ -491,5 +528,8 @@ def _union(frames: list[DataFrame]) -> DataFrame | None:
     out = frames[0]
     for frame in frames[1:]:
         out = out.unionByName(frame)
-    assert out.columns == CANDIDATE_SCHEMA.names, out.columns
+    assert out.columns[:len(CANDIDATE_SCHEMA)] == CANDIDATE_SCHEMA.names, out.columns
     return out
+
+
+_HEADERS_SPARK_TYPE = "array<struct<key:string,value:binary>>"

@@ -22,6 +22,7 @@ from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
 from replication.ingest.classify import Classified, QueueAcks, TopicRecorder, classify, logons_in
+from replication.ingest.inputs import spark_candidates
 from replication.ingest.sessions import Clash, ClientSessions
 from replication.sow.state import SowState
 from replication.sow.table import fold_tail
@@ -161,7 +162,7 @@ class IngestWriter:
                 batch = self.driver_read(batch_id)
             if batch is None:
                 self._enter(batch_id, "reading its rows with a Spark job")
-                batch = df.toArrow()
+                batch = spark_candidates(df.toArrow())
             self.write_arrow(batch, batch_id)
         finally:
             self.step, self.idle_since = None, time.monotonic()

@@ -333,8 +333,15 @@ def _zstd_decompress(data: memoryview) -> bytes:
 def _utf8(values: list[bytes | None]) -> pa.Array:
     import pyarrow as pa
 
-    raw = pa.array(values, pa.binary())
+    return utf8(pa.array(values, pa.binary()))
+
+
+def utf8(raw: pa.Array) -> pa.Array:
+    """Binary values as strings; bytes that are not UTF-8 decoded with U+FFFD replacements."""
+    import pyarrow as pa
+
     try:
         return raw.cast(pa.string())  # validates UTF-8 in C: the common, fast path
     except pa.ArrowInvalid:
-        return pa.array([v.decode("utf-8", "replace") if v is not None else None for v in values], pa.string())
+        return pa.array([v.decode("utf-8", "replace") if v is not None else None for v in raw.to_pylist()],
+                        pa.string())

@@ -4,7 +4,7 @@ One :class:`KafkaSecurity` describes it, and is turned into the settings of each
 client the project uses: kafka-python's keyword arguments (the engine's Kafka
 reads and topic checks), librdkafka's configuration (``confluent-kafka``: the
 publisher, the acks, queue deliveries) and Spark's Kafka source options (the
-benchmark baseline). Secrets are :class:`Secret` values:
+ingest query's reads). Secrets are :class:`Secret` values:
 their ``str``/``repr`` never show them, so a log line, an error or a status that
 formats one prints ``<secret>``; only :meth:`Secret.reveal` gives the value, and
 only where a client is made.
@@ -151,6 +151,8 @@ class KafkaSecurity:
             ("CAFile", self.ca_file), ("CertificateFile", self.certificate_file), ("KeyFile", self.key_file))
             if path and not os.path.isfile(path)]
         problems += [p for p in (s.problem() for s in (self.password, self.key_password) if s is not None) if p]
+        if self.key_file and os.path.isfile(self.key_file) and (problem := _not_pkcs8(self.key_file)):
+            problems.append(problem)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -201,8 +203,11 @@ class KafkaSecurity:
         if self.tls and self.ca_file:
             out.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": self.ca_file})
         if self.tls and self.certificate_file and self.key_file:
-            raise ValueError("a client certificate for Spark's Kafka source needs a keystore; give it as "
-                             "kafka.ssl.keystore.* options of your own")
+            # The Java client reads a client certificate from one keystore: a PEM file of the key and its chain.
+            out.update({"kafka.ssl.keystore.type": "PEM",
+                        "kafka.ssl.keystore.location": pem_keystore(self.certificate_file, self.key_file)})
+            if self.key_password:
+                out["kafka.ssl.key.password"] = self.key_password.reveal()
         if self.sasl and self.username and self.password:
             module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if self.sasl_mechanism == "PLAIN"
                       else "org.apache.kafka.common.security.scram.ScramLoginModule")
@@ -234,3 +239,44 @@ class KafkaSecurity:
 
 
 PLAINTEXT = KafkaSecurity()
+
+_KEYSTORES: dict[tuple[str, str], str] = {}
+
+
+def _not_pkcs8(key_file: str) -> str | None:
+    """Why Spark's Kafka client cannot read this key (None: it can)."""
+    key = Path(key_file).read_text(encoding="ascii", errors="replace")
+    if "-----BEGIN PRIVATE KEY-----" in key or "-----BEGIN ENCRYPTED PRIVATE KEY-----" in key:
+        return None
+    return (f"KeyFile {key_file} is not a PKCS#8 key, the only kind Spark's Kafka client reads; "
+            f"convert it: openssl pkcs8 -topk8 -in {key_file} -out key-pkcs8.pem "
+            "(add -nocrypt for a key without a password) and name that file in <KeyFile>")
+
+
+def pem_keystore(certificate_file: str, key_file: str) -> str:
+    """A PEM keystore for the Java client (its ``ssl.keystore.type=PEM``): the private key, then the
+    certificate chain, in a file only this user can read, removed when the process exits.
+
+    The Java client reads PKCS#8 keys only (``BEGIN PRIVATE KEY`` or ``BEGIN ENCRYPTED PRIVATE KEY``); any
+    other is refused here with the command that converts it. The file is on this machine: Spark executors on
+    other machines need a keystore of their own at the same path.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    made = _KEYSTORES.get((certificate_file, key_file))
+    if made is not None and os.path.isfile(made):
+        return made
+    problem = _not_pkcs8(key_file)
+    if problem:
+        raise ValueError(problem)
+    key = Path(key_file).read_text(encoding="ascii", errors="replace")
+    folder = tempfile.mkdtemp(prefix="replication-keystore-")  # (mode 0700)
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "keystore.pem")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(key.strip() + "\n" + Path(certificate_file).read_text(encoding="ascii").strip() + "\n")
+    _KEYSTORES[(certificate_file, key_file)] = path
+    return path
