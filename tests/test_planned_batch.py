@@ -33,15 +33,23 @@ def test_a_batch_runs_from_the_previous_entry_to_its_own(tmp_path):
         ({5: ['{"seq": 3}']}, 5),  # previous entry missing
         ({4: ['{"seq": 1}']}, 5),  # own entry not written
         ({4: ['{"seq": 1}'], 5: ['{"seq": 3}', '{"version": 1}']}, 5),  # sources differ
-        ({4: ['{"seq": 1}'], 5: ["-"]}, 5),  # a source without an offset
         ({4: ['{"seq": 1}'], 5: ["[1, 2]"]}, 5),  # not an offset object
     ],
-    ids=["first-batch", "no-previous", "no-entry", "source-count", "dash", "not-an-object"],
+    ids=["first-batch", "no-previous", "no-entry", "source-count", "not-an-object"],
 )
 def test_unknown_ranges_are_none(tmp_path, entries, batch):
     for batch_id, lines in entries.items():
         write_entry(tmp_path, batch_id, *lines)
     assert PlannedBatch(tmp_path).ranges(batch) is None
+
+
+def test_a_source_without_an_offset_yet_reads_nothing(tmp_path):
+    # Spark's Kafka source has no offset while none of its topics exists: Spark logs "-"
+    write_entry(tmp_path, 4, "-", '{"version": 2}')
+    write_entry(tmp_path, 5, '{"t": {"0": 7}}', '{"version": 2}')
+    write_entry(tmp_path, 6, '{"t": {"0": 9}}', "-")
+    assert PlannedBatch(tmp_path).ranges(5) == [({}, {"t": {"0": 7}}), ({"version": 2}, {"version": 2})]
+    assert PlannedBatch(tmp_path).ranges(6) == [({"t": {"0": 7}}, {"t": {"0": 9}}), ({"version": 2}, {})]
 
 
 def test_the_first_batch_runs_from_the_initial_offsets_given_to_its_own_entry(tmp_path):

@@ -1,7 +1,10 @@
 """Kafka as a Spark streaming source: a PySpark Python data source over kafka-python.
 
-Spark's own Kafka connector comes from Maven, which the project cannot reach, so
-this module reads Kafka with kafka-python inside Spark's Python workers.
+The ingest query reads through Spark's own ``format("kafka")``, faster and
+lighter once warm (:mod:`replication.ingest.spark_kafka`). This source's
+planning and range reads (:class:`~replication.connectors.kafka.ranges.RangeReader`)
+read the ingest's small batches in the driver; the source itself serves Spark
+users who want the DESIGN §7 headers as columns without the JVM client.
 
 Options (:class:`KafkaSourceOptions`): ``bootstrap.servers``, ``topics`` (comma
 list), ``maxOffsetsPerTrigger``, ``minPartitions``.

@@ -97,6 +97,9 @@ class PlannedBatch:
             try:
                 value = json.loads(line)
             except ValueError:
+                if line.strip() == "-":  # a source with no offset yet (a Kafka topic not created yet): no rows
+                    offsets.append({})
+                    continue
                 return None
             if not isinstance(value, dict):
                 return None
