@@ -92,7 +92,7 @@ class PlannedBatch:
         # v1: the version, the batch metadata, then one offset per source ("-": none yet).
         if len(lines) < 3 or lines[0].strip() != "v1":
             return None
-        offsets = []
+        offsets: list[dict] = []
         for line in lines[2:]:
             try:
                 value = json.loads(line)
