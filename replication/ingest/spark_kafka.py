@@ -26,14 +26,12 @@ from replication.ingest.classify import CANDIDATE_SCHEMA
 
 #: The column of a collected ingest batch that holds each Kafka record's headers, until they are taken out.
 HEADERS = "kafka_headers"
-HEADERS_TYPE = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()),
-                                                       pa.field("value", pa.binary())])))
 
 
 def topics_pattern(topics: tuple[str, ...]) -> str:
     """A Java regex that matches exactly these topic names: ``subscribePattern`` also finds a topic created
-    after the query started, where ``subscribe`` would fail the query on a topic that does not exist yet."""
-    return "^(?:" + "|".join(r"\Q" + topic.replace(r"\E", r"\E\\E\Q") + r"\E" for topic in topics) + ")$"
+    after the query started. Each name is quoted (``\\Q...\\E``): Kafka's topic names hold no backslash."""
+    return "^(?:" + "|".join(r"\Q" + topic + r"\E" for topic in topics) + ")$"
 
 
 def header_columns(spec: dict[str, tuple]) -> dict[str, str]:
