@@ -104,3 +104,19 @@ def test_spark_s_kafka_source_and_the_driver_s_reader_give_the_same_candidates(s
     assert (not_utf8["publisher"], not_utf8["topic"]) == ("pub-\ufffd", "")
     assert (no_client["publisher"], no_client["topic"], no_client["command"]) == (None, topic, "logon")
     assert (bare["topic"], bare["message_type"], bare["command"]) == (topic, "fix", "publish")
+
+
+def test_headers_are_taken_out_of_any_slice_and_rows_without_headers_keep_their_columns():
+    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+    headers = pa.array([[{"key": "amps-client", "value": b"x0"}], [{"key": "amps-client", "value": b"x1"}], None,
+                        [{"key": "amps-client", "value": b"x3"}, {"key": "amps-seq", "value": b"9"}]],
+                       type=pa.list_(header))
+    columns = {f.name: pa.nulls(4, f.type) for f in CANDIDATE_SCHEMA}
+    columns["topic"] = pa.array(["kt", "kt", "/inbox", "kt"])  # what Spark put there: the default, or an inbox row's
+    batch = pa.table(columns, schema=CANDIDATE_SCHEMA).append_column("kafka_headers", headers)
+    for start in range(3):
+        out = spark_candidates(pa.concat_tables([batch.slice(start, 1), batch.slice(start + 1)]))
+        assert out.column_names == CANDIDATE_SCHEMA.names
+        assert out["publisher"].to_pylist() == ["x0", "x1", None, "x3"][start:]
+        assert out["publisher_seq"].to_pylist() == [None, None, None, "9"][start:]
+        assert out["topic"].to_pylist() == ["kt", "kt", "/inbox", "kt"][start:]
