@@ -207,7 +207,12 @@ def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark
     monkeypatch.setattr(ReplicatorWriter, "_read_and_route", failing_for_one_batch)
     fabric.start_one_way_pair()
     pub = fabric.publisher("via-spark", "a")
-    publish_orders(pub, 300)
+    # One message first: the replicator's first batch is Spark's in any case (its start is not logged), so the
+    # rest must come in a later batch, which the driver reads (on a slow machine all 300 could fit the first).
+    publish_orders(pub, 1)
+    pub.flush(timeout=120)
+    wait_until(lambda: fabric.count("b") == 1, what="B to receive the first message")
+    publish_orders(pub, 299)
     pub.flush(timeout=120)
     wait_until(lambda: fabric.count("b") == 300, what="B to receive every message")
     assert failures, "the injected failure was reached"
