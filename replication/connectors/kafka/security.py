@@ -243,9 +243,10 @@ PLAINTEXT = KafkaSecurity()
 _KEYSTORES: dict[tuple[str, str], str] = {}
 
 
-def _not_pkcs8(key_file: str) -> str | None:
-    """Why Spark's Kafka client cannot read this key (None: it can)."""
-    key = Path(key_file).read_text(encoding="ascii", errors="replace")
+def _not_pkcs8(key_file: str, key: str | None = None) -> str | None:
+    """Why Spark's Kafka client cannot read this key (None: it can); ``key``: the file's text, if read already."""
+    if key is None:
+        key = Path(key_file).read_text(encoding="ascii", errors="replace")
     if "-----BEGIN PRIVATE KEY-----" in key or "-----BEGIN ENCRYPTED PRIVATE KEY-----" in key:
         return None
     return (f"KeyFile {key_file} is not a PKCS#8 key, the only kind Spark's Kafka client reads; "
@@ -268,10 +269,10 @@ def pem_keystore(certificate_file: str, key_file: str) -> str:
     made = _KEYSTORES.get((certificate_file, key_file))
     if made is not None and os.path.isfile(made):
         return made
-    problem = _not_pkcs8(key_file)
+    key = Path(key_file).read_text(encoding="ascii", errors="replace")
+    problem = _not_pkcs8(key_file, key)
     if problem:
         raise ValueError(problem)
-    key = Path(key_file).read_text(encoding="ascii", errors="replace")
     folder = tempfile.mkdtemp(prefix="replication-keystore-")  # (mode 0700)
     atexit.register(shutil.rmtree, folder, True)
     path = os.path.join(folder, "keystore.pem")
