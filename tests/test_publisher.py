@@ -106,3 +106,27 @@ def test_two_publishers_using_one_client_name_at_once_are_a_clash_the_later_one_
     check = wait_until(lambda: (lambda r: r if r.code == 1 else None)(run_cli("status", fabric.paths["a"], "--check")),
                        timeout=30, what="status --check to read the heartbeat that has the clash")
     assert "CLASH" in check.out and "client name 'shared' is used by two publishers" in check.out, check.out
+
+
+def test_a_publisher_waits_its_logon_timeout_for_an_instance_that_is_starting(fabric):
+    """The acks topic an instance makes at its start is waited for as long as the publisher's
+    ``logon_timeout`` says: a publisher started beside a starting instance logs on once it is up; one whose
+    instance never comes gets the error that names the instance, when its own timeout says."""
+    import threading
+    import time
+
+    fabric.configure("a")
+    started = time.monotonic()
+    with pytest.raises(ReplicationError, match=rf"topic {fabric.name('a')}\.acks does not exist; start instance "):
+        fabric.publisher("too-early", "a", logon_timeout=2)
+    assert time.monotonic() - started < 29, "the caller's 2 s, not the fixed 30 s the publisher used to wait"
+
+    logged_on: list = []
+    early = threading.Thread(target=lambda: logged_on.append(fabric.publisher("early", "a", logon_timeout=300)))
+    early.start()
+    fabric.start("a")
+    early.join(timeout=300)
+    assert logged_on and logged_on[0].last_logon_seq == 0
+    publish_orders(logged_on[0], 3)
+    assert logged_on[0].flush(timeout=120) == []
+    assert fabric.count("a") == 3

@@ -194,7 +194,8 @@ class Publisher:
         """``security``: TLS and SASL toward the brokers (:class:`~replication.connectors.kafka.security.KafkaSecurity`;
         an instance config's transport has it: ``cfg.kafka_transports[0].security``). ``linger_ms``: how long a
         message may wait for others to share its request (0: send each at once, for the lowest latency at a
-        low rate; more: fewer, larger requests, less CPU on both sides at a high rate)."""
+        low rate; more: fewer, larger requests, less CPU on both sides at a high rate). ``logon_timeout``: seconds
+        to wait for the instance: its acks topic (made when it starts), then the answer to the logon."""
         from confluent_kafka import Consumer, KafkaException, Producer
 
         self.name = name
@@ -241,12 +242,15 @@ class Publisher:
         self._closed = threading.Event()
         self.resent: list[int] = []
         """Sequence numbers re-sent by logons, in order (for operators and tests)."""
-        self._attach_acks_topic()
+        # An instance starting beside its publisher may not have made its acks topic yet: the wait for
+        # it is part of the logon's time (a cold Spark start on a busy machine can take over 30 s).
+        logon_deadline = time.monotonic() + logon_timeout
+        self._attach_acks_topic(logon_timeout)
         self._listener = threading.Thread(target=self._listen, name=f"{name}-acks", daemon=True)
         self._listener.start()
         self._sender = threading.Thread(target=self._serve_sends, name=f"{name}-sends", daemon=True)
         self._sender.start()
-        self.last_logon_seq = self.logon(timeout=logon_timeout)
+        self.last_logon_seq = self.logon(timeout=max(1.0, logon_deadline - time.monotonic()))
         self._next_seq = max(self.last_logon_seq, self.store.last_seq()) + 1
         self._watchdog = threading.Thread(target=self._watch, name=f"{name}-resend", daemon=True)
         self._watchdog.start()
@@ -461,11 +465,11 @@ class Publisher:
                 self._send_error = (seq, exc)
             self._cond.notify_all()
 
-    def _attach_acks_topic(self) -> None:
+    def _attach_acks_topic(self, timeout: float) -> None:
         from confluent_kafka import TopicPartition
 
         topic = acks_topic(self.instance)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 parts = partition_count(self._consumer, topic, timeout=10)
