@@ -207,8 +207,8 @@ def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark
     monkeypatch.setattr(ReplicatorWriter, "_read_and_route", failing_for_one_batch)
     fabric.start_one_way_pair()
     pub = fabric.publisher("via-spark", "a")
-    # One message first: the replicator's first batch is Spark's in any case (its start is not logged), so the
-    # rest must come in a later batch, which the driver reads (on a slow machine all 300 could fit the first).
+    # One message first, alone in a batch whose driver read fails; the other 299 come in later batches, which
+    # the driver reads.
     publish_orders(pub, 1)
     pub.flush(timeout=120)
     wait_until(lambda: fabric.count("b") == 1, what="B to receive the first message")
@@ -218,6 +218,23 @@ def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark
     assert failures, "the injected failure was reached"
     assert any("could not be read in the driver; Spark reads them instead" in r.getMessage() for r in caplog.records)
     assert_exactly_once(fabric.rows("b"), {"via-spark": 300})
+
+
+def test_a_replicator_that_starts_behind_reads_its_first_batch_in_the_driver(fabric):
+    """A replicator whose destination comes up after A has stored messages takes them all in its first batch,
+    whose start Spark does not log: it is the query's start seq, so the driver reads that batch too."""
+    fabric.configure("b")
+    fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [fabric.storage("b")],
+                                                                      topics=ONE_WAY)))
+    fabric.start("a")  # B does not exist yet: A's link waits for it
+    pub = fabric.publisher("early", "a")
+    publish_orders(pub, 50)
+    wait_until(lambda: fabric.count("a") == 50, what="A to store every message")
+    fabric.start("b")
+    pub.flush(timeout=240)
+    assert_exactly_once(fabric.rows("b"), {"early": 50})
+    writers = [m.writer for m in fabric.running["a"].managers]
+    assert [w.batches_read_in_driver for w in writers] == [1], "one batch, read by the writer itself"
 
 
 def test_a_sync_pair_stopped_mid_stream_and_restarted_acknowledges_everything_once(fabric):

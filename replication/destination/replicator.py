@@ -62,7 +62,8 @@ class ReplicatorWriter:
     """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: StoragePath, inbox: StoragePath,
-                 incarnation: str, link: Link, target: str, checkpoint: StoragePath | None = None) -> None:
+                 incarnation: str, link: Link, target: str, checkpoint: StoragePath | None = None,
+                 start_seq: int = 0) -> None:
         self.cfg = cfg
         self.dest = dest
         self.link = link
@@ -79,6 +80,8 @@ class ReplicatorWriter:
         )
         self.condition = routing.spark_condition(cfg, dest, target=target)
         self.txlog = TxlogFiles(str(txlog))
+        self.start_seq = start_seq
+        """The query's ``startSeq``: its source's initial offset, where its first batch starts."""
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
         """Where small batches' seq ranges are found, to read them in the driver (see
         replication.connectors.spark.planned_batch)."""
@@ -128,7 +131,8 @@ class ReplicatorWriter:
 
     def _planned_span(self, planned: PlannedBatch, batch_id: int) -> tuple[int, int] | None:
         """(after, through) seqs of a batch small enough to read in the driver, from the offset log; else None."""
-        ranges = planned.ranges(batch_id)
+        # (the first batch starts at the source's initial offset, which Spark does not log: it is startSeq)
+        ranges = planned.ranges(batch_id, initial=lambda: [{"seq": self.start_seq}])
         if ranges is None or len(ranges) != 1:
             return None
         start, end = ranges[0]
@@ -218,7 +222,7 @@ def start_query(
         .load()
     )
     writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link,
-                              target=target, checkpoint=checkpoint)
+                              target=target, checkpoint=checkpoint, start_seq=start_seq)
     query = (
         stream.writeStream.queryName(link_name(cfg.name, dest.name, incarnation))
         .foreachBatch(writer)
