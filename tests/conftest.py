@@ -7,6 +7,16 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def no_instance_process_outlives_its_test():
+    """A test that failed before stopping its instance processes (``support.processes``) leaves them running in
+    sessions of their own: they are killed here, so that they do not slow every later test."""
+    yield
+    from support.processes import kill_leftovers
+
+    kill_leftovers()
+
+
 @pytest.fixture(scope="session")
 def spark():
     from replication.connectors.spark.session import session

@@ -133,12 +133,14 @@ def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_
                                env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch)})
 
     procs = {a: start(a, 0), b: start(b, 0, FABRIC_CRASH_POINT), c: start(c, 0)}
-    pubs = {name: Publisher(f"pub-{name}", bootstrap=broker.bootstrap, topic=f"{name}.publish", instance=name,
-                            store_path=tmp_path / f"pub-{name}.store", resend_after=3, logon_timeout=300)
-            for name in (a, b)}
-    published = dict.fromkeys(pubs, 0)
+    pubs: dict[str, Publisher] = {}
+    published = dict.fromkeys((a, b), 0)
     tasker = worker = None
-    try:
+    try:  # (from the first logon on: a failed one must not leave the three processes running)
+        for name in (a, b):
+            pubs[name] = Publisher(f"pub-{name}", bootstrap=broker.bootstrap, topic=f"{name}.publish",
+                                   instance=name, store_path=tmp_path / f"pub-{name}.store", resend_after=3,
+                                   logon_timeout=300)
         for name, pub in pubs.items():
             published[name] = publish(pub, published[name], FABRIC_PER_RUN)
         assert procs[b].wait_killed(timeout=600) == -signal.SIGKILL, procs[b].log_text()[-3000:]

@@ -24,6 +24,23 @@ def with_test_java_options(env: dict[str, str]) -> dict[str, str]:
     return {**env, "SPARK_SUBMIT_OPTS": f"{env.get('SPARK_SUBMIT_OPTS', '')} {TEST_JAVA_OPTIONS}".strip()}
 
 
+#: Instance processes started and not yet stopped or seen dead (see :func:`kill_leftovers`).
+_RUNNING: set[InstanceProcess] = set()
+
+
+def kill_leftovers() -> int:
+    """kill -9 every instance process a test left running (it failed before its own ``finally``); how many.
+
+    They run in sessions of their own, so nothing else ends them: left alone they would use the cores of
+    every later test."""
+    left = list(_RUNNING)
+    alive = sum(p.proc.poll() is None for p in left)
+    for proc in left:
+        proc.kill9()  # (the whole group: a driver that died can leave its JVM)
+    _RUNNING.clear()
+    return alive
+
+
 class InstanceProcess:
     """``replication run CONFIG`` in its own process group (so kill -9 takes its JVM too)."""
 
@@ -47,10 +64,12 @@ class InstanceProcess:
             env=env,
             start_new_session=True,
         )
+        _RUNNING.add(self)
 
     def wait_killed(self, timeout: float = 300) -> int:
         code = self.proc.wait(timeout=timeout)
         self._log.close()
+        _RUNNING.discard(self)
         return code
 
     def kill9(self) -> None:
@@ -77,6 +96,7 @@ class InstanceProcess:
         except ProcessLookupError:
             pass
         self._log.close()
+        _RUNNING.discard(self)
         return self.proc.returncode
 
     def log_text(self) -> str:
