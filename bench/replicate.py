@@ -26,8 +26,12 @@ One run prints (issue 3, "Performance"):
    p99 <= 2 s; publish -> persisted ack p50 <= 1 s (issue 3); issue 40's:
    A's txlog p50 <= 120 ms, B's p50 <= 300 ms, p99 <= 800 ms, ack p50 <= 350 ms.
    Before it, CPU is watched 15 s with the pair not started, then 15 s with
-   the started pair idle: its own processes (driver, JVM, source runners)
-   <= 0.2 cores, the broker's share shown beside them;
+   the started pair idle; after it, 15 s with the pair idle again. The
+   target, its own processes (driver, JVM, source runners) <= 0.2 cores, is
+   checked on that last watch: just after the start the JIT is still
+   compiling the idle poll's code (~0.08 cores of the JVM's compiler
+   threads), a one-off a service lives past. The broker's share is shown
+   beside them;
 3. where the time goes: CPU by process (JVM, Spark's Python source runners
    and workers, driver, broker, publisher), the engine's driver steps per
    instance (ingest at A, replicator batches, ingest at B, ack polling,
@@ -94,8 +98,10 @@ PHASES = ("throughput", "signed", "mm2", "latency")
 #: The environment variable the signed run's link key is read from (set by the benchmark).
 LINK_KEY_VARIABLE = "BENCH_REPLICATION_LINK_KEY"
 #: Seconds the machine is watched with the pair not yet started, then with the started pair and nothing
-#: published, before the latency run.
+#: published, before the latency run, and with the pair idle again after it.
 IDLE_SECONDS = 15.0
+#: Seconds between the end of the latency run and the idle watch after it.
+SETTLE_SECONDS = 5.0
 
 #: Destination topics of a one-way link: B does not replicate back, so the
 #: checks that expect a symmetric pair are excluded (as in the tests' one-way links).
@@ -400,6 +406,9 @@ class Latency:
     unstarted_cpu_kinds: dict[str, float]
     """CPU by process kind just before the pair started (the broker and Spark's JVM with no query)."""
     unstarted_seconds: float
+    settled_cpu_kinds: dict[str, float]
+    """CPU by process kind while the pair waited after the run, its JIT warm, with nothing published."""
+    settled_seconds: float
 
     def _after_warmup(self) -> np.ndarray:
         return self.sent_at >= self.sent_at[0] + self.warmup
@@ -454,6 +463,8 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
                    (("A ingest", a.query), ("A->B replicator", a.managers[0].query), ("B ingest", b.query))
                    if q is not None}
         restart_count = restarts(a, b)
+        time.sleep(SETTLE_SECONDS)  # the last acks and heartbeats of the run
+        settled_kinds, settled_seconds = cpu_while_waiting(IDLE_SECONDS)
     finally:
         stop_instances(a, b)
     seconds_by, calls_by = timer.snapshot()
@@ -462,7 +473,8 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
     ms, pub_time = follow_messages(marks, published["sent"], a, b)
     stages = {k: (seconds_by[k], calls_by[k]) for k in seconds_by}
     return Latency(ms, pub_time, args.latency_warmup, float(pub_time[-1] - pub_time[0]), wall, stages, queries,
-                   kinds, restart_count, idle_kinds, idle_seconds, unstarted_kinds, unstarted_seconds)
+                   kinds, restart_count, idle_kinds, idle_seconds, unstarted_kinds, unstarted_seconds,
+                   settled_kinds, settled_seconds)
 
 
 def cpu_while_waiting(seconds: float) -> tuple[dict[str, float], float]:
