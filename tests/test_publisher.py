@@ -120,6 +120,10 @@ def test_a_publisher_waits_its_logon_timeout_for_an_instance_that_is_starting(fa
     with pytest.raises(ReplicationError, match=rf"topic {fabric.name('a')}\.acks does not exist; start instance "):
         fabric.publisher("too-early", "a", logon_timeout=2)
     assert time.monotonic() - started < 29, "the caller's 2 s, not the fixed 30 s the publisher used to wait"
+    cli = run_cli("publish", "--config", fabric.paths["a"], "--client", "cli", "--store", fabric.root / "cli.store",
+                  "--count", 1, "--logon-timeout", 2)
+    assert cli.code == 1 and f"start instance {fabric.name('a')} first" in cli.err, (cli.code, cli.err)
+    assert len(cli.err.strip().splitlines()) == 1, cli.err
 
     logged_on: list = []
     early = threading.Thread(target=lambda: logged_on.append(fabric.publisher("early", "a", logon_timeout=300)))

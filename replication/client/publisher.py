@@ -250,7 +250,8 @@ class Publisher:
         self._listener.start()
         self._sender = threading.Thread(target=self._serve_sends, name=f"{name}-sends", daemon=True)
         self._sender.start()
-        self.last_logon_seq = self.logon(timeout=max(1.0, logon_deadline - time.monotonic()))
+        # (at least 10 s for the answer, as the topic's wait can overrun its deadline by a metadata timeout)
+        self.last_logon_seq = self.logon(timeout=max(min(logon_timeout, 10.0), logon_deadline - time.monotonic()))
         self._next_seq = max(self.last_logon_seq, self.store.last_seq()) + 1
         self._watchdog = threading.Thread(target=self._watch, name=f"{name}-resend", daemon=True)
         self._watchdog.start()
@@ -378,7 +379,7 @@ class Publisher:
                 if left <= 0:
                     raise ReplicationError(
                         f"publisher {self.name}: no logon reply from instance {self.instance} on topic "
-                        f"{acks_topic(self.instance)} within {timeout}s; is the instance running and reading "
+                        f"{acks_topic(self.instance)} within {timeout:.0f} s; is the instance running and reading "
                         f"{self.topic}?"
                     )
                 self._cond.wait(min(left, 5.0))

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, help="publish N generated JSON messages instead of reading stdin")
     parser.add_argument("--rate", type=float, default=0.0, help="messages per second (default: as fast as possible)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for persisted acks")
+    parser.add_argument("--logon-timeout", type=float, default=60.0,
+                        help="seconds to wait for the instance: its acks topic, then its answer to the logon")
     parser.add_argument("--no-wait", action="store_true", help="do not wait for persisted acks")
 
 
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     bootstrap, kafka_topic, instance, security = _target(args)
     pub = Publisher(args.client, bootstrap=bootstrap, topic=kafka_topic, instance=instance,
-                    store_path=args.store or f"{args.client}.store", security=security)
+                    store_path=args.store or f"{args.client}.store", security=security,
+                    logon_timeout=args.logon_timeout)
     try:
         resent = pub.resent
         print(f"logged on to {instance} as {args.client}: persisted through {pub.last_logon_seq}; "
