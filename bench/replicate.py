@@ -463,11 +463,11 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
                    (("A ingest", a.query), ("A->B replicator", a.managers[0].query), ("B ingest", b.query))
                    if q is not None}
         restart_count = restarts(a, b)
+        seconds_by, calls_by = timer.snapshot()  # (the run's steps, not the idle watch's)
         time.sleep(SETTLE_SECONDS)  # the last acks and heartbeats of the run
         settled_kinds, settled_seconds = cpu_while_waiting(IDLE_SECONDS)
     finally:
         stop_instances(a, b)
-    seconds_by, calls_by = timer.snapshot()
     published = json.loads(out.read_text())
     marks.events["publisher ack"] = [tuple(e) for e in published["acks"]]
     ms, pub_time = follow_messages(marks, published["sent"], a, b)

@@ -12,9 +12,12 @@ def no_instance_process_outlives_its_test():
     """A test that failed before stopping its instance processes (``support.processes``) leaves them running in
     sessions of their own: they are killed here, so that they do not slow every later test."""
     yield
+    import warnings
+
     from support.processes import kill_leftovers
 
-    kill_leftovers()
+    if left := kill_leftovers():
+        warnings.warn(f"{left} instance process(es) this test left running were killed", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -35,9 +35,11 @@ def kill_leftovers() -> int:
     every later test."""
     left = list(_RUNNING)
     alive = sum(p.proc.poll() is None for p in left)
-    for proc in left:
-        proc.kill9()  # (the whole group: a driver that died can leave its JVM)
-    _RUNNING.clear()
+    try:
+        for proc in left:
+            proc.kill9()  # (the whole group: a driver that died can leave its JVM)
+    finally:
+        _RUNNING.clear()
     return alive
 
 
