@@ -53,7 +53,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
         if appender.app_id.split(":")[0] == "ingest":
             return f"{r(appender.path.parent.name)} ingest / {appender.path.name} append"
         upstream, _, downstream = appender.app_id.partition("#")[0].partition("->")
-        return f"{r(upstream)}->{r(downstream)} replicator / inbox append (write_deltalake)"
+        return f"{r(upstream)}->{r(downstream)} replicator / inbox append"
 
     def control_file(group: str) -> Labeler:
         def label(_file, path, *_a, **_k) -> str:  # <root>/_control/<file>

@@ -16,13 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from support.factories import write_config
 
 from replication import config
 from replication.connectors import parquet_in_place
 from replication.connectors.delta.stats import file_stats
-from replication.connectors.delta.tables import IdempotentAppender, write_file
+from replication.connectors.delta.tables import IdempotentAppender, log_writer_properties, write_file
 from replication.inbox import staged_parts
 from replication.inbox.staged_parts import StagedParts
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder
@@ -98,11 +98,13 @@ def test_statistics_are_those_delta_rs_writes_and_files_join_a_commit(tmp_path):
     rows = rows.set_column(rows.schema.get_field_index("received_from"), TXLOG_SCHEMA.field("received_from"),
                            pa.array([None if i % 3 else f"up-{i % 7}" for i in range(1000)], pa.string()))
     rows = rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(1, 1001)))
-    txlog = IdempotentAppender(tmp_path / "txlog", TXLOG_SCHEMA, app_id="ingest", name="t")
-    txlog.append(rows, 0, {"batch": 0})
-    (add,) = [json.loads(line)["add"] for line in (tmp_path / "txlog" / "_delta_log" / f"{1:020d}.json").open()
+    write_deltalake(str(tmp_path / "by-delta-rs"), rows, writer_properties=log_writer_properties())
+    (add,) = [json.loads(line)["add"] for line in (tmp_path / "by-delta-rs" / "_delta_log" / f"{0:020d}.json").open()
               if '"add"' in line]
     assert json.loads(add["stats"]) == file_stats(rows), "timestamps in ms, nulls counted, no stats of bodies"
+
+    txlog = IdempotentAppender(tmp_path / "txlog", TXLOG_SCHEMA, app_id="ingest", name="t")
+    txlog.append(rows, 0, {"batch": 0})
 
     index = TxlogFiles(str(tmp_path / "txlog"))
     index.refresh()
@@ -111,14 +113,14 @@ def test_statistics_are_those_delta_rs_writes_and_files_join_a_commit(tmp_path):
                        rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(1001, 2001))))
     txlog.append(rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(np.arange(2001, 3001))), 1, {"batch": 1},
                  files=[extra])
-    assert txlog.table.version() == 2 and DeltaTable(str(tmp_path / "txlog")).transaction_version("ingest") == 1
+    assert txlog.version == 2 and DeltaTable(str(tmp_path / "txlog")).transaction_version("ingest") == 1
     txlog.append(rows.slice(0, 0), 2, {"batch": 2})  # (the appender follows its own commits: no conflict)
     assert read_range(str(tmp_path / "txlog"), 0, 3000)["seq"].to_pylist() == list(range(1, 3001))
     # a commit whose files are not in seq order (another writer's): a view following the commit files
     # still has them by seq
     high, low = (write_file(tmp_path / "txlog", rows.set_column(0, TXLOG_SCHEMA.field("seq"), pa.array(seqs)))
                  for seqs in (np.arange(4001, 5001), np.arange(3001, 4001)))
-    txlog.table.create_write_transaction([high, low], mode="append", schema=TXLOG_SCHEMA)
+    DeltaTable(str(tmp_path / "txlog")).create_write_transaction([high, low], mode="append", schema=TXLOG_SCHEMA)
     index.refresh()  # (from the new commit files alone)
     assert index.version == 4 and index._table.version() == 1
     assert [(r.start, r.end, len(r.files)) for r in index.plan(0, 5000, rows_per_partition=1000)] == [

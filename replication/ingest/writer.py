@@ -248,7 +248,7 @@ class IngestWriter:
         failpoints.hit("ingest.after_txlog_commit")
         if taken is not None:
             taken.clean_up()
-        self.state.apply(self.txlog.table.version(), metadata)
+        self.state.apply(self.txlog.version, metadata)
         self.save_state(self.state)
         if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
             self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)

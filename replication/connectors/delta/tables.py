@@ -30,6 +30,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
+from replication.connectors.delta.local_commit import LocalCommitter, VersionTaken, unsupported_reason
 from replication.connectors.delta.stats import file_stats, stats_json
 from replication.connectors.s3.access import arrow_location, delta_options_for
 from replication.connectors.s3.objects import ObjectPath
@@ -163,16 +164,32 @@ class IdempotentAppender:
         self._committed = self.table.transaction_version(app_id)
         self._commits = 0
         self._lock = threading.Lock()
+        self._local: LocalCommitter | None = None
+        """Commits appends itself on a local disk (see :mod:`.local_commit`); None: delta-rs commits them."""
+        self._track_table()
 
     @property
     def committed_version(self) -> int | None:
         """Highest app-transaction version committed (None before the first commit)."""
         return self._committed
 
+    @property
+    def version(self) -> int:
+        """The table's version after this appender's last commit (or as last read from the table)."""
+        return self._local.version if self._local is not None else self.table.version()
+
     def refresh(self) -> None:
         """Re-read the committed version from the table (after a failure of unknown extent)."""
         self.table.update_incremental()
         self._committed = self.table.transaction_version(self.app_id)
+        self._track_table()
+
+    def _track_table(self) -> None:
+        """Commit the next appends locally from ``self.table``'s version, if its protocol allows it."""
+        if not isinstance(self.path, Path) or unsupported_reason(self.table, self.schema) is not None:
+            self._local = None
+            return
+        self._local = LocalCommitter(self.path, self.table.version(), self.table.metadata().configuration)
 
     def rebind(self, app_id: str) -> None:
         """Commit as ``app_id`` from now on (its committed version read from the table)."""
@@ -213,6 +230,7 @@ class IdempotentAppender:
             retrying = CommitProperties(max_commit_retries=COMMIT_RETRIES)
             metrics = self.table.delete(predicate, commit_properties=retrying)
             self.table.update_incremental()
+            self._track_table()
             return metrics
 
     def _append(self, rows: pa.Table, version: int, metadata: dict[str, Any] | None,
@@ -224,6 +242,8 @@ class IdempotentAppender:
         commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
                                   custom_metadata=custom or None, max_commit_retries=COMMIT_RETRIES)
         rows = rows.cast(self.schema) if rows.schema != self.schema else rows
+        if self._local is not None and self._append_locally(rows, version, files, custom):
+            return True
         if files:
             if not isinstance(self.path, Path):
                 raise ValueError(f"files written in place are local-disk only; {self.path} is not local")
@@ -237,7 +257,40 @@ class IdempotentAppender:
         self._commits += 1
         if self._commits % REOPEN_EVERY_COMMITS == 0:
             self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
+        if isinstance(self.path, Path):
+            self._track_table()
         return True
+
+    def _append_locally(self, rows: pa.Table, version: int, files: list[AddAction] | None,
+                        custom: dict[str, str]) -> bool:
+        """Commit the append with :class:`LocalCommitter`; False (nothing committed) when delta-rs must make
+        it: another writer committed since, or rows with a null where the schema has none (delta-rs refuses
+        them, naming the column)."""
+        local = self._local
+        assert local is not None and isinstance(self.path, Path)
+        if any(rows.column(f.name).null_count for f in self.schema if not f.nullable):
+            return self._hand_over_to_delta_rs()
+        written = write_file(self.path, rows) if rows.num_rows else None
+        try:
+            local.commit(list(files or []) + ([written] if written else []), rows=rows.num_rows,
+                         app_id=self.app_id, app_version=version, custom=custom)
+        except VersionTaken:
+            if written is not None:
+                (self.path / written.path).unlink(missing_ok=True)
+            return self._hand_over_to_delta_rs()
+        self._committed = version
+        if local.checkpoint_due():
+            self.table = DeltaTable(str(self.path))  # (a fresh object: see REOPEN_EVERY_COMMITS)
+            local.checkpoint(self.table)
+            self._track_table()
+        return True
+
+    def _hand_over_to_delta_rs(self) -> bool:
+        """Bring ``self.table`` up to date (delta-rs checks the append against the commits it has not seen
+        yet) for delta-rs to commit the next append; False."""
+        self.table.update_incremental()
+        self._local = None
+        return False
 
 
 def write_file(directory: Path, rows: pa.Table) -> AddAction:

@@ -1,0 +1,147 @@
+"""Appends committed by the engine's own commit files on a local disk (replication/connectors/delta/local_commit.py).
+
+What a reader observes: the rows, the app transaction versions and the commit records delta-rs' own appends
+give, a checkpoint every ``delta.checkpointInterval`` versions, and delta-rs taking over any append that
+follows another writer's commit or meets a table feature the engine does not write.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError
+from support.tables import TxlogWriter, numbered_inbox_rows, numbered_txlog_rows
+
+from replication.connectors.delta.local_commit import ENGINE_INFO
+from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentAppender, commit_metadata_since
+from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
+from replication.txlog.files import read_range
+from replication.txlog.schema import TXLOG_SCHEMA
+
+
+def engines(path: Path) -> dict[int, str]:
+    """version -> the engineInfo of its commit."""
+    out = {}
+    for entry in (path / "_delta_log").glob("*.json"):
+        info = json.loads(entry.read_text().splitlines()[0])["commitInfo"]
+        out[int(entry.stem)] = info.get("engineInfo", "")
+    return out
+
+
+def data_files(path: Path) -> set[str]:
+    return {p.name for p in path.glob("*.parquet")}
+
+
+def logged_files(path: Path) -> set[str]:
+    """Every data file a commit of the table ever added."""
+    return {json.loads(line)["add"]["path"] for entry in (path / "_delta_log").glob("*.json")
+            for line in entry.read_text().splitlines() if line.startswith('{"add"')}
+
+
+def test_appends_commit_their_own_files_with_what_delta_rs_commits_and_a_checkpoint_every_interval(tmp_path):
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    for _ in range(120):
+        writer.append(7)
+    writer.append(0)  # an empty batch still records its version
+
+    assert engines(path) == {0: engines(path)[0], **{v: ENGINE_INFO for v in range(1, 122)}}, "create, then ours"
+    table = DeltaTable(str(path))
+    assert table.version() == 121 and table.transaction_version("ingest") == 120
+    assert read_range(str(path), 0, 840)["seq"].to_pylist() == list(range(1, 841))
+    assert table.to_pyarrow_table().num_rows == 840
+    records = commit_metadata_since(table, 118)
+    assert [(v, r["batch"], r["last_seq"]) for v, r in records] == [(119, 118, 833), (120, 119, 840), (121, 120, 840)]
+    assert table.history(1)[0][COMMIT_METADATA_KEY] == json.dumps(records[-1][1], separators=(",", ":"))
+    # delta.checkpointInterval is 50: checkpoints at 50 and 100, as delta-rs makes them after its commits
+    assert sorted(p.name for p in (path / "_delta_log").glob("*.checkpoint.parquet")) == [
+        f"{50:020d}.checkpoint.parquet", f"{100:020d}.checkpoint.parquet"]
+    assert json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"] == 100
+    # add actions carry the statistics readers place a file by
+    last = [json.loads(line) for line in (path / "_delta_log" / f"{120:020d}.json").read_text().splitlines()]
+    (add,) = [a["add"] for a in last if "add" in a]
+    stats = json.loads(add["stats"])
+    assert (stats["numRecords"], stats["minValues"]["seq"], stats["maxValues"]["seq"]) == (7, 834, 840)
+    assert data_files(path) == {f.split("/")[-1] for f in table.file_uris()}, "no file outside the log"
+    # a replay of a committed batch writes nothing
+    assert writer.appender.append(numbered_txlog_rows(1, 7), 5) is False
+    assert DeltaTable(str(path)).version() == 121
+
+
+def test_another_writers_commit_hands_the_next_append_to_delta_rs_and_then_it_goes_on_locally(tmp_path):
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    writer.append(10)
+    other = IdempotentAppender(path, TXLOG_SCHEMA, app_id="loader", name="txlog")  # another writer, own app id
+    other.append(numbered_txlog_rows(1001, 5), 0)
+    writer.append(10)  # version 3 was taken: this append is delta-rs', checked against version 2
+    writer.append(10)
+    DeltaTable(str(path)).delete("seq <= 5")  # a removal of old rows (retention) by yet another writer
+    writer.append(10)
+    writer.append(10)
+
+    by = engines(path)
+    assert [v for v in range(1, 8) if by[v] == ENGINE_INFO] == [1, 2, 4, 7], "the loader's append is local too"
+    assert "delta-rs" in by[3] and "delta-rs" in by[6], "the appends that found another writer's commit"
+    assert data_files(path) == logged_files(path), "the file of the append that lost its version was removed"
+    table = DeltaTable(str(path))
+    assert (table.transaction_version("ingest"), table.transaction_version("loader")) == (4, 0)
+    seqs = sorted(table.to_pyarrow_table(columns=["seq"])["seq"].to_pylist())
+    assert seqs == list(range(6, 51)) + list(range(1001, 1006))
+
+
+def test_a_table_feature_the_engine_does_not_write_leaves_its_appends_to_delta_rs(tmp_path):
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    writer.append(3)
+    # a user adds a check constraint (delta-spark's ALTER TABLE ... ADD CONSTRAINT, here through deltalake)
+    DeltaTable(str(path)).alter.add_constraint({"small_seq": "seq < 100"})
+    writer.append(3)
+    writer.append(3)
+    assert "delta-rs" in engines(path)[3] and "delta-rs" in engines(path)[4], "constraints are delta-rs' to check"
+    with pytest.raises(DeltaError, match="1 rows failed validation check"):
+        writer.appender.append(numbered_txlog_rows(100, 1), 99)
+    assert DeltaTable(str(path)).version() == 4
+
+
+def test_a_null_where_the_schema_has_none_is_refused_by_delta_rs_naming_the_column(tmp_path):
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    writer.append(2)
+    rows = numbered_txlog_rows(3, 1)
+    rows = rows.set_column(rows.schema.get_field_index("publisher"), "publisher", pa.array([None], pa.string()))
+    with pytest.raises(Exception, match="publisher"):
+        writer.appender.append(rows, 1)
+    writer.append(2)  # the next append (batch 1 again) is fine
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 4
+
+
+def test_inbox_appends_keep_the_change_data_feed_readable(tmp_path):
+    path = tmp_path / "inbox"
+    inbox = IdempotentAppender(path, INBOX_SCHEMA, app_id="a->b", name="inbox",
+                               configuration=INBOX_TABLE_CONFIGURATION)
+    inbox.append(numbered_inbox_rows("a->b", 1, 4), 0, commit_info={"replication.signature": "s1"})
+    inbox.append(numbered_inbox_rows("a->b", 5, 4), 1)
+    assert set(engines(path).values()) - {engines(path)[0]} == {ENGINE_INFO}
+    table = DeltaTable(str(path))
+    assert table.history(2)[-1]["replication.signature"] == "s1"
+    changes = table.load_cdf(starting_version=1).read_all()
+    assert sorted(changes["upstream_seq"].to_pylist()) == list(range(1, 9))
+    assert set(changes["_change_type"].to_pylist()) == {"insert"}
+
+
+def test_delta_spark_reads_a_locally_committed_table_through_its_checkpoint(tmp_path, spark):
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    for _ in range(55):
+        writer.append(4)
+    write_deltalake(str(tmp_path / "plain"), numbered_txlog_rows(1, 3))  # (the same session reads delta-rs' too)
+    frame = spark.read.format("delta").load(str(path))
+    assert frame.count() == 220
+    assert sorted(r.seq for r in frame.select("seq").collect()) == list(range(1, 221))
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "operation").collect()
+    assert max(r.version for r in history) == 55 and {r.operation for r in history} >= {"WRITE"}
