@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
@@ -120,10 +121,11 @@ def test_a_null_where_the_schema_has_none_is_refused_by_delta_rs_naming_the_colu
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 4
 
 
-def test_inbox_appends_keep_the_change_data_feed_readable(tmp_path):
+@pytest.mark.parametrize("codec", ["ZSTD", "LZ4_RAW", "UNCOMPRESSED"])
+def test_inbox_appends_keep_their_codec_and_the_change_data_feed_readable(tmp_path, codec):
     path = tmp_path / "inbox"
     inbox = IdempotentAppender(path, INBOX_SCHEMA, app_id="a->b", name="inbox",
-                               configuration=INBOX_TABLE_CONFIGURATION)
+                               configuration=INBOX_TABLE_CONFIGURATION, compression=codec)
     inbox.append(numbered_inbox_rows("a->b", 1, 4), 0, commit_info={"replication.signature": "s1"})
     inbox.append(numbered_inbox_rows("a->b", 5, 4), 1)
     assert set(engines(path).values()) - {engines(path)[0]} == {ENGINE_INFO}
@@ -132,6 +134,9 @@ def test_inbox_appends_keep_the_change_data_feed_readable(tmp_path):
     changes = table.load_cdf(starting_version=1).read_all()
     assert sorted(changes["upstream_seq"].to_pylist()) == list(range(1, 9))
     assert set(changes["_change_type"].to_pylist()) == {"insert"}
+    codecs = {pq.ParquetFile(f.removeprefix("file://")).metadata.row_group(0).column(0).compression
+              for f in table.file_uris()}
+    assert codecs == {{"LZ4_RAW": "LZ4"}.get(codec, codec)}, "a destination's <Compression> applies to its inbox"
 
 
 def test_delta_spark_reads_a_locally_committed_table_through_its_checkpoint(tmp_path, spark):

@@ -32,7 +32,6 @@ from replication import failpoints, routing
 from replication.config.model import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
 from replication.connectors.delta.tables import (
     IdempotentAppender,
-    log_writer_properties,
 )
 from replication.connectors.spark import planned_batch
 from replication.connectors.spark.planned_batch import PlannedBatch
@@ -76,7 +75,7 @@ class ReplicatorWriter:
             app_id=link_name(cfg.name, dest.name, incarnation),
             name=f"{dest.name} inbox",
             configuration=INBOX_TABLE_CONFIGURATION,
-            writer_properties=log_writer_properties(_CODECS[dest.compression]),
+            compression=_CODECS[dest.compression],
         )
         self.condition = routing.spark_condition(cfg, dest, target=target)
         self.txlog = TxlogFiles(str(txlog))

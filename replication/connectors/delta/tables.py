@@ -56,6 +56,10 @@ COMMIT_RETRIES = 200
 DISTINCT_PER_ROW = ("seq", "bookmark", "publisher_seq", "upstream_seq", "data")
 
 
+#: Parquet codecs as delta-rs' WriterProperties name them -> as pyarrow's writer does.
+PYARROW_CODECS = {"SNAPPY": "snappy", "ZSTD": "zstd", "GZIP": "gzip", "LZ4_RAW": "lz4_raw", "UNCOMPRESSED": "none"}
+
+
 def log_writer_properties(compression: str = "SNAPPY") -> WriterProperties:
     """How txlog and inbox files are written: no dictionary on the columns distinct per row, no statistics on
     message bodies (no reader filters on them; ``seq`` and the times keep theirs). A quarter less write time
@@ -66,11 +70,12 @@ def log_writer_properties(compression: str = "SNAPPY") -> WriterProperties:
     return WriterProperties(compression=compression, column_properties=no_dictionary)
 
 
-def log_file_options(columns: list[str]) -> dict:
+def log_file_options(columns: list[str], compression: str = "SNAPPY") -> dict:
     """``pyarrow.parquet.write_table`` options for a txlog or inbox file the engine writes itself: what
-    :func:`log_writer_properties` tells delta-rs (snappy, dictionaries only where values repeat, no
-    statistics on message bodies)."""
-    return {"compression": "snappy", "use_dictionary": [c for c in columns if c not in DISTINCT_PER_ROW],
+    :func:`log_writer_properties` tells delta-rs (``compression`` as delta-rs spells it, dictionaries only where
+    values repeat, no statistics on message bodies)."""
+    return {"compression": PYARROW_CODECS[compression],
+            "use_dictionary": [c for c in columns if c not in DISTINCT_PER_ROW],
             "write_statistics": [c for c in columns if c != "data"]}
 
 
@@ -147,18 +152,19 @@ class IdempotentAppender:
         app_id: str,
         name: str,
         configuration: dict[str, str] | None = None,
-        writer_properties: WriterProperties | None = None,
+        compression: str = "SNAPPY",
         storage_options: dict[str, str] | None = None,
     ) -> None:
-        """``writer_properties``: default :func:`log_writer_properties`. ``path``: a local path, or an
-        object-store URI (``s3://...``) reached with ``storage_options``."""
+        """``compression``: the data files' Parquet codec, a key of :data:`PYARROW_CODECS`. ``path``: a local
+        path, or an object-store URI (``s3://...``) reached with ``storage_options``."""
         self.path = path
         if storage_options is None and isinstance(path, ObjectPath):
             storage_options = path.storage_options
         self.storage_options = storage_options
         self.schema = schema
         self.app_id = app_id
-        self.writer_properties = writer_properties or log_writer_properties()
+        self.compression = compression
+        self.writer_properties = log_writer_properties(compression)
         self.table = open_or_create(path, schema, name=name, configuration=configuration,
                                     storage_options=storage_options)
         self._committed = self.table.transaction_version(app_id)
@@ -247,7 +253,7 @@ class IdempotentAppender:
         if files:
             if not isinstance(self.path, Path):
                 raise ValueError(f"files written in place are local-disk only; {self.path} is not local")
-            adds = list(files) + ([write_file(self.path, rows)] if rows.num_rows else [])
+            adds = list(files) + ([write_file(self.path, rows, self.compression)] if rows.num_rows else [])
             self.table.create_write_transaction(adds, mode="append", schema=self.schema, commit_properties=commit)
             self.table.update_incremental()  # (unlike write_deltalake, this leaves the object at its old version)
         else:
@@ -270,7 +276,7 @@ class IdempotentAppender:
         assert local is not None and isinstance(self.path, Path)
         if any(rows.column(f.name).null_count for f in self.schema if not f.nullable):
             return self._hand_over_to_delta_rs()
-        written = write_file(self.path, rows) if rows.num_rows else None
+        written = write_file(self.path, rows, self.compression) if rows.num_rows else None
         try:
             local.commit(list(files or []) + ([written] if written else []), rows=rows.num_rows,
                          app_id=self.app_id, app_version=version, custom=custom)
@@ -293,11 +299,11 @@ class IdempotentAppender:
         return False
 
 
-def write_file(directory: Path, rows: pa.Table) -> AddAction:
+def write_file(directory: Path, rows: pa.Table, compression: str = "SNAPPY") -> AddAction:
     """Write ``rows`` as a data file of the table at ``directory`` (:func:`log_file_options`); its add action,
     with the statistics delta-rs would give it. Not committed."""
-    name = f"part-{uuid.uuid4()}.snappy.parquet"
-    pq.write_table(rows, directory / name, **log_file_options(rows.column_names))
+    name = f"part-{uuid.uuid4()}.{compression.lower()}.parquet"
+    pq.write_table(rows, directory / name, **log_file_options(rows.column_names, compression))
     return AddAction(name, (directory / name).stat().st_size, {}, int(time.time() * 1000), True,
                      stats_json(file_stats(rows)))
 
