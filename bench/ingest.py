@@ -105,7 +105,7 @@ def breakdown(timer: PhaseTimer, wall: float) -> dict[str, float]:
         "Spark (plan, offsets, checkpoint)": max(0.0, wall - s["foreachBatch"]),
         "toArrow (Kafka read in workers + collect)": s["foreachBatch"] - s["after toArrow"],
         "classify": s["classify"],
-        "Delta append (write_deltalake)": s["Delta append"],
+        "Delta append (txlog commit)": s["Delta append"],
         "state snapshot (publishers.json)": s["state snapshot"],
         "acks (send + flush)": s["acks"],
         "other driver logic": s["after toArrow"] - named,
@@ -425,7 +425,7 @@ def _scaling_table(scaling: list[dict], batch: int) -> str:
         for r in log["runs"]:
             p = r.parts
             rows.append([r.label, f"{r.seconds:.2f}", _secs(r.batch_seconds),
-                         f"{p['Delta append (write_deltalake)']:.2f}",
+                         f"{p['Delta append (txlog commit)']:.2f}",
                          f"{p['classify']:.2f}", f"{p['toArrow (Kafka read in workers + collect)']:.2f}",
                          f"{p['Spark (plan, offsets, checkpoint)']:.2f}", r.batches])
     return format_table([f"{batch:,} new msgs into", "total s", "batch s", "append s", "classify s", "toArrow s",

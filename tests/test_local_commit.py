@@ -150,3 +150,25 @@ def test_delta_spark_reads_a_locally_committed_table_through_its_checkpoint(tmp_
     assert sorted(r.seq for r in frame.select("seq").collect()) == list(range(1, 221))
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "operation").collect()
     assert max(r.version for r in history) == 55 and {r.operation for r in history} >= {"WRITE"}
+
+
+def test_a_filesystem_without_hard_links_leaves_the_appends_to_delta_rs(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from replication.connectors.delta import local_commit
+
+    def no_links(source, target):  # noqa: ANN001 - os.link's signature
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    writer.append(3)
+    monkeypatch.setattr(local_commit.os, "link", no_links)  # (what a FUSE mount without links answers)
+    writer.append(3)
+    writer.append(3)
+    by = engines(path)
+    assert by[1] == ENGINE_INFO and "delta-rs" in by[2] and "delta-rs" in by[3]
+    assert data_files(path) == logged_files(path), "the file of the failed attempt was removed"
+    assert not list((path / "_delta_log").glob(".*.tmp")), "no temporary commit file left behind"
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 9

@@ -28,6 +28,7 @@ files unless ``delta.enableExpiredLogCleanup`` is false.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -54,6 +55,14 @@ ENGINE_INFO = "replication-local-commit"
 
 class VersionTaken(Exception):  # noqa: N818 - a condition the caller handles, not a failure
     """Another writer committed the version this commit was to take."""
+
+
+class LinksUnsupported(Exception):  # noqa: N818 - a condition the caller handles, not a failure
+    """The table's filesystem makes no hard links (some FUSE and network mounts): delta-rs commits there."""
+
+
+#: What link(2) fails with on a filesystem that has no hard links.
+NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
 
 
 def unsupported_reason(table: DeltaTable, schema: pa.Schema) -> str | None:
@@ -100,7 +109,8 @@ class LocalCommitter:
         """Commit ``adds`` (files already in the table's directory, ``rows`` rows in all) in one version,
         recording ``Transaction(app_id, app_version)`` and ``custom`` in its commitInfo; the version.
 
-        Raises :class:`VersionTaken`, having committed nothing, when another writer took the version.
+        Raises :class:`VersionTaken`, having committed nothing, when another writer took the version, and
+        :class:`LinksUnsupported` when the filesystem cannot make the commit file safely.
         """
         now = int(time.time() * 1000)
         actions = [
@@ -135,6 +145,10 @@ class LocalCommitter:
             os.link(temporary, log / f"{version:020d}.json")
         except FileExistsError:
             raise VersionTaken(f"version {version} of {self.directory} was committed by another writer") from None
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+            raise LinksUnsupported(f"{log}: {exc.strerror}") from None
         finally:
             temporary.unlink(missing_ok=True)
 

@@ -10,6 +10,7 @@ is sound because each table has exactly one writer per app id.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -30,13 +31,20 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
-from replication.connectors.delta.local_commit import LocalCommitter, VersionTaken, unsupported_reason
+from replication.connectors.delta.local_commit import (
+    LinksUnsupported,
+    LocalCommitter,
+    VersionTaken,
+    unsupported_reason,
+)
 from replication.connectors.delta.stats import file_stats, stats_json
 from replication.connectors.s3.access import arrow_location, delta_options_for
 from replication.connectors.s3.objects import ObjectPath
 
 if TYPE_CHECKING:
     import pyarrow.dataset
+
+log = logging.getLogger(__name__)
 
 #: Key of this product's record in each commit's commitInfo.
 COMMIT_METADATA_KEY = "replication.batch"
@@ -172,6 +180,8 @@ class IdempotentAppender:
         self._lock = threading.Lock()
         self._local: LocalCommitter | None = None
         """Commits appends itself on a local disk (see :mod:`.local_commit`); None: delta-rs commits them."""
+        self._links = isinstance(path, Path)
+        """Whether the table's filesystem may take local commits (a local path, hard links made)."""
         self._track_table()
 
     @property
@@ -192,7 +202,7 @@ class IdempotentAppender:
 
     def _track_table(self) -> None:
         """Commit the next appends locally from ``self.table``'s version, if its protocol allows it."""
-        if not isinstance(self.path, Path) or unsupported_reason(self.table, self.schema) is not None:
+        if not self._links or not isinstance(self.path, Path) or unsupported_reason(self.table, self.schema):
             self._local = None
             return
         self._local = LocalCommitter(self.path, self.table.version(), self.table.metadata().configuration)
@@ -263,7 +273,7 @@ class IdempotentAppender:
         self._commits += 1
         if self._commits % REOPEN_EVERY_COMMITS == 0:
             self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
-        if isinstance(self.path, Path):
+        if self._links:
             self._track_table()
         return True
 
@@ -280,9 +290,12 @@ class IdempotentAppender:
         try:
             local.commit(list(files or []) + ([written] if written else []), rows=rows.num_rows,
                          app_id=self.app_id, app_version=version, custom=custom)
-        except VersionTaken:
+        except (VersionTaken, LinksUnsupported) as exc:
             if written is not None:
                 (self.path / written.path).unlink(missing_ok=True)
+            if isinstance(exc, LinksUnsupported):
+                self._links = False
+                log.info("%s: the filesystem makes no hard links (%s): deltalake commits its appends", self.path, exc)
             return self._hand_over_to_delta_rs()
         self._committed = version
         if local.checkpoint_due():
