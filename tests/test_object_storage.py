@@ -16,8 +16,10 @@ from botocore.exceptions import ClientError
 from deltalake import DeltaTable
 from support.inbox import inbox_rows
 
+from replication.connectors.delta.append_commit import ENGINE_INFO
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.connectors.s3.access import S3Access, S3Address, StorageAccessError, check_reachable
+from replication.connectors.s3.objects import ObjectPath
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION, create_inbox
 
 #: Commits each racing writer makes, of ``ROWS`` rows each.
@@ -84,9 +86,10 @@ def test_the_local_s3_server_lets_one_of_racing_creates_of_an_object_win(s3):
 
 
 def _race(uri: str, options: dict, app_id: str, link: str, start, deleted) -> None:
-    """One writer of the race, in its own process: ``COMMITS`` idempotent appends as ``app_id``."""
-    appender = IdempotentAppender(uri, INBOX_SCHEMA, app_id=app_id, name="inbox",
-                                  configuration=INBOX_TABLE_CONFIGURATION, storage_options=options)
+    """One writer of the race, in its own process: ``COMMITS`` idempotent appends as ``app_id``, committed as
+    the engine commits them (its own commit objects, put if absent; delta-rs for one that lost its version)."""
+    appender = IdempotentAppender(ObjectPath.of(uri), INBOX_SCHEMA, app_id=app_id, name="inbox",
+                                  configuration=INBOX_TABLE_CONFIGURATION)
     start.wait()
     for version in range(1, COMMITS + 1):
         appender.append(inbox_rows(ROWS, link=link, publisher=f"pub-{link}", first=(version - 1) * ROWS + 1), version)
@@ -136,8 +139,10 @@ def test_two_upstreams_and_a_backfill_racing_for_one_inbox_on_s3_lose_no_commit(
         seqs = sorted(rows.filter(pc.equal(rows["link"], link))["upstream_seq"].to_pylist())
         first = 3 * ROWS + 1 if link == "amps-a" else 1
         assert seqs == list(range(first, COMMITS * ROWS + 1)), link  # each row once; the deleted ones gone
-    operations = [h["operation"] for h in table.history()]
+    history = table.history()
+    operations = [h["operation"] for h in history]
     assert operations.count("DELETE") == 1 and operations.count("WRITE") == 3 * COMMITS
+    assert any(h.get("engineInfo") == ENGINE_INFO for h in history), "the engine's own commit objects"
     _read_both_ways(uri, table)
 
 

@@ -21,8 +21,9 @@ from support.factories import write_config
 
 from replication import config
 from replication.connectors import parquet_in_place
+from replication.connectors.delta.log_files import log_writer_properties, write_file
 from replication.connectors.delta.stats import file_stats
-from replication.connectors.delta.tables import IdempotentAppender, log_writer_properties, write_file
+from replication.connectors.delta.tables import IdempotentAppender
 from replication.inbox import staged_parts
 from replication.inbox.staged_parts import StagedParts
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder

@@ -28,7 +28,7 @@ from replication.backfill import BackfillInputError, BackfillTaskError, Options,
 from replication.backfill.plan import NumberedFile
 from replication.config.model import InstanceConfig
 from replication.connectors import files, row_json
-from replication.connectors.delta.tables import DISTINCT_PER_ROW
+from replication.connectors.delta.log_files import DISTINCT_PER_ROW
 from replication.connectors.s3.access import arrow_location
 from replication.connectors.s3.objects import ObjectPath
 from replication.errors import StorageError

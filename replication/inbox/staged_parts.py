@@ -53,13 +53,13 @@ from deltalake.transaction import AddAction
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors import parquet_in_place
+from replication.connectors.delta.log_files import log_file_options
 from replication.connectors.delta.stats import (
     constant_stats,
     file_stats,
     merged,
     stats_json,
 )
-from replication.connectors.delta.tables import log_file_options
 from replication.connectors.s3.access import arrow_location
 from replication.connectors.s3.objects import ObjectPath
 from replication.ingest.classify import CANDIDATE_SCHEMA, TopicRecorder

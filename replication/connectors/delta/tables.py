@@ -12,32 +12,23 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from deltalake import (
-    ColumnProperties,
-    CommitProperties,
-    DeltaTable,
-    Transaction,
-    WriterProperties,
-    write_deltalake,
-)
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
-from replication.connectors.delta.local_commit import (
+from replication.connectors.delta.append_commit import (
+    AppendCommitter,
     LinksUnsupported,
-    LocalCommitter,
     VersionTaken,
+    store_of,
     unsupported_reason,
 )
-from replication.connectors.delta.stats import file_stats, stats_json
+from replication.connectors.delta.log_files import log_writer_properties, write_file
 from replication.connectors.s3.access import arrow_location, delta_options_for
 from replication.connectors.s3.objects import ObjectPath
 
@@ -60,32 +51,6 @@ CONCURRENT_DELETE = "concurrent transaction deleted data"
 #: Times delta-rs tries one commit against other writers' new versions (its default, 15, gives up when
 #: three writers race on a slow object store; each retry only re-reads the versions it lost to).
 COMMIT_RETRIES = 200
-#: Columns of the txlog and the inbox whose values differ row by row: a dictionary would only be built and dropped.
-DISTINCT_PER_ROW = ("seq", "bookmark", "publisher_seq", "upstream_seq", "data")
-
-
-#: Parquet codecs as delta-rs' WriterProperties name them -> as pyarrow's writer does.
-PYARROW_CODECS = {"SNAPPY": "snappy", "ZSTD": "zstd", "GZIP": "gzip", "LZ4_RAW": "lz4_raw", "UNCOMPRESSED": "none"}
-
-
-def log_writer_properties(compression: str = "SNAPPY") -> WriterProperties:
-    """How txlog and inbox files are written: no dictionary on the columns distinct per row, no statistics on
-    message bodies (no reader filters on them; ``seq`` and the times keep theirs). A quarter less write time
-    than delta-rs' defaults on 200k txlog rows, files no larger. ``compression`` is explicit because a
-    WriterProperties without one writes uncompressed (delta-rs' own default is snappy)."""
-    no_dictionary = {name: ColumnProperties(dictionary_enabled=False) for name in DISTINCT_PER_ROW}
-    no_dictionary["data"] = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
-    return WriterProperties(compression=compression, column_properties=no_dictionary)
-
-
-def log_file_options(columns: list[str], compression: str = "SNAPPY") -> dict:
-    """``pyarrow.parquet.write_table`` options for a txlog or inbox file the engine writes itself: what
-    :func:`log_writer_properties` tells delta-rs (``compression`` as delta-rs spells it, dictionaries only where
-    values repeat, no statistics on message bodies)."""
-    return {"compression": PYARROW_CODECS[compression],
-            "use_dictionary": [c for c in columns if c not in DISTINCT_PER_ROW],
-            "write_statistics": [c for c in columns if c != "data"]}
-
 
 def open_table(location: Path | str | ObjectPath, version: int | None = None) -> DeltaTable:
     """The Delta table at ``location`` (a local path, or an ``s3://`` URI reached with this process's S3
@@ -178,10 +143,11 @@ class IdempotentAppender:
         self._committed = self.table.transaction_version(app_id)
         self._commits = 0
         self._lock = threading.Lock()
-        self._local: LocalCommitter | None = None
-        """Commits appends itself on a local disk (see :mod:`.local_commit`); None: delta-rs commits them."""
-        self._links = isinstance(path, Path)
-        """Whether the table's filesystem may take local commits (a local path, hard links made)."""
+        self._store = store_of(path)
+        """Where the engine commits appends itself (see :mod:`.append_commit`); None: delta-rs commits them all
+        (an address given as a string, a filesystem without hard links)."""
+        self._own: AppendCommitter | None = None
+        """Commits the next append; None while delta-rs commits them."""
         self._track_table()
 
     @property
@@ -192,7 +158,7 @@ class IdempotentAppender:
     @property
     def version(self) -> int:
         """The table's version after this appender's last commit (or as last read from the table)."""
-        return self._local.version if self._local is not None else self.table.version()
+        return self._own.version if self._own is not None else self.table.version()
 
     def refresh(self) -> None:
         """Re-read the committed version from the table (after a failure of unknown extent)."""
@@ -201,11 +167,11 @@ class IdempotentAppender:
         self._track_table()
 
     def _track_table(self) -> None:
-        """Commit the next appends locally from ``self.table``'s version, if its protocol allows it."""
-        if not self._links or not isinstance(self.path, Path) or unsupported_reason(self.table, self.schema):
-            self._local = None
+        """Commit the next appends from ``self.table``'s version, if its protocol allows it."""
+        if self._store is None or unsupported_reason(self.table, self.schema):
+            self._own = None
             return
-        self._local = LocalCommitter(self.path, self.table.version(), self.table.metadata().configuration)
+        self._own = AppendCommitter(self._store, self.table.version(), self.table.metadata().configuration)
 
     def rebind(self, app_id: str) -> None:
         """Commit as ``app_id`` from now on (its committed version read from the table)."""
@@ -258,7 +224,8 @@ class IdempotentAppender:
         commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
                                   custom_metadata=custom or None, max_commit_retries=COMMIT_RETRIES)
         rows = rows.cast(self.schema) if rows.schema != self.schema else rows
-        if self._local is not None and self._append_locally(rows, version, files, custom):
+        if self._own is not None and (not files or isinstance(self.path, Path)) \
+                and self._append_directly(rows, version, files, custom):
             return True
         if files:
             if not isinstance(self.path, Path):
@@ -273,34 +240,35 @@ class IdempotentAppender:
         self._commits += 1
         if self._commits % REOPEN_EVERY_COMMITS == 0:
             self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
-        if self._links:
+        if self._store is not None:
             self._track_table()
         return True
 
-    def _append_locally(self, rows: pa.Table, version: int, files: list[AddAction] | None,
-                        custom: dict[str, str]) -> bool:
-        """Commit the append with :class:`LocalCommitter`; False (nothing committed) when delta-rs must make
+    def _append_directly(self, rows: pa.Table, version: int, files: list[AddAction] | None,
+                         custom: dict[str, str]) -> bool:
+        """Commit the append with :class:`AppendCommitter`; False (nothing committed) when delta-rs must make
         it: another writer committed since, or rows with a null where the schema has none (delta-rs refuses
         them, naming the column)."""
-        local = self._local
-        assert local is not None and isinstance(self.path, Path)
+        own, store = self._own, self._store
+        assert own is not None and store is not None
         if any(rows.column(f.name).null_count for f in self.schema if not f.nullable):
             return self._hand_over_to_delta_rs()
-        written = write_file(self.path, rows, self.compression) if rows.num_rows else None
+        written = store.write_rows(rows, self.compression) if rows.num_rows else None
         try:
-            local.commit(list(files or []) + ([written] if written else []), rows=rows.num_rows,
-                         app_id=self.app_id, app_version=version, custom=custom)
+            own.commit(list(files or []) + ([written] if written else []), rows=rows.num_rows,
+                       app_id=self.app_id, app_version=version, custom=custom)
         except (VersionTaken, LinksUnsupported) as exc:
             if written is not None:
-                (self.path / written.path).unlink(missing_ok=True)
+                store.remove(written.path)
             if isinstance(exc, LinksUnsupported):
-                self._links = False
+                self._store = None
                 log.info("%s: the filesystem makes no hard links (%s): deltalake commits its appends", self.path, exc)
             return self._hand_over_to_delta_rs()
         self._committed = version
-        if local.checkpoint_due():
-            self.table = DeltaTable(str(self.path))  # (a fresh object: see REOPEN_EVERY_COMMITS)
-            local.checkpoint(self.table)
+        if own.checkpoint_due():
+            # (a fresh object: see REOPEN_EVERY_COMMITS)
+            self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
+            own.checkpoint(self.table)
             self._track_table()
         return True
 
@@ -308,17 +276,8 @@ class IdempotentAppender:
         """Bring ``self.table`` up to date (delta-rs checks the append against the commits it has not seen
         yet) for delta-rs to commit the next append; False."""
         self.table.update_incremental()
-        self._local = None
+        self._own = None
         return False
-
-
-def write_file(directory: Path, rows: pa.Table, compression: str = "SNAPPY") -> AddAction:
-    """Write ``rows`` as a data file of the table at ``directory`` (:func:`log_file_options`); its add action,
-    with the statistics delta-rs would give it. Not committed."""
-    name = f"part-{uuid.uuid4()}.{compression.lower()}.parquet"
-    pq.write_table(rows, directory / name, **log_file_options(rows.column_names, compression))
-    return AddAction(name, (directory / name).stat().st_size, {}, int(time.time() * 1000), True,
-                     stats_json(file_stats(rows)))
 
 
 def commit_metadata_since(table: DeltaTable, after_version: int) -> list[tuple[int, dict]] | None:

@@ -1,4 +1,4 @@
-"""Appends committed by the engine's own commit files on a local disk (replication/connectors/delta/local_commit.py).
+"""Appends committed by the engine's own commit files (replication/connectors/delta/append_commit.py).
 
 What a reader observes: the rows, the app transaction versions and the commit records delta-rs' own appends
 give, a checkpoint every ``delta.checkpointInterval`` versions, and delta-rs taking over any append that
@@ -8,6 +8,7 @@ follows another writer's commit or meets a table feature the engine does not wri
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,8 +18,9 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 from support.tables import TxlogWriter, numbered_inbox_rows, numbered_txlog_rows
 
-from replication.connectors.delta.local_commit import ENGINE_INFO
+from replication.connectors.delta.append_commit import ENGINE_INFO
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentAppender, commit_metadata_since
+from replication.connectors.s3.objects import ObjectPath
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
 from replication.txlog.files import read_range
 from replication.txlog.schema import TXLOG_SCHEMA
@@ -156,7 +158,7 @@ def test_a_filesystem_without_hard_links_leaves_the_appends_to_delta_rs(tmp_path
     import errno
     import os
 
-    from replication.connectors.delta import local_commit
+    from replication.connectors.delta import append_commit
 
     def no_links(source, target):  # noqa: ANN001 - os.link's signature
         raise OSError(errno.EPERM, os.strerror(errno.EPERM))
@@ -164,7 +166,7 @@ def test_a_filesystem_without_hard_links_leaves_the_appends_to_delta_rs(tmp_path
     path = tmp_path / "txlog"
     writer = TxlogWriter(path)
     writer.append(3)
-    monkeypatch.setattr(local_commit.os, "link", no_links)  # (what a FUSE mount without links answers)
+    monkeypatch.setattr(append_commit.os, "link", no_links)  # (what a FUSE mount without links answers)
     writer.append(3)
     writer.append(3)
     by = engines(path)
@@ -172,3 +174,27 @@ def test_a_filesystem_without_hard_links_leaves_the_appends_to_delta_rs(tmp_path
     assert data_files(path) == logged_files(path), "the file of the failed attempt was removed"
     assert not list((path / "_delta_log").glob(".*.tmp")), "no temporary commit file left behind"
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 9
+
+
+@pytest.mark.usefixtures("s3_process")
+def test_on_s3_appends_commit_their_own_objects_put_if_absent_and_another_writers_commit_goes_to_delta_rs(s3):
+    bucket = f"commit-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    root = ObjectPath.of(f"s3://{bucket}/amps-1/txlog")
+    appender = IdempotentAppender(root, TXLOG_SCHEMA, app_id="ingest", name="txlog")
+    seq = 0
+    for batch in range(52):
+        if batch == 30:  # another writer's append takes the version batch 30 wanted
+            write_deltalake(root.uri, numbered_txlog_rows(1001, 2), mode="append",
+                            storage_options=root.storage_options)
+        appender.append(numbered_txlog_rows(seq + 1, 3), batch)
+        seq += 3
+
+    table = DeltaTable(root.uri, storage_options=root.storage_options)
+    by_version = {h["version"]: h.get("engineInfo", "") for h in table.history()}
+    assert table.version() == 53 and table.transaction_version("ingest") == 51
+    assert [v for v in range(1, 54) if by_version[v] != ENGINE_INFO] == [31, 32], "the foreign one, then delta-rs'"
+    assert sorted(table.to_pyarrow_table(columns=["seq"])["seq"].to_pylist()) == list(range(1, 157)) + [1001, 1002]
+    assert (root / "_delta_log" / f"{50:020d}.checkpoint.parquet").is_file()
+    stored = {p.name for p in root.glob("*.parquet")}
+    assert stored == {u.rsplit("/", 1)[-1] for u in table.file_uris()}, "the losing attempt's object removed"

@@ -1,20 +1,22 @@
-"""Appends to a Delta table on a local disk, committed by writing the commit file itself.
+"""Appends to a Delta table committed by writing the commit file itself, on a local disk or on S3.
 
 delta-rs' ``write_deltalake`` spends ~14 ms of CPU on an append of a few
 hundred rows, of which the Parquet file is ~2 ms; the rest is its runtime and
 the upkeep of its in-memory snapshot. A live instance appends several times a
 second per table, on every hop of a message, so that fixed cost is latency.
-On a local disk an append is a data file plus one commit file,
-``_delta_log/<version>.json``, holding ``commitInfo``, ``txn`` and ``add``
-actions (the Delta protocol): :class:`LocalCommitter` writes both, ~3 ms in all.
+An append is a data file plus one commit file, ``_delta_log/<version>.json``,
+holding ``commitInfo``, ``txn`` and ``add`` actions (the Delta protocol):
+:class:`AppendCommitter` writes both, ~3 ms in all.
 
-The commit file is created with ``link(2)`` from a temporary file, which fails
-when the version exists: Delta's put-if-absent, so no commit is ever
-overwritten. Each commit takes the version after the last one this committer
-knows, so *any* commit another writer made since (a removal of old rows, a
-schema or protocol change) makes the link fail. The caller then brings its
-table up to date and hands that append to delta-rs, which checks it against
-the new commits as it always did (:class:`~replication.connectors.delta.tables.IdempotentAppender`).
+The commit file is created only if absent, Delta's rule for a commit: with
+``link(2)`` from a temporary file on a local disk (:class:`LocalFiles`), with
+a conditional put (``If-None-Match: *``) on S3 (:class:`ObjectFiles`), as
+delta-rs does there. Each commit takes the version after the last one the
+committer knows, so *any* commit another writer made since (a removal of old
+rows, a compaction, a schema or protocol change) makes it fail. The caller
+then brings its table up to date and hands that append to delta-rs, which
+checks it against the new commits as it always did
+(:class:`~replication.connectors.delta.tables.IdempotentAppender`).
 
 Only tables whose protocol asks nothing of an append beyond its ``add`` action
 take this path (:func:`unsupported_reason`); a table with a feature the committer
@@ -34,9 +36,12 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
+
+from replication.connectors.delta.log_files import add_action, data_file_name, encode_file, write_file
+from replication.connectors.s3.objects import ObjectPath, PreconditionFailed
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -50,7 +55,7 @@ APPEND_ONLY_WRITER_FEATURES = frozenset(
     {"appendOnly", "invariants", "changeDataFeed", "checkConstraints", "generatedColumns", "timestampNtz"})
 #: Field metadata that asks a writer to check or compute values.
 FIELD_METADATA_CHECKED = ("delta.invariants", "delta.generationExpression", "delta.identity", "delta.columnMapping")
-ENGINE_INFO = "replication-local-commit"
+ENGINE_INFO = "replication-append-commit"
 
 
 class VersionTaken(Exception):  # noqa: N818 - a condition the caller handles, not a failure
@@ -91,26 +96,101 @@ def unsupported_reason(table: DeltaTable, schema: pa.Schema) -> str | None:
     return None
 
 
-class LocalCommitter:
-    """Commits appends to the Delta table in ``directory`` by writing their commit files (see the module).
+class CommitStore(Protocol):
+    """Where a table's files go: a local directory or an S3 prefix."""
+
+    def write_rows(self, rows: pa.Table, compression: str) -> AddAction:
+        """Write ``rows`` as a new data file of the table (not committed); its add action."""
+        ...
+
+    def remove(self, name: str) -> None:
+        """Remove data file ``name``, never committed."""
+        ...
+
+    def put_if_absent(self, version: int, body: bytes) -> None:
+        """Create the commit file of ``version`` unless it exists (:class:`VersionTaken`)."""
+        ...
+
+
+class LocalFiles:
+    """A table in a local directory; commit files made with ``link(2)``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def write_rows(self, rows: pa.Table, compression: str) -> AddAction:
+        return write_file(self.directory, rows, compression)
+
+    def remove(self, name: str) -> None:
+        (self.directory / name).unlink(missing_ok=True)
+
+    def put_if_absent(self, version: int, body: bytes) -> None:
+        log = self.directory / "_delta_log"
+        temporary = log / f".{uuid.uuid4()}.json.tmp"  # (a hidden name: Delta readers list only versions)
+        temporary.write_bytes(body)
+        try:
+            os.link(temporary, log / f"{version:020d}.json")
+        except FileExistsError:
+            raise VersionTaken(f"version {version} of {self.directory} was committed by another writer") from None
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+            raise LinksUnsupported(f"{log}: {exc.strerror}") from None
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+class ObjectFiles:
+    """A table under an S3 prefix; commit files made with a conditional put."""
+
+    def __init__(self, root: ObjectPath) -> None:
+        self.root = root
+
+    def write_rows(self, rows: pa.Table, compression: str) -> AddAction:
+        name = data_file_name(compression)
+        data = encode_file(rows, compression)
+        (self.root / name).write_bytes(data)
+        return add_action(name, len(data), rows)
+
+    def remove(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+    def put_if_absent(self, version: int, body: bytes) -> None:
+        try:
+            (self.root / "_delta_log" / f"{version:020d}.json").write_bytes(body, if_none_match=True)
+        except PreconditionFailed:
+            raise VersionTaken(f"version {version} of {self.root} was committed by another writer") from None
+
+
+def store_of(location: object) -> CommitStore | None:
+    """The store of a table at ``location`` (a local path or an S3 address); None: delta-rs commits there."""
+    if isinstance(location, Path):
+        return LocalFiles(location)
+    if isinstance(location, ObjectPath):
+        return ObjectFiles(location)
+    return None
+
+
+class AppendCommitter:
+    """Commits appends to the Delta table in ``store`` by writing their commit files (see the module).
 
     ``version``: the table's latest version as this committer knows it; the
     next commit takes ``version + 1``. Not thread-safe: its caller serialises commits.
     """
 
-    def __init__(self, directory: Path, version: int, configuration: dict[str, str]) -> None:
-        self.directory = directory
+    def __init__(self, store: CommitStore, version: int, configuration: dict[str, str]) -> None:
+        self.store = store
         self.version = version
         self.checkpoint_interval = int(configuration.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
         self.clean_up_logs = configuration.get("delta.enableExpiredLogCleanup", "true").lower() != "false"
 
     def commit(self, adds: list[AddAction], *, rows: int, app_id: str, app_version: int,
                custom: dict[str, str]) -> int:
-        """Commit ``adds`` (files already in the table's directory, ``rows`` rows in all) in one version,
-        recording ``Transaction(app_id, app_version)`` and ``custom`` in its commitInfo; the version.
+        """Commit ``adds`` (files already in the table, ``rows`` rows in all) in one version, recording
+        ``Transaction(app_id, app_version)`` and ``custom`` in its commitInfo; the version.
 
         Raises :class:`VersionTaken`, having committed nothing, when another writer took the version, and
-        :class:`LinksUnsupported` when the filesystem cannot make the commit file safely.
+        :class:`LinksUnsupported` when a local filesystem cannot make the commit file safely.
         """
         now = int(time.time() * 1000)
         actions = [
@@ -122,7 +202,8 @@ class LocalCommitter:
             *({"add": _add_json(add)} for add in adds),
         ]
         version = self.version + 1
-        self._put_if_absent(version, "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n")
+        body = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n"
+        self.store.put_if_absent(version, body.encode())
         self.version = version
         return version
 
@@ -136,21 +217,6 @@ class LocalCommitter:
         table.create_checkpoint()
         if self.clean_up_logs:
             table.cleanup_metadata()
-
-    def _put_if_absent(self, version: int, body: str) -> None:
-        log = self.directory / "_delta_log"
-        temporary = log / f".{uuid.uuid4()}.json.tmp"  # (a hidden name: Delta readers list only versions)
-        temporary.write_text(body)
-        try:
-            os.link(temporary, log / f"{version:020d}.json")
-        except FileExistsError:
-            raise VersionTaken(f"version {version} of {self.directory} was committed by another writer") from None
-        except OSError as exc:
-            if exc.errno not in NO_LINKS:
-                raise
-            raise LinksUnsupported(f"{log}: {exc.strerror}") from None
-        finally:
-            temporary.unlink(missing_ok=True)
 
 
 def _add_json(add: AddAction) -> dict:
