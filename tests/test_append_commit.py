@@ -7,7 +7,9 @@ follows another writer's commit or meets a table feature the engine does not wri
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 from support.tables import TxlogWriter, numbered_inbox_rows, numbered_txlog_rows
 
+from replication.connectors.delta import append_commit
 from replication.connectors.delta.append_commit import ENGINE_INFO
 from replication.connectors.delta.tables import COMMIT_METADATA_KEY, IdempotentAppender, commit_metadata_since
 from replication.connectors.s3.objects import ObjectPath
@@ -60,10 +63,10 @@ def test_appends_commit_their_own_files_with_what_delta_rs_commits_and_a_checkpo
     records = commit_metadata_since(table, 118)
     assert [(v, r["batch"], r["last_seq"]) for v, r in records] == [(119, 118, 833), (120, 119, 840), (121, 120, 840)]
     assert table.history(1)[0][COMMIT_METADATA_KEY] == json.dumps(records[-1][1], separators=(",", ":"))
-    # delta.checkpointInterval is 50: checkpoints at 50 and 100, as delta-rs makes them after its commits
+    # delta.checkpointInterval is 50: checkpoints at 49 and 99, where delta-rs makes them after its commits
     assert sorted(p.name for p in (path / "_delta_log").glob("*.checkpoint.parquet")) == [
-        f"{50:020d}.checkpoint.parquet", f"{100:020d}.checkpoint.parquet"]
-    assert json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"] == 100
+        f"{49:020d}.checkpoint.parquet", f"{99:020d}.checkpoint.parquet"]
+    assert json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"] == 99
     # add actions carry the statistics readers place a file by
     last = [json.loads(line) for line in (path / "_delta_log" / f"{120:020d}.json").read_text().splitlines()]
     (add,) = [a["add"] for a in last if "add" in a]
@@ -154,26 +157,57 @@ def test_delta_spark_reads_a_locally_committed_table_through_its_checkpoint(tmp_
     assert max(r.version for r in history) == 55 and {r.operation for r in history} >= {"WRITE"}
 
 
-def test_a_filesystem_without_hard_links_leaves_the_appends_to_delta_rs(tmp_path, monkeypatch):
-    import errno
-    import os
-
-    from replication.connectors.delta import append_commit
-
-    def no_links(source, target):  # noqa: ANN001 - os.link's signature
-        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
-
+def test_a_commit_file_that_cannot_be_made_fails_the_append_and_leaves_no_file_behind(tmp_path, monkeypatch):
     path = tmp_path / "txlog"
     writer = TxlogWriter(path)
     writer.append(3)
-    monkeypatch.setattr(append_commit.os, "link", no_links)  # (what a FUSE mount without links answers)
-    writer.append(3)
-    writer.append(3)
-    by = engines(path)
-    assert by[1] == ENGINE_INFO and "delta-rs" in by[2] and "delta-rs" in by[3]
-    assert data_files(path) == logged_files(path), "the file of the failed attempt was removed"
+    real_link = append_commit.os.link
+
+    def failing_link(source, target):  # noqa: ANN001 - os.link's signature
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(append_commit.os, "link", failing_link)
+    with pytest.raises(OSError, match="Input/output error"):
+        writer.append(3)
+    assert data_files(path) == logged_files(path), "the data file of the failed commit was removed"
     assert not list((path / "_delta_log").glob(".*.tmp")), "no temporary commit file left behind"
-    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 9
+    monkeypatch.setattr(append_commit.os, "link", real_link)
+    writer.append(3)  # (the batch again, as Spark retries it)
+    table = DeltaTable(str(path))
+    assert (table.version(), table.transaction_version("ingest"), table.to_pyarrow_table().num_rows) == (2, 1, 6)
+
+
+def test_a_commit_made_but_answered_as_taken_counts_once(tmp_path, monkeypatch):
+    """NFS may answer a retried LINK with "exists" for the link it made, and S3 a retried conditional put with
+    412 for the object it stored: the append is committed, once, and its data file kept."""
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    writer.append(3)
+    real_link = append_commit.os.link
+
+    def link_answered_exists(source, target):  # noqa: ANN001 - os.link's signature
+        real_link(source, target)
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST))
+
+    monkeypatch.setattr(append_commit.os, "link", link_answered_exists)
+    writer.append(3)
+    monkeypatch.setattr(append_commit.os, "link", real_link)
+    put = append_commit.LocalFiles.put_if_absent
+
+    def put_answered_taken(self, version, body):  # noqa: ANN001
+        put(self, version, body)
+        raise append_commit.VersionTaken("refused on a retry")
+
+    monkeypatch.setattr(append_commit.LocalFiles, "put_if_absent", put_answered_taken)
+    writer.append(3)
+    monkeypatch.setattr(append_commit.LocalFiles, "put_if_absent", put)
+    writer.append(3)
+
+    assert [engines(path)[v] for v in range(1, 5)] == [ENGINE_INFO] * 4, "no append handed to delta-rs"
+    table = DeltaTable(str(path))
+    assert (table.version(), table.transaction_version("ingest")) == (4, 3)
+    assert sorted(table.to_pyarrow_table(columns=["seq"])["seq"].to_pylist()) == list(range(1, 13))
+    assert data_files(path) == logged_files(path)
 
 
 @pytest.mark.usefixtures("s3_process")
@@ -195,6 +229,6 @@ def test_on_s3_appends_commit_their_own_objects_put_if_absent_and_another_writer
     assert table.version() == 53 and table.transaction_version("ingest") == 51
     assert [v for v in range(1, 54) if by_version[v] != ENGINE_INFO] == [31, 32], "the foreign one, then delta-rs'"
     assert sorted(table.to_pyarrow_table(columns=["seq"])["seq"].to_pylist()) == list(range(1, 157)) + [1001, 1002]
-    assert (root / "_delta_log" / f"{50:020d}.checkpoint.parquet").is_file()
+    assert (root / "_delta_log" / f"{49:020d}.checkpoint.parquet").is_file()
     stored = {p.name for p in root.glob("*.parquet")}
     assert stored == {u.rsplit("/", 1)[-1] for u in table.file_uris()}, "the losing attempt's object removed"

@@ -30,7 +30,6 @@ files unless ``delta.enableExpiredLogCleanup`` is false.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import time
@@ -62,12 +61,6 @@ class VersionTaken(Exception):  # noqa: N818 - a condition the caller handles, n
     """Another writer committed the version this commit was to take."""
 
 
-class LinksUnsupported(Exception):  # noqa: N818 - a condition the caller handles, not a failure
-    """The table's filesystem makes no hard links (some FUSE and network mounts): delta-rs commits there."""
-
-
-#: What link(2) fails with on a filesystem that has no hard links.
-NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
 
 
 def unsupported_reason(table: DeltaTable, schema: pa.Schema) -> str | None:
@@ -75,6 +68,8 @@ def unsupported_reason(table: DeltaTable, schema: pa.Schema) -> str | None:
     protocol = table.protocol()
     readers = set(protocol.reader_features or ())
     writers = set(protocol.writer_features or ())
+    if protocol.min_reader_version not in (1, 2, 3) or protocol.min_writer_version not in range(1, 8):
+        return f"protocol {protocol.min_reader_version}/{protocol.min_writer_version}"
     if protocol.min_reader_version == 2 or (protocol.min_reader_version == 3 and readers - {"timestampNtz"}):
         return f"reader protocol {protocol.min_reader_version} {sorted(readers)}"
     if protocol.min_writer_version in (5, 6) or (protocol.min_writer_version == 7
@@ -128,14 +123,13 @@ class LocalFiles:
         log = self.directory / "_delta_log"
         temporary = log / f".{uuid.uuid4()}.json.tmp"  # (a hidden name: Delta readers list only versions)
         temporary.write_bytes(body)
+        target = log / f"{version:020d}.json"
         try:
-            os.link(temporary, log / f"{version:020d}.json")
+            os.link(temporary, target)
         except FileExistsError:
-            raise VersionTaken(f"version {version} of {self.directory} was committed by another writer") from None
-        except OSError as exc:
-            if exc.errno not in NO_LINKS:
-                raise
-            raise LinksUnsupported(f"{log}: {exc.strerror}") from None
+            # (on NFS a retried LINK can answer "exists" for the link it made: then the commit is ours)
+            if not os.path.samefile(temporary, target):
+                raise VersionTaken(f"version {version} of {self.directory} was committed by another writer") from None
         finally:
             temporary.unlink(missing_ok=True)
 
@@ -189,8 +183,8 @@ class AppendCommitter:
         """Commit ``adds`` (files already in the table, ``rows`` rows in all) in one version, recording
         ``Transaction(app_id, app_version)`` and ``custom`` in its commitInfo; the version.
 
-        Raises :class:`VersionTaken`, having committed nothing, when another writer took the version, and
-        :class:`LinksUnsupported` when a local filesystem cannot make the commit file safely.
+        Raises :class:`VersionTaken` when the version exists: another writer's, or (a put retried after a
+        lost answer) this one's: the caller tells them apart by the app transaction.
         """
         now = int(time.time() * 1000)
         actions = [
@@ -208,8 +202,9 @@ class AppendCommitter:
         return version
 
     def checkpoint_due(self) -> bool:
-        """Whether delta-rs would have made a checkpoint after the last commit."""
-        return self.checkpoint_interval > 0 and self.version > 0 and self.version % self.checkpoint_interval == 0
+        """Whether delta-rs would have made a checkpoint after the last commit (it makes them at versions
+        ``interval - 1``, ``2 * interval - 1``, ...)."""
+        return self.checkpoint_interval > 0 and (self.version + 1) % self.checkpoint_interval == 0
 
     def checkpoint(self, table: DeltaTable) -> None:
         """The checkpoint delta-rs would have made (``table``: brought up to date here), then the log cleanup."""

@@ -21,13 +21,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction
 
-from replication.connectors.delta.append_commit import (
-    AppendCommitter,
-    LinksUnsupported,
-    VersionTaken,
-    store_of,
-    unsupported_reason,
-)
+from replication.connectors.delta.append_commit import AppendCommitter, VersionTaken, store_of, unsupported_reason
 from replication.connectors.delta.log_files import log_writer_properties, write_file
 from replication.connectors.s3.access import arrow_location, delta_options_for
 from replication.connectors.s3.objects import ObjectPath
@@ -145,7 +139,7 @@ class IdempotentAppender:
         self._lock = threading.Lock()
         self._store = store_of(path)
         """Where the engine commits appends itself (see :mod:`.append_commit`); None: delta-rs commits them all
-        (an address given as a string, a filesystem without hard links)."""
+        (an address given as a string)."""
         self._own: AppendCommitter | None = None
         """Commits the next append; None while delta-rs commits them."""
         self._track_table()
@@ -257,20 +251,48 @@ class IdempotentAppender:
         try:
             own.commit(list(files or []) + ([written] if written else []), rows=rows.num_rows,
                        app_id=self.app_id, app_version=version, custom=custom)
-        except (VersionTaken, LinksUnsupported) as exc:
+        except VersionTaken:
+            if self._landed(version):  # (ours after all: a put retried after its answer was lost)
+                self._committed = version
+                self._track_table()
+                return True
             if written is not None:
                 store.remove(written.path)
-            if isinstance(exc, LinksUnsupported):
-                self._store = None
-                log.info("%s: the filesystem makes no hard links (%s): deltalake commits its appends", self.path, exc)
             return self._hand_over_to_delta_rs()
+        except BaseException:
+            if written is not None and not self._maybe_landed(version):
+                store.remove(written.path)
+            raise
         self._committed = version
         if own.checkpoint_due():
+            self._checkpoint(own)
+        return True
+
+    def _landed(self, version: int) -> bool:
+        """Whether app-transaction ``version`` is in the table (``self.table`` brought up to date)."""
+        self.table.update_incremental()
+        return (self.table.transaction_version(self.app_id) or -1) >= version
+
+    def _maybe_landed(self, version: int) -> bool:
+        """:meth:`_landed`, True when the table cannot be read (a file it may name is kept: unreferenced at
+        worst)."""
+        try:
+            return self._landed(version)
+        except Exception:  # noqa: BLE001 - the table cannot be read now
+            return True
+
+    def _checkpoint(self, own: AppendCommitter) -> None:
+        """The checkpoint delta-rs would have made; a failure is logged (the commit stands, readers replay the
+        log from the previous checkpoint)."""
+        try:
             # (a fresh object: see REOPEN_EVERY_COMMITS)
             self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
             own.checkpoint(self.table)
-            self._track_table()
-        return True
+        except Exception as exc:  # noqa: BLE001 - a checkpoint only shortens the next reader's replay
+            log.warning("%s: no checkpoint at version %d (%s); the next one is due in %d commits",
+                        self.path, own.version, exc, own.checkpoint_interval)
+            self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
+        self._track_table()
 
     def _hand_over_to_delta_rs(self) -> bool:
         """Bring ``self.table`` up to date (delta-rs checks the append against the commits it has not seen
