@@ -68,7 +68,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
         (writer, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest / classify"),
         (inputs.InboxRows, "__call__", lambda x, *_a: f"{r(x.instance)} ingest / inbox rows (read_versions)"),
         (IdempotentAppender, "append", appended),
-        (PublisherState, "save", lambda _s, path: f"{r(up(path, 2).name)} ingest / publishers.json"),
+        (PublisherState, "save", lambda _s, path: f"{r(up(path, 2).name)} heartbeat / write publishers.json"),
         (Durability, "on_commit", lambda d, *_a: f"{r(d._layout.root.name)} ingest / durability on_commit"),
         (Durability, "release", lambda d, *_a: f"{r(d._layout.root.name)} durability release"),
         (AckSender, "send", lambda s, *_a: f"{r(s.instance)} durability release / persisted acks (Kafka send+flush)"),

@@ -450,6 +450,8 @@ class Instance:
             except Exception:
                 log.exception("%s: applying the operators' downgrades failed", self.name)
             try:
+                if self.writer is not None:
+                    self.writer.snapshot_state()
                 self.status().write(self.layout.heartbeat_json)
                 self._restart_ingest_if_failed()
                 self._report_slow_ingest()
@@ -469,8 +471,13 @@ class Instance:
                 self.query.stop()
             except Exception:
                 log.exception("%s: stopping the ingest query failed", self.name)
-        if self.writer is not None and isinstance(self.writer.driver_read, DriverRead):  # (the one start() gave)
-            self.writer.driver_read.close()
+        if self.writer is not None:
+            try:
+                self.writer.snapshot_state()  # (the batches since the heartbeat's last one)
+            except Exception:
+                log.exception("%s: writing publishers.json failed (recovery reads the txlog instead)", self.name)
+            if isinstance(self.writer.driver_read, DriverRead):  # (the one start() gave)
+                self.writer.driver_read.close()
         if self.compactor is not None:
             self.compactor.stop()  # the SOW tables current as of the last batch
         if self.queues is not None:

@@ -232,3 +232,28 @@ def test_on_s3_appends_commit_their_own_objects_put_if_absent_and_another_writer
     assert (root / "_delta_log" / f"{49:020d}.checkpoint.parquet").is_file()
     stored = {p.name for p in root.glob("*.parquet")}
     assert stored == {u.rsplit("/", 1)[-1] for u in table.file_uris()}, "the losing attempt's object removed"
+
+
+def test_a_checkpoint_that_fails_is_logged_and_the_appends_go_on(tmp_path, monkeypatch, caplog):
+    from deltalake import DeltaTable as Table
+
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    for _ in range(48):
+        writer.append(2)
+    real = Table.create_checkpoint
+
+    def failing(self):  # noqa: ANN001
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Table, "create_checkpoint", failing)
+    with caplog.at_level("WARNING", logger="replication.connectors.delta.tables"):
+        writer.append(2)  # version 49: its checkpoint fails, the append stands
+    assert "no checkpoint at version 49 (disk full)" in caplog.text
+    monkeypatch.setattr(Table, "create_checkpoint", real)
+    for _ in range(50):
+        writer.append(2)
+    checkpoints = sorted(p.name for p in (path / "_delta_log").glob("*.checkpoint.parquet"))
+    assert checkpoints == [f"{99:020d}.checkpoint.parquet"], "the next one where it is due"
+    table = DeltaTable(str(path))
+    assert (table.version(), table.to_pyarrow_table().num_rows) == (99, 198)

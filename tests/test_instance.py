@@ -154,6 +154,29 @@ def test_logon_reports_the_last_persisted_sequence(start_instance, broker, tmp_p
     assert txlog_rows(tmp_path, inst.name)["publisher_seq"].to_pylist() == list(range(1, 12))
 
 
+def test_publishers_json_catches_up_with_the_txlog_once_batches_stop(start_instance, broker, tmp_path):
+    """The snapshot is written by the heartbeat, off the batches' path: within a second or so of the last
+    batch it holds every publisher's last stored sequence and the txlog's version."""
+    from deltalake import DeltaTable
+
+    from replication.storage.control import PublishersSnapshot
+
+    inst = start_instance()
+    with publisher(broker, inst, "snap-a", tmp_path) as a, publisher(broker, inst, "snap-b", tmp_path) as b:
+        for i in range(30):
+            (a if i % 3 else b).publish("/orders", b'{"i": %d}' % i)
+        a.flush(timeout=120)
+        b.flush(timeout=120)
+
+    def caught_up():
+        saved = PublishersSnapshot.read(inst.layout.publishers_json)
+        return saved is not None and saved.publishers == {"snap-a": 20, "snap-b": 10} and \
+            saved.txlog_version == DeltaTable(str(inst.layout.txlog)).version()
+
+    wait_until(caught_up, timeout=30, what="publishers.json at the txlog's version")
+    assert PublishersSnapshot.read(inst.layout.publishers_json).max_seq == 30
+
+
 def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, broker, tmp_path):
     from replication import failpoints
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,8 +58,9 @@ class IngestWriter:
     3. append accepted rows, and the staged parts' files, to ``txlog/`` (app
        transaction ``ingest``, version ``b``), with the batch's publisher and link
        positions in the commit metadata;
-    4. fold the batch into the in-memory publisher state and snapshot
-       ``publishers.json``; hand the txlog rows to the SOW compactor (the SOW
+    4. fold the batch into the in-memory publisher state (``publishers.json``
+       is written from it by the instance's heartbeat, :meth:`IngestWriter.snapshot_state`,
+       off the batch's path); hand the txlog rows to the SOW compactor (the SOW
        tables follow on its schedule, from these rows rather than read back);
        hand the rows and the batch's subscribes to the queue dispatcher;
     5. hand the commit to the durability tracker (persisted acks, logon replies);
@@ -100,6 +102,12 @@ class IngestWriter:
         self.rejected = rejected
         self.state = state
         self.save_state = save_state
+        self._state_lock = threading.Lock()
+        """Held while the state changes and while it is copied for a snapshot."""
+        self._snapshot_lock = threading.Lock()
+        """Held while a snapshot is written: one at a time, never an older one after a newer."""
+        self._snapshot_version = -2
+        """The txlog version of the last snapshot written (-2: none yet)."""
         self.on_commit = on_commit
         self.expand = expand
         """Turns the batch's inbox version rows into the rows those versions hold (see
@@ -130,6 +138,19 @@ class IngestWriter:
         self.idle_since = time.monotonic()
         """When the last batch ended (or the writer was made): how long Spark has been planning the next."""
 
+    def snapshot_state(self) -> None:
+        """Write ``publishers.json`` if the state moved since the last one written (the instance's heartbeat
+        calls this every second, and its stop once more). A crash can leave it behind the txlog: recovery
+        folds the commits after it (:func:`replication.txlog.publishers.recover_state`), and a resync reading
+        it starts earlier, sending rows the destination drops as duplicates."""
+        with self._snapshot_lock:
+            with self._state_lock:
+                if self.state.txlog_version <= self._snapshot_version:
+                    return
+                copy = PublisherState.from_snapshot(self.state.snapshot())
+            self.save_state(copy)
+            self._snapshot_version = copy.txlog_version
+
     def _enter(self, batch_id: int, what: str) -> None:
         self.step = (batch_id, what, time.monotonic())
 
@@ -138,8 +159,9 @@ class IngestWriter:
         before = dict(self.state.publishers)
         before_links = dict(self.state.links)
         records = commit_metadata_since(self.txlog.table, self.state.txlog_version) or []
-        for version, record in records:
-            self.state.apply(version, record)
+        with self._state_lock:
+            for version, record in records:
+                self.state.apply(version, record)
         self.txlog.refresh()
         if self.sow is not None:
             self.sow.settle()  # (a batch still being applied would leave applied_seq behind)
@@ -147,7 +169,7 @@ class IngestWriter:
                 fold_tail(self.sow, self.txlog_files, [self.sow.applied_seq] * len(self.sow.records),
                           self.state.max_seq)
         if records:
-            self.save_state(self.state)
+            self.snapshot_state()
             missed = Classified.empty([])
             missed.publishers = {c: s for c, s in self.state.publishers.items() if s > before.get(c, 0)}
             # and the upstreams whose rows they hold: their acknowledgement waits for those rows too
@@ -248,8 +270,8 @@ class IngestWriter:
         failpoints.hit("ingest.after_txlog_commit")
         if taken is not None:
             taken.clean_up()
-        self.state.apply(self.txlog.version, metadata)
-        self.save_state(self.state)
+        with self._state_lock:
+            self.state.apply(self.txlog.version, metadata)
         if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
             self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)
         if self.queue_committed is not None:

@@ -2,10 +2,11 @@
 
 Duplicate detection keeps one number per publisher: the highest sequence
 stored (AMPS rule: a publisher's sequence numbers only increase). The state is
-snapshotted to ``_control/publishers.json`` after each commit and, because a
-crash can fall between the two, each txlog commit also carries its own deltas
-in the commit metadata. Recovery = snapshot + the commits after it: cost grows
-with the number of publishers and recent commits, never with the log's size.
+snapshotted to ``_control/publishers.json`` every second, off the batches' path
+(the instance's heartbeat), and each txlog commit also carries its own deltas
+in the commit metadata, so the snapshot may trail the txlog. Recovery = snapshot
++ the commits after it: cost grows with the number of publishers and recent
+commits, never with the log's size.
 """
 
 from __future__ import annotations
