@@ -61,8 +61,6 @@ class VersionTaken(Exception):  # noqa: N818 - a condition the caller handles, n
     """Another writer committed the version this commit was to take."""
 
 
-
-
 def unsupported_reason(table: DeltaTable, schema: pa.Schema) -> str | None:
     """Why appends of ``schema`` rows to ``table`` (as it is now) must go through delta-rs; None: they need not."""
     protocol = table.protocol()
@@ -207,8 +205,8 @@ class AppendCommitter:
         return self.checkpoint_interval > 0 and (self.version + 1) % self.checkpoint_interval == 0
 
     def checkpoint(self, table: DeltaTable) -> None:
-        """The checkpoint delta-rs would have made (``table``: brought up to date here), then the log cleanup."""
-        table.update_incremental()
+        """The checkpoint delta-rs would have made (``table``: at this committer's version or later), then the
+        log cleanup."""
         table.create_checkpoint()
         if self.clean_up_logs:
             table.cleanup_metadata()

@@ -215,12 +215,12 @@ class IdempotentAppender:
             return False
         custom = {COMMIT_METADATA_KEY: json.dumps(metadata, separators=(",", ":"))} if metadata else {}
         custom.update(commit_info or {})
-        commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
-                                  custom_metadata=custom or None, max_commit_retries=COMMIT_RETRIES)
         rows = rows.cast(self.schema) if rows.schema != self.schema else rows
         if self._own is not None and (not files or isinstance(self.path, Path)) \
                 and self._append_directly(rows, version, files, custom):
             return True
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
+                                  custom_metadata=custom or None, max_commit_retries=COMMIT_RETRIES)
         if files:
             if not isinstance(self.path, Path):
                 raise ValueError(f"files written in place are local-disk only; {self.path} is not local")
@@ -284,14 +284,12 @@ class IdempotentAppender:
     def _checkpoint(self, own: AppendCommitter) -> None:
         """The checkpoint delta-rs would have made; a failure is logged (the commit stands, readers replay the
         log from the previous checkpoint)."""
+        self.table = DeltaTable(str(self.path), storage_options=self.storage_options)  # (see REOPEN_EVERY_COMMITS)
         try:
-            # (a fresh object: see REOPEN_EVERY_COMMITS)
-            self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
             own.checkpoint(self.table)
         except Exception as exc:  # noqa: BLE001 - a checkpoint only shortens the next reader's replay
             log.warning("%s: no checkpoint at version %d (%s); the next one is due in %d commits",
                         self.path, own.version, exc, own.checkpoint_interval)
-            self.table = DeltaTable(str(self.path), storage_options=self.storage_options)
         self._track_table()
 
     def _hand_over_to_delta_rs(self) -> bool:
