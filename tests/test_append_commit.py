@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def test_appends_commit_their_own_files_with_what_delta_rs_commits_and_a_checkpo
     for _ in range(120):
         writer.append(7)
     writer.append(0)  # an empty batch still records its version
+    writer.appender.wait_for_checkpoint()
 
     assert engines(path) == {0: engines(path)[0], **{v: ENGINE_INFO for v in range(1, 122)}}, "create, then ours"
     table = DeltaTable(str(path))
@@ -223,6 +225,7 @@ def test_on_s3_appends_commit_their_own_objects_put_if_absent_and_another_writer
                             storage_options=root.storage_options)
         appender.append(numbered_txlog_rows(seq + 1, 3), batch)
         seq += 3
+    appender.wait_for_checkpoint()
 
     table = DeltaTable(root.uri, storage_options=root.storage_options)
     by_version = {h["version"]: h.get("engineInfo", "") for h in table.history()}
@@ -249,11 +252,42 @@ def test_a_checkpoint_that_fails_is_logged_and_the_appends_go_on(tmp_path, monke
     monkeypatch.setattr(Table, "create_checkpoint", failing)
     with caplog.at_level("WARNING", logger="replication.connectors.delta.tables"):
         writer.append(2)  # version 49: its checkpoint fails, the append stands
+        writer.appender.wait_for_checkpoint()
     assert "no checkpoint at version 49 (disk full)" in caplog.text
     monkeypatch.setattr(Table, "create_checkpoint", real)
     for _ in range(50):
         writer.append(2)
+    writer.appender.wait_for_checkpoint()
     checkpoints = sorted(p.name for p in (path / "_delta_log").glob("*.checkpoint.parquet"))
     assert checkpoints == [f"{99:020d}.checkpoint.parquet"], "the next one where it is due"
     table = DeltaTable(str(path))
     assert (table.version(), table.to_pyarrow_table().num_rows) == (99, 198)
+
+
+def test_a_checkpoint_is_made_on_a_thread_while_the_next_appends_commit(tmp_path, monkeypatch):
+    from deltalake import DeltaTable as Table
+
+    path = tmp_path / "txlog"
+    writer = TxlogWriter(path)
+    started, release = threading.Event(), threading.Event()
+    real = Table.create_checkpoint
+
+    def held(self):  # noqa: ANN001
+        started.set()
+        assert release.wait(60), "the test never let the checkpoint go"
+        real(self)
+
+    monkeypatch.setattr(Table, "create_checkpoint", held)
+    for _ in range(49):
+        writer.append(2)  # the 49th commits version 49, whose checkpoint is due
+    assert started.wait(30)
+    for _ in range(5):
+        writer.append(2)  # committed while the checkpoint is held
+    assert DeltaTable(str(path)).version() == 54
+    assert not list((path / "_delta_log").glob("*.checkpoint.parquet"))
+    release.set()
+    writer.appender.wait_for_checkpoint()
+    assert [p.name for p in (path / "_delta_log").glob("*.checkpoint.parquet")] == [f"{49:020d}.checkpoint.parquet"]
+    assert json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"] == 49
+    writer.append(2)  # from the re-opened table on
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 110

@@ -175,6 +175,24 @@ def test_a_duplicate_delta_publish_is_not_merged_twice():
     assert records(sow) == {"1": {"id": 1, "n": 2}}
 
 
+def test_sow_deletes_after_dropped_duplicates_remove_what_they_name():
+    """Duplicates dropped ahead of sow_deletes in one batch: each kept delete still resolves its own keys."""
+    sow = fresh()
+    state = PublisherState()
+    first = run(rows({"body": {"id": 1}}, {"body": {"id": 2}}), sow, state)
+    state.apply(0, {"last_seq": 2, "publishers": first.publishers})
+    result = run(rows(
+        {"body": {"id": 1}}, {"body": {"id": 2}},  # pub's seqs 1 and 2 again: duplicates
+        {"command": "sow_delete", "sow_keys": "1", "publisher": "p2", "publisher_seq": "1"},
+        {"body": {"id": 3, "qty": 5}, "publisher": "p2", "publisher_seq": "2"},
+        {"command": "sow_delete", "filter": "/id = 2", "publisher": "p2", "publisher_seq": "3"},
+    ), sow, state)
+    assert result.duplicates == 2
+    assert [(r["command"], r["sow_key"]) for r in result.txlog_rows.to_pylist()] == [
+        ("sow_delete", "1"), ("publish", "3"), ("sow_delete", "2")]
+    assert records(sow) == {"3": {"id": 3, "qty": 5}}
+
+
 def test_fix_topic_keyed_by_tag_with_filter_delete_on_a_tag():
     sow = fresh()
     run(rows(
