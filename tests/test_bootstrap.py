@@ -221,6 +221,7 @@ def test_an_instance_waits_while_its_s3_bootstrap_source_is_unreachable_then_boo
 
     from support.tables import TxlogWriter
 
+    from replication import bootstrap as bootstrap_module
     from replication.config.parser import parse_string
     from replication.connectors.s3.access import environment_access, environment_filesystem
     from replication.connectors.s3.server import LocalS3Server
@@ -242,19 +243,34 @@ def test_an_instance_waits_while_its_s3_bootstrap_source_is_unreachable_then_boo
         except BaseException as exc:  # (said by the assertion below)
             failed.append(exc)
 
+    # The source is made here once the endpoint is back, one object after another: a try of the instance's
+    # in between would find it half made (its txlog created, its rows not yet in). A running source's
+    # objects were all there before an outage; so the instance's tries wait while the test makes them.
+    making = threading.Lock()
+    real_run = bootstrap_module.run
+
+    def run_once_made(*args, **kwargs):
+        with making:
+            return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(bootstrap_module, "run", run_once_made)
     starting = threading.Thread(target=start)
     starting.start()
     try:
         wait_until(lambda: caplog.text.count("trying again in") >= 2, timeout=60, what="two tries logged")
         assert f"bootstrap source {source}: cannot reach" in caplog.text
         assert starting.is_alive() and not fabric.count("r"), "nothing served while the source is unreachable"
-        with server:  # the endpoint comes back, with the source instance
-            server.create_bucket("outage")
-            layout = StorageLayout.of(source)
-            write_instance_config(parse_string(
-                f"<AMPSConfig><Name>amps-src</Name><Storage>{source}</Storage></AMPSConfig>"), layout.instance_json)
-            TxlogWriter(layout.txlog).append(150)
+        try:
+            with making:  # the endpoint comes back, with the source instance
+                server.start()
+                server.create_bucket("outage")
+                layout = StorageLayout.of(source)
+                write_instance_config(parse_string(
+                    f"<AMPSConfig><Name>amps-src</Name><Storage>{source}</Storage></AMPSConfig>"), layout.instance_json)
+                TxlogWriter(layout.txlog).append(150)
             starting.join(timeout=120)
+        finally:
+            server.stop()
     finally:
         starting.join(timeout=120)
         environment_access.cache_clear()
