@@ -3,7 +3,9 @@
 ``REPLICATION_FAILPOINTS="ingest.after_txlog_commit@3"`` kills the whole process
 group with SIGKILL the 3rd time that point is reached: the same as pulling the
 plug at that step, including the Spark JVM. ``...@3:raise`` raises
-:class:`FailpointError` there instead (a failure the process survives).
+:class:`FailpointError` there instead (a failure the process survives);
+``...@3:pause`` waits :data:`PAUSE_S` there and goes on (a slow step: lets what
+runs beside it get ahead).
 Several points: comma-separated. In-process tests use :func:`arm`.
 """
 
@@ -13,6 +15,10 @@ import os
 import signal
 import sys
 import threading
+import time
+
+#: How long a point armed with ``pause`` waits.
+PAUSE_S = 1.5
 
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
@@ -55,6 +61,9 @@ def hit(name: str) -> None:
         nth, action = _armed.get(name, (0, ""))
         if nth != _counts[name]:
             return
+    if action == "pause":
+        time.sleep(PAUSE_S)
+        return
     if action == "raise":
         raise FailpointError(f"failpoint {name} reached (pass {nth})")
     sys.stderr.write(f"failpoint {name} reached (pass {nth}): killing the process group\n")

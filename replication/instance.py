@@ -27,6 +27,7 @@ from replication.config.model import InstanceConfig
 from replication.config.security import check_security
 from replication.connectors.delta.tables import IdempotentAppender, arrow_dataset, open_table
 from replication.connectors.kafka.broker import ensure_topics
+from replication.connectors.spark.commit_behind import rewind
 from replication.connectors.spark.planned_batch import query_id
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
@@ -274,6 +275,7 @@ class Instance:
         stream = ingest_stream(self.spark, self.cfg, self.layout)
         if stream is None:
             return
+        self._rewind_ingest_checkpoint()
         self.query = (
             stream.writeStream.queryName(f"{self.name}.ingest")
             .foreachBatch(self.writer)
@@ -282,22 +284,44 @@ class Instance:
             .start()
         )
 
+    def _rewind_ingest_checkpoint(self) -> None:
+        """Undo Spark's commit of a batch the txlog does not hold (the writer commits behind Spark by one
+        batch at most: see :class:`IngestWriter`)."""
+        assert self.writer is not None  # set before the ingest query it runs in
+        checkpoint = self.layout.checkpoint(INGEST_QUERY)
+        spark_query = query_id(checkpoint)
+        if spark_query is None:  # a new checkpoint: Spark has committed nothing yet
+            return
+        txlog = self.writer.txlog
+        committed = txlog.committed_version_of(f"{INGEST_APP}:{spark_query}")
+        if committed is None:  # (batches committed while the checkpoint's id could not be read)
+            committed = txlog.committed_version_of(INGEST_APP)
+        rewind(self.spark, spark_location(checkpoint), committed, name=self.name)
+
     def _restart_ingest_if_failed(self) -> None:
-        """A failed ingest query (a Python worker that could not start, a storage hiccup) is restarted.
+        """A failed ingest query (a Python worker that could not start, a storage hiccup, a batch whose
+        commit failed) is restarted.
 
         The writer first catches up with anything the txlog committed that it did
         not fold in, so ``seq`` numbering and duplicate detection stay exact.
         """
-        if self.query is None or self.query.isActive or self._stop.is_set():
+        if self.query is None or self._stop.is_set():
             return
-        error = self._query_error()
+        assert self.writer is not None
+        # (a failure the next batch has not raised within a beat: Spark has long written its commit of the batch)
+        failed_commit = self.writer.commit_failure(older_than=HEARTBEAT_INTERVAL_S)
+        if self.query.isActive and failed_commit is None:
+            return
         now = time.monotonic()
         if now < self._next_restart:
             return
+        if self.query.isActive:  # the last batch's commit failed, and no batch came after it to fail the query
+            self.query.stop()
+        error = self._query_error() or failed_commit
+        self.writer.drain()
         self.restarts += 1
         self._next_restart = now + min(60.0, 2.0 ** min(self.restarts, 6))
         log.error("%s: ingest query stopped (%s); restarting it (restart %d)", self.name, error, self.restarts)
-        assert self.writer is not None  # set before the ingest query it runs in
         self.writer.catch_up()
         self._start_ingest()
 
@@ -472,6 +496,9 @@ class Instance:
             except Exception:
                 log.exception("%s: stopping the ingest query failed", self.name)
         if self.writer is not None:
+            failed = self.writer.drain()  # the last batch Spark handed over, committed before anything stops
+            if failed is not None:
+                log.error("%s: %s (the next start reads it again)", self.name, failed)
             try:
                 self.writer.snapshot_state()  # (the batches since the heartbeat's last one)
             except Exception:

@@ -193,6 +193,55 @@ def test_a_failed_ingest_query_is_restarted_and_loses_nothing(start_instance, br
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"survivor": 600})
 
 
+def _raw_orders(broker, inst: Instance, client: str, count: int) -> None:
+    """``count`` publishes by a Kafka producer that never sends one again: a row lost stays lost."""
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for seq in range(1, count + 1):
+        raw_publish(producer, f"{inst.name}.publish", b'{"i": %d}' % seq, amps_client=client, amps_seq=str(seq),
+                    amps_topic="/orders")
+    producer.flush()
+    producer.close()
+
+
+def _spark_ran_again(caplog, inst: Instance, batch_id: int) -> bool:
+    wanted = f"{inst.name}: Spark had committed ingest batch {batch_id}, the txlog had not"
+    return any(r.getMessage().startswith(wanted) for r in caplog.records)
+
+
+def test_a_batch_spark_committed_whose_txlog_commit_failed_is_read_again(start_instance, broker, tmp_path, caplog):
+    """Spark commits a batch once the writer has its rows; the writer's commit of the 3rd batch fails after that
+    (the pause lets Spark get there and start the 4th): the restarted query runs the 3rd batch again."""
+    from replication import failpoints
+
+    inst = start_instance(max_offsets=100)
+    failpoints.arm("ingest.commit_begins@3:pause,ingest.before_txlog_commit@3:raise")
+    try:
+        _raw_orders(broker, inst, "once", 600)
+        wait_until(lambda: txlog_rows(tmp_path, inst.name).num_rows >= 600, timeout=120, what="600 rows")
+    finally:
+        failpoints.arm("")
+    assert inst.restarts >= 1
+    assert _spark_ran_again(caplog, inst, 2)
+    assert_exactly_once(txlog_rows(tmp_path, inst.name), {"once": 600})
+
+
+def test_a_last_batch_whose_commit_failed_restarts_the_query_and_is_read_again(start_instance, broker, tmp_path,
+                                                                              caplog):
+    """No batch follows the one whose commit failed: the heartbeat sees the failure and restarts the query."""
+    from replication import failpoints
+
+    inst = start_instance()
+    failpoints.arm("ingest.before_txlog_commit@1:raise")
+    try:
+        _raw_orders(broker, inst, "alone", 20)
+        wait_until(lambda: txlog_rows(tmp_path, inst.name).num_rows >= 20, timeout=120, what="20 rows")
+    finally:
+        failpoints.arm("")
+    assert inst.restarts == 1
+    assert _spark_ran_again(caplog, inst, 0)
+    assert_exactly_once(txlog_rows(tmp_path, inst.name), {"alone": 20})
+
+
 def test_a_batch_that_cannot_be_read_in_the_driver_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch,
                                                                     caplog):
     from replication.connectors.kafka import ranges as kafka_ranges

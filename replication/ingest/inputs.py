@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -211,8 +212,14 @@ class InboxRows:
         """Per upstream named: commits and rows refused since start, the last reason and when."""
         self._counted_through = -1
         """Inbox versions through this one are in ``refusals`` (a retried batch is not counted twice)."""
+        self._lock = threading.RLock()
+        """One batch at a time: the ingest writer maps the next batch's rows while it commits the last."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        with self._lock:
+            return self._expand(batch)
+
+    def _expand(self, batch: pa.Table) -> pa.Table:
         marks = pc.equal(batch["source"], INBOX_MARK)
         if not pc.any(marks).as_py():
             return batch
@@ -233,6 +240,10 @@ class InboxRows:
         Rows a backfill wrote (link ``BACKFILL_LINK``) are this instance's own
         publishes: source ``backfill``, not received from anyone, no upstream position.
         """
+        with self._lock:
+            return self._mapped(rows, parts)
+
+    def _mapped(self, rows: pa.Table, parts: list[tuple[int, str]] | None) -> pa.Table:
         unverified = refused = None
         if self.verifier is not None:
             unverified, parts = self._verify(rows, parts or [])

@@ -44,11 +44,19 @@ INGEST_APP = "ingest"
 class IngestWriter:
     """``foreachBatch`` of the ingest query.
 
+    The call for batch ``b`` takes its rows (read in the driver for a small batch,
+    ``driver_read``, no Spark job; else collected from Spark's DataFrame: the same
+    rows either way), waits for batch ``b-1``'s commit (raising its failure), and
+    returns, leaving steps 0-6 to a thread of their own: Spark writes its commit of
+    ``b`` and plans and reads ``b+1`` while ``b`` is classified and committed.
+    Spark's checkpoint is thus at most one batch ahead of the txlog; a query
+    started after a crash or a failed commit in between first undoes Spark's
+    commit of the batch the txlog lacks (:mod:`replication.connectors.spark.commit_behind`),
+    so Spark runs it again.
+
     Order of effects for batch ``b`` (each step safe to crash after):
 
-    0. take the batch's rows: read in the driver for a small batch (``driver_read``, no
-       Spark job), else collected from Spark's DataFrame; the same rows either way;
-       staged backfill parts that can be stored as they are are moved into the
+    0. staged backfill parts that can be stored as they are are moved into the
        txlog's directory and given the batch's first seqs (``staged``: an
        uncommitted file, written again the same by a replay), the others' rows
        join the batch;
@@ -137,6 +145,10 @@ class IngestWriter:
         """(batch id, what the batch is doing, since when: monotonic), while in a batch; for slow-batch reports."""
         self.idle_since = time.monotonic()
         """When the last batch ended (or the writer was made): how long Spark has been planning the next."""
+        self._committing: threading.Thread | None = None
+        """Commits the last batch Spark handed over (:meth:`_commit`)."""
+        self._failure: tuple[int, BaseException, float] | None = None
+        """The batch whose commit failed and why, until :meth:`wait_for_commit` or :meth:`drain` takes it."""
 
     def snapshot_state(self) -> None:
         """Write ``publishers.json`` if the state moved since the last one written (the instance's heartbeat
@@ -177,17 +189,56 @@ class IngestWriter:
             self.on_commit(self.state.max_seq, missed)
 
     def __call__(self, df, batch_id: int) -> None:
+        batch = None
+        if self.driver_read is not None:
+            self._enter(batch_id, "reading its rows in the driver")
+            batch = self.driver_read(batch_id)
+        if batch is None:
+            self._enter(batch_id, "reading its rows with a Spark job")
+            batch = spark_candidates(df.toArrow())
+        self.wait_for_commit()
+        # not a daemon: a process that exits normally does so once the batch is in the txlog
+        self._committing = threading.Thread(target=self._commit, args=(batch, batch_id),
+                                            name=f"{self.cfg.name}-ingest-commit")
+        self._committing.start()
+
+    def _commit(self, batch: pa.Table, batch_id: int) -> None:
         try:
-            batch = None
-            if self.driver_read is not None:
-                self._enter(batch_id, "reading its rows in the driver")
-                batch = self.driver_read(batch_id)
-            if batch is None:
-                self._enter(batch_id, "reading its rows with a Spark job")
-                batch = spark_candidates(df.toArrow())
+            failpoints.hit("ingest.commit_begins")
             self.write_arrow(batch, batch_id)
+        except BaseException as exc:  # the next call raises it in Spark's query; the instance restarts that
+            log.error("%s: ingest batch %d was not committed: %s", self.cfg.name, batch_id, exc)
+            self._failure = (batch_id, exc, time.monotonic())
         finally:
-            self.step, self.idle_since = None, time.monotonic()
+            if self.step is not None and self.step[0] == batch_id:  # (not the next batch's read, begun since)
+                self.step = None
+            self.idle_since = time.monotonic()
+
+    def wait_for_commit(self) -> None:
+        """Wait for the last batch's commit; raise its failure (once)."""
+        if self._committing is not None:
+            self._committing.join()
+            self._committing = None
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            batch_id, exc, _when = failure
+            raise IngestCommitError(f"ingest batch {batch_id} was not committed: {exc}") from exc
+
+    def commit_failure(self, older_than: float = 0.0) -> str | None:
+        """Why the last batch's commit failed, if it did at least ``older_than`` seconds ago (None: it did not,
+        not that long ago, or it is still under way)."""
+        failure = self._failure
+        if failure is None or time.monotonic() - failure[2] < older_than:
+            return None
+        return f"ingest batch {failure[0]} was not committed: {failure[1]}"
+
+    def drain(self) -> str | None:
+        """Wait for the last batch's commit (a query stopped or failed); why it failed, if it did."""
+        try:
+            self.wait_for_commit()
+        except IngestCommitError as exc:
+            return str(exc)
+        return None
 
     def _without_stored_inbox_versions(self, batch: pa.Table) -> pa.Table:
         """The batch without inbox versions the txlog has folded in already. Only a new checkpoint (one lost
@@ -286,6 +337,10 @@ class IngestWriter:
         self.stats["last_batch_ms"] = (time.perf_counter() - started) * 1000
         if self.sow is not None:  # last: its thread would slow the acknowledgements (both hold the GIL)
             self.sow.apply_in_background(result.sow, self.state.max_seq)
+
+
+class IngestCommitError(RuntimeError):
+    """A batch handed over by Spark was not committed to the txlog (the cause is chained)."""
 
 
 def _add_parts(result: Classified, taken) -> None:

@@ -5,14 +5,17 @@ pair at once; an upstream killed mid-replication. Acks resume after each restart
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 import uuid
 
 import pytest
 from support.fabric import ONE_WAY, PacedPublisher, publish_orders
+from deltalake import DeltaTable
 from support.factories import (
     assert_exactly_once,
+    bulk_publish,
     destination_xml,
     replication_xml,
     txlog_rows,
@@ -63,6 +66,31 @@ def test_kill_9_at_each_step_then_restart_loses_and_duplicates_nothing(broker, t
         pub.close()
         proc.stop()
     assert_exactly_once(txlog_rows(tmp_path, name), {"crash-pub": published})
+
+
+@pytest.mark.slow
+def test_kill_9_after_spark_committed_a_batch_the_txlog_had_not_then_restart_reads_it_again(broker, tmp_path):
+    """The writer hands a batch's commit to a thread and Spark commits the batch meanwhile: killed in between
+    (the pause lets Spark's commit come first), the restart runs the batch again. The publishes come from a
+    Kafka producer that never sends again: a batch skipped would be rows missing."""
+    name = f"behind{uuid.uuid4().hex[:6]}"
+    cfg = write_config(tmp_path, name, broker.bootstrap, max_offsets=100)
+    proc = InstanceProcess(cfg, tmp_path / "run0.log",
+                           failpoints="ingest.commit_begins@3:pause,ingest.before_txlog_commit@3")
+    try:
+        count = bulk_publish(broker.bootstrap, f"{name}.publish", "once",
+                             (("/orders", b'{"i": %d}' % i) for i in range(500)))
+        assert proc.wait_killed(timeout=300) == -signal.SIGKILL, proc.log_text()[-3000:]
+        checkpoint = tmp_path / name / "_checkpoints" / "ingest"
+        spark_query = json.loads((checkpoint / "metadata").read_text())["id"]
+        assert (checkpoint / "commits" / "2").exists(), "Spark had committed the batch when the instance died"
+        assert DeltaTable(str(tmp_path / name / "txlog")).transaction_version(f"ingest:{spark_query}") == 1
+        proc = InstanceProcess(cfg, tmp_path / "run1.log")
+        wait_until(lambda: txlog_rows(tmp_path, name).num_rows >= count, timeout=240, what="every row")
+    finally:
+        proc.stop()
+    assert "Spark had committed ingest batch 2, the txlog had not" in proc.log_text()
+    assert_exactly_once(txlog_rows(tmp_path, name), {"once": count})
 
 
 @pytest.mark.slow

@@ -171,6 +171,12 @@ class IdempotentAppender:
             return
         self._own = AppendCommitter(self._store, self.table.version(), self.table.metadata().configuration)
 
+    def committed_version_of(self, app_id: str) -> int | None:
+        """The highest version app transaction ``app_id`` has committed, as the table says now."""
+        with self._lock:
+            self.table.update_incremental()
+            return self.table.transaction_version(app_id)
+
     def rebind(self, app_id: str) -> None:
         """Commit as ``app_id`` from now on (its committed version read from the table)."""
         with self._lock:
