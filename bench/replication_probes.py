@@ -51,7 +51,7 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
 
     def appended(appender: IdempotentAppender, *_a, **_k) -> str:
         if appender.app_id.split(":")[0] == "ingest":
-            return f"{r(appender.path.parent.name)} ingest / {appender.path.name} append"
+            return f"{r(appender.path.parent.name)} ingest commit / {appender.path.name} append"
         upstream, _, downstream = appender.app_id.partition("#")[0].partition("->")
         return f"{r(upstream)}->{r(downstream)} replicator / inbox append"
 
@@ -64,12 +64,15 @@ def stage_targets(timer: StageTimer) -> list[tuple[object, str, Labeler]]:
 
     return [
         (writer.IngestWriter, "__call__", lambda w, *_a: f"{r(w.cfg.name)} ingest"),
-        (writer.IngestWriter, "write_arrow", lambda w, *_a: f"{r(w.cfg.name)} ingest / (after toArrow)"),
-        (writer, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest / classify"),
-        (inputs.InboxRows, "__call__", lambda x, *_a: f"{r(x.instance)} ingest / inbox rows (read_versions)"),
+        (writer.IngestWriter, "wait_for_commit",
+         lambda w, *_a: f"{r(w.cfg.name)} ingest / waiting for the last batch's commit"),
+        # (each batch is committed on a thread of its own, beside Spark's work on the next: a group of its own)
+        (writer.IngestWriter, "write_arrow", lambda w, *_a: f"{r(w.cfg.name)} ingest commit"),
+        (writer, "classify", lambda *_a, instance, **_k: f"{r(instance)} ingest commit / classify"),
+        (inputs.InboxRows, "__call__", lambda x, *_a: f"{r(x.instance)} ingest commit / inbox rows (read_versions)"),
         (IdempotentAppender, "append", appended),
         (PublisherState, "save", lambda _s, path: f"{r(up(path, 2).name)} heartbeat / write publishers.json"),
-        (Durability, "on_commit", lambda d, *_a: f"{r(d._layout.root.name)} ingest / durability on_commit"),
+        (Durability, "on_commit", lambda d, *_a: f"{r(d._layout.root.name)} ingest commit / durability on_commit"),
         (Durability, "release", lambda d, *_a: f"{r(d._layout.root.name)} durability release"),
         (AckSender, "send", lambda s, *_a: f"{r(s.instance)} durability release / persisted acks (Kafka send+flush)"),
         (DurableState, "write", control_file("durability release")),

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 # -- report ----------------------------------------------------------------------------
 
 #: Stage groups in the order a message meets them.
-GROUPS = ("A ingest", "A->B replicator", "B ingest", "A->B ack watch", "B durability release",
-          "A durability release", "A link", "B link")
+GROUPS = ("A ingest", "A ingest commit", "A->B replicator", "B ingest", "B ingest commit", "A->B ack watch",
+          "B durability release", "A durability release", "A link", "B link")
 SPARK_STEPS = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "getBatch", "walCommit",
                "commitOffsets")
 
@@ -217,11 +217,10 @@ def stage_table(title: str, stages: dict[str, tuple[float, int]], wall: float) -
     """Each group's total then its steps; "read" is the group total minus the steps after it."""
     derived = dict(stages)
     for group in {k.split(" / ")[0] for k in stages}:
-        if group.endswith(" ingest") and group in stages and f"{group} / (after toArrow)" in stages:
+        if group.endswith(" ingest") and group in stages:
             total, calls = stages[group]
-            derived[f"{group} / read (small batch: here; else Spark job + collect)"] = (
-                total - stages[f"{group} / (after toArrow)"][0], calls)
-            del derived[f"{group} / (after toArrow)"]
+            waited = stages.get(f"{group} / waiting for the last batch's commit", (0.0, 0))[0]
+            derived[f"{group} / read (small batch: here; else Spark job + collect)"] = (total - waited, calls)
         if group.endswith(" replicator") and group in stages:
             total, calls = stages[group]
             after = sum(v[0] for k, v in stages.items() if k.startswith(f"{group} / "))
