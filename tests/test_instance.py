@@ -208,11 +208,14 @@ def _spark_ran_again(caplog, inst: Instance, batch_id: int) -> bool:
     return any(r.getMessage().startswith(wanted) for r in caplog.records)
 
 
-def test_a_batch_spark_committed_whose_txlog_commit_failed_is_read_again(start_instance, broker, tmp_path, caplog):
-    """Spark commits a batch once the writer has its rows; the writer's commit of the 3rd batch fails after that
-    (the pause lets Spark get there and start the 4th): the restarted query runs the 3rd batch again."""
+def test_a_batch_spark_committed_whose_txlog_commit_failed_is_read_again(start_instance, broker, tmp_path, caplog,
+                                                                         monkeypatch):
+    """Spark commits a batch once the writer has its rows (every batch committed behind, as a backlog's are); the
+    writer's commit of the 3rd batch fails after that (the pause lets Spark get there and start the 4th): the
+    restarted query runs the 3rd batch again."""
     from replication import failpoints
 
+    monkeypatch.setenv("REPLICATION_COMMIT_BEHIND_ROWS", "0")
     inst = start_instance(max_offsets=100)
     failpoints.arm("ingest.commit_begins@3:pause,ingest.before_txlog_commit@3:raise")
     try:
@@ -226,10 +229,11 @@ def test_a_batch_spark_committed_whose_txlog_commit_failed_is_read_again(start_i
 
 
 def test_a_last_batch_whose_commit_failed_restarts_the_query_and_is_read_again(start_instance, broker, tmp_path,
-                                                                              caplog):
+                                                                              caplog, monkeypatch):
     """No batch follows the one whose commit failed: the heartbeat sees the failure and restarts the query."""
     from replication import failpoints
 
+    monkeypatch.setenv("REPLICATION_COMMIT_BEHIND_ROWS", "0")
     inst = start_instance()
     failpoints.arm("ingest.before_txlog_commit@1:raise")
     try:
@@ -240,6 +244,29 @@ def test_a_last_batch_whose_commit_failed_restarts_the_query_and_is_read_again(s
     assert inst.restarts == 1
     assert _spark_ran_again(caplog, inst, 0)
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"alone": 20})
+
+
+def test_a_small_batch_is_committed_before_spark_goes_on_and_a_bad_setting_is_named(start_instance, broker,
+                                                                                   tmp_path, caplog, monkeypatch):
+    """A live stream's small batches are committed inline: a failed commit fails Spark's batch, whose checkpoint
+    never gets ahead of the txlog (nothing to undo at the restart)."""
+    from replication import failpoints
+    from replication.errors import ConfigError
+    from replication.ingest.writer import commit_behind_rows
+
+    inst = start_instance()
+    failpoints.arm("ingest.before_txlog_commit@1:raise")
+    try:
+        _raw_orders(broker, inst, "inline", 20)
+        wait_until(lambda: txlog_rows(tmp_path, inst.name).num_rows >= 20, timeout=120, what="20 rows")
+    finally:
+        failpoints.arm("")
+    assert inst.restarts == 1
+    assert not _spark_ran_again(caplog, inst, 0)
+    assert_exactly_once(txlog_rows(tmp_path, inst.name), {"inline": 20})
+    monkeypatch.setenv("REPLICATION_COMMIT_BEHIND_ROWS", "ten thousand")
+    with pytest.raises(ConfigError, match=r"REPLICATION_COMMIT_BEHIND_ROWS='ten thousand': give a number of rows"):
+        commit_behind_rows()
 
 
 def test_a_batch_that_cannot_be_read_in_the_driver_is_read_by_spark(start_instance, broker, tmp_path, monkeypatch,

@@ -97,9 +97,10 @@ class _BucketRoot(str):
         return f"{self}/{name}"
 
 
-#: Where the middle instance is killed: its txlog holds a batch of rows its upstream replicated, Spark's
-#: checkpoint (in the bucket) does not, and neither its acknowledgements nor its own replicator have moved.
-FABRIC_CRASH_POINT = "ingest.after_txlog_commit@4"
+#: Where the middle instance is killed: Spark's checkpoint (in the bucket) holds a batch of rows its upstream
+#: replicated, its txlog does not (B commits each batch behind Spark, as a backlog's are; the pause lets Spark
+#: commit the batch first), and neither its acknowledgements nor its own replicator have moved.
+FABRIC_CRASH_POINT = "ingest.commit_begins@4:pause,ingest.before_txlog_commit@4"
 FABRIC_PER_RUN = 200
 PAIR = "<Topic><Name>.*</Name><MessageType>json</MessageType><ExcludeValidation>cascade</ExcludeValidation></Topic>"
 
@@ -129,8 +130,10 @@ def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_
     def start(name: str, run: int, failpoints: str | None = None) -> InstanceProcess:
         scratch = tmp_path / f"scratch-{name}-{run}"  # this machine's: temporary files, Spark's local directories
         scratch.mkdir()
+        behind = {"REPLICATION_COMMIT_BEHIND_ROWS": "0"} if name == b else {}
         return InstanceProcess(configs[name], tmp_path / f"{name}-{run}.log", failpoints=failpoints,
-                               env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch)})
+                               env={**s3.environment(), "TMPDIR": str(scratch), "SPARK_LOCAL_DIRS": str(scratch),
+                                    **behind})
 
     procs = {a: start(a, 0), b: start(b, 0, FABRIC_CRASH_POINT), c: start(c, 0)}
     pubs: dict[str, Publisher] = {}
@@ -144,7 +147,7 @@ def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_
         for name, pub in pubs.items():
             published[name] = publish(pub, published[name], FABRIC_PER_RUN)
         assert procs[b].wait_killed(timeout=600) == -signal.SIGKILL, procs[b].log_text()[-3000:]
-        assert f"failpoint {FABRIC_CRASH_POINT.split('@')[0]} reached" in procs[b].log_text()
+        assert "failpoint ingest.before_txlog_commit reached" in procs[b].log_text()
         assert pubs[b].persisted_seq < published[b], "the crash came after everything was acknowledged"
         shutil.rmtree(tmp_path / f"scratch-{b}-0")  # B's machine is lost with everything on its disk
         procs[b] = start(b, 1)
@@ -182,9 +185,9 @@ def test_a_pair_and_a_chain_on_s3_survive_a_kill_9_and_a_lost_scratch_and_serve_
         assert pub.persisted_seq == published[name], f"every message published at {name} acknowledged"
     for name in (a, b):
         assert_exactly_once(_txlog(s3, root / name), expected)
-    # Spark ran the killed batch again from the checkpoint in the bucket (a lost checkpoint would have re-read
-    # Kafka from its start instead), and the txlog's app transaction knew it was stored
-    assert re.search(rf"{b}: ingest batch \d+ already committed; replay skipped", procs[b].log_text()), \
+    # the restart undid Spark's commit of the killed batch in the bucket's checkpoint, and Spark ran it again
+    # from there (a lost checkpoint would have re-read Kafka from its start instead)
+    assert re.search(rf"{b}: Spark had committed ingest batch \d+, the txlog had not", procs[b].log_text()), \
         procs[b].log_text()[-3000:]
 
     storage = f"s3://{bucket}/fabric/{c}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import pyarrow.compute as pc
 from replication import failpoints
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
+from replication.errors import ConfigError
 from replication.ingest.classify import Classified, QueueAcks, TopicRecorder, classify, logons_in
 from replication.ingest.inputs import spark_candidates
 from replication.ingest.sessions import Clash, ClientSessions
@@ -40,16 +42,33 @@ log = logging.getLogger(__name__)
 #: The app transaction of the ingest's commits to the txlog and ``rejected/``, before ``:<checkpoint id>``.
 INGEST_APP = "ingest"
 
+#: Batches of at least this many rows are committed behind Spark, unless ``REPLICATION_COMMIT_BEHIND_ROWS`` says.
+COMMIT_BEHIND_ROWS = 10_000
+
+
+def commit_behind_rows() -> int:
+    """The size from which a batch is committed on a thread while Spark reads the next one:
+    ``REPLICATION_COMMIT_BEHIND_ROWS`` (0: every batch), else :data:`COMMIT_BEHIND_ROWS`."""
+    raw = os.environ.get("REPLICATION_COMMIT_BEHIND_ROWS", "").strip()
+    if not raw:
+        return COMMIT_BEHIND_ROWS
+    if not raw.isdigit():
+        raise ConfigError(f"REPLICATION_COMMIT_BEHIND_ROWS={raw!r}: give a number of rows, e.g. 10000 (0: every "
+                          "batch), or unset it")
+    return int(raw)
+
 
 class IngestWriter:
     """``foreachBatch`` of the ingest query.
 
     The call for batch ``b`` takes its rows (read in the driver for a small batch,
     ``driver_read``, no Spark job; else collected from Spark's DataFrame: the same
-    rows either way), waits for batch ``b-1``'s commit (raising its failure), and
-    returns, leaving steps 0-6 to a thread of their own: Spark writes its commit of
-    ``b`` and plans and reads ``b+1`` while ``b`` is classified and committed.
-    Spark's checkpoint is thus at most one batch ahead of the txlog; a query
+    rows either way) and waits for batch ``b-1``'s commit (raising its failure). A
+    batch of :func:`commit_behind_rows` or more (a backlog) is then committed
+    behind: the call returns, leaving steps 0-6 to a thread of their own, and Spark
+    writes its commit of ``b`` and plans and reads ``b+1`` while ``b`` is
+    classified and committed. A smaller batch runs steps 0-6 before the call
+    returns. Spark's checkpoint is thus at most one batch ahead of the txlog; a query
     started after a crash or a failed commit in between first undoes Spark's
     commit of the batch the txlog lacks (:mod:`replication.connectors.spark.commit_behind`),
     so Spark runs it again.
@@ -145,8 +164,10 @@ class IngestWriter:
         """(batch id, what the batch is doing, since when: monotonic), while in a batch; for slow-batch reports."""
         self.idle_since = time.monotonic()
         """When the last batch ended (or the writer was made): how long Spark has been planning the next."""
+        self.commit_behind_rows = commit_behind_rows()
+        """Batches of at least this many rows are committed on a thread while Spark reads the next."""
         self._committing: threading.Thread | None = None
-        """Commits the last batch Spark handed over (:meth:`_commit`)."""
+        """Commits the last batch Spark handed over (:meth:`_commit_behind`)."""
         self._failure: tuple[int, BaseException, float] | None = None
         """The batch whose commit failed and why, until :meth:`wait_for_commit` or :meth:`drain` takes it."""
 
@@ -197,22 +218,33 @@ class IngestWriter:
             self._enter(batch_id, "reading its rows with a Spark job")
             batch = spark_candidates(df.toArrow())
         self.wait_for_commit()
+        if batch.num_rows < self.commit_behind_rows:
+            # A live stream's small batch is committed before the call returns. Committed behind, it gained
+            # nothing at 2k msg/s on 2 cores (bench/replicate.py, latency): the commit and Spark's work on the
+            # next batch compete for the same cores and the GIL, and the batches get smaller and more numerous.
+            self._commit(batch, batch_id)
+            return
         # not a daemon: a process that exits normally does so once the batch is in the txlog
-        self._committing = threading.Thread(target=self._commit, args=(batch, batch_id),
+        self._committing = threading.Thread(target=self._commit_behind, args=(batch, batch_id),
                                             name=f"{self.cfg.name}-ingest-commit")
         self._committing.start()
+        failpoints.hit("ingest.handed_over")
 
     def _commit(self, batch: pa.Table, batch_id: int) -> None:
         try:
             failpoints.hit("ingest.commit_begins")
             self.write_arrow(batch, batch_id)
-        except BaseException as exc:  # the next call raises it in Spark's query; the instance restarts that
-            log.error("%s: ingest batch %d was not committed: %s", self.cfg.name, batch_id, exc)
-            self._failure = (batch_id, exc, time.monotonic())
         finally:
             if self.step is not None and self.step[0] == batch_id:  # (not the next batch's read, begun since)
                 self.step = None
             self.idle_since = time.monotonic()
+
+    def _commit_behind(self, batch: pa.Table, batch_id: int) -> None:
+        try:
+            self._commit(batch, batch_id)
+        except BaseException as exc:  # the next call raises it in Spark's query; the instance restarts that
+            log.error("%s: ingest batch %d was not committed: %s", self.cfg.name, batch_id, exc)
+            self._failure = (batch_id, exc, time.monotonic())
 
     def wait_for_commit(self) -> None:
         """Wait for the last batch's commit; raise its failure (once)."""
