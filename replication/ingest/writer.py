@@ -210,14 +210,18 @@ class IngestWriter:
             self.on_commit(self.state.max_seq, missed)
 
     def __call__(self, df, batch_id: int) -> None:
-        batch = None
-        if self.driver_read is not None:
-            self._enter(batch_id, "reading its rows in the driver")
-            batch = self.driver_read(batch_id)
-        if batch is None:
-            self._enter(batch_id, "reading its rows with a Spark job")
-            batch = spark_candidates(df.toArrow())
-        self.wait_for_commit()
+        try:
+            batch = None
+            if self.driver_read is not None:
+                self._enter(batch_id, "reading its rows in the driver")
+                batch = self.driver_read(batch_id)
+            if batch is None:
+                self._enter(batch_id, "reading its rows with a Spark job")
+                batch = spark_candidates(df.toArrow())
+            self.wait_for_commit()
+        except BaseException:
+            self.step, self.idle_since = None, time.monotonic()
+            raise
         if batch.num_rows < self.commit_behind_rows:
             # A live stream's small batch is committed before the call returns. Committed behind, it gained
             # nothing at 2k msg/s on 2 cores (bench/replicate.py, latency): the commit and Spark's work on the

@@ -1,8 +1,9 @@
 """Spark's record of a micro-batch undone when the engine's own commit of that batch did not happen.
 
-The ingest writer returns from ``foreachBatch`` as soon as it has a batch's
-rows and commits them to the txlog on a thread of its own, so that Spark plans
-and reads the next batch meanwhile (:class:`replication.ingest.writer.IngestWriter`). Spark
+The ingest writer returns from ``foreachBatch`` as soon as it has the rows of
+a backlog's batch and commits them to the txlog on a thread of its own, so that
+Spark plans and reads the next batch meanwhile
+(:class:`replication.ingest.writer.IngestWriter`). Spark
 writes ``commits/<N>`` once ``foreachBatch`` returns: a crash, or a failed
 commit, before the txlog holds batch N leaves Spark's checkpoint one batch
 ahead, and a query started from it would go on with batch N+1, N's rows never
