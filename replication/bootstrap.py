@@ -60,6 +60,7 @@ import pyarrow.parquet as pq
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from replication import failpoints
+from replication.config.environment import rows_from_environment
 from replication.config.fabric import addresses_of, normalize_address
 from replication.config.model import InstanceConfig, TopicSpec
 from replication.connectors.delta.tables import (
@@ -68,7 +69,7 @@ from replication.connectors.delta.tables import (
     commit_metadata_since,
     open_table,
 )
-from replication.errors import ConfigError, ReplicationError, StorageAccessError
+from replication.errors import ReplicationError, StorageAccessError
 from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.table import SOW_SCHEMA, SowTable, exact_records, topic_id
@@ -87,13 +88,7 @@ CHUNK_ROWS = 200_000
 
 def chunk_rows() -> int:
     """Rows per txlog commit of a bootstrap: ``REPLICATION_BOOTSTRAP_CHUNK_ROWS``, else :data:`CHUNK_ROWS`."""
-    raw = os.environ.get("REPLICATION_BOOTSTRAP_CHUNK_ROWS", "").strip()
-    if not raw:
-        return CHUNK_ROWS
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"REPLICATION_BOOTSTRAP_CHUNK_ROWS={raw!r}: give a number of rows, e.g. 200000, "
-                          "or unset it")
-    return int(raw)
+    return rows_from_environment("REPLICATION_BOOTSTRAP_CHUNK_ROWS", CHUNK_ROWS, minimum=1, example="200000")
 #: Source seqs read at a time.
 READ_SEQS = 200_000
 

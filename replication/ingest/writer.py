@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replication import failpoints
+from replication.config.environment import rows_from_environment
 from replication.config.model import InstanceConfig
 from replication.connectors.delta.tables import commit_metadata_since
-from replication.errors import ConfigError
 from replication.ingest.classify import Classified, QueueAcks, TopicRecorder, classify, logons_in
 from replication.ingest.inputs import spark_candidates
 from replication.ingest.sessions import Clash, ClientSessions
@@ -49,13 +48,8 @@ COMMIT_BEHIND_ROWS = 10_000
 def commit_behind_rows() -> int:
     """The size from which a batch is committed on a thread while Spark reads the next one:
     ``REPLICATION_COMMIT_BEHIND_ROWS`` (0: every batch), else :data:`COMMIT_BEHIND_ROWS`."""
-    raw = os.environ.get("REPLICATION_COMMIT_BEHIND_ROWS", "").strip()
-    if not raw:
-        return COMMIT_BEHIND_ROWS
-    if not raw.isdigit():
-        raise ConfigError(f"REPLICATION_COMMIT_BEHIND_ROWS={raw!r}: give a number of rows, e.g. 10000 (0: every "
-                          "batch), or unset it")
-    return int(raw)
+    return rows_from_environment("REPLICATION_COMMIT_BEHIND_ROWS", COMMIT_BEHIND_ROWS, minimum=0,
+                                 example="10000 (0: every batch)")
 
 
 class IngestWriter:
