@@ -228,12 +228,16 @@ def test_a_batch_spark_committed_whose_txlog_commit_failed_is_read_again(start_i
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"once": 600})
 
 
-def test_a_last_batch_whose_commit_failed_restarts_the_query_and_is_read_again(start_instance, broker, tmp_path,
-                                                                              caplog, monkeypatch):
-    """No batch follows the one whose commit failed: the heartbeat sees the failure and restarts the query."""
+@pytest.mark.parametrize("behind", [True, False], ids=["committed-behind", "small-inline"])
+def test_a_batch_whose_commit_failed_is_read_again_after_a_restart(start_instance, broker, tmp_path, caplog,
+                                                                   monkeypatch, behind):
+    """Committed behind (as a backlog's batches are), no batch follows the one whose commit failed: the heartbeat
+    sees the failure, restarts the query and undoes Spark's commit of it. A live stream's small batch is committed
+    inline: its failed commit fails Spark's batch, whose checkpoint never gets ahead (nothing to undo)."""
     from replication import failpoints
 
-    monkeypatch.setenv("REPLICATION_COMMIT_BEHIND_ROWS", "0")
+    if behind:
+        monkeypatch.setenv("REPLICATION_COMMIT_BEHIND_ROWS", "0")
     inst = start_instance()
     failpoints.arm("ingest.before_txlog_commit@1:raise")
     try:
@@ -242,28 +246,14 @@ def test_a_last_batch_whose_commit_failed_restarts_the_query_and_is_read_again(s
     finally:
         failpoints.arm("")
     assert inst.restarts == 1
-    assert _spark_ran_again(caplog, inst, 0)
+    assert _spark_ran_again(caplog, inst, 0) == behind
     assert_exactly_once(txlog_rows(tmp_path, inst.name), {"alone": 20})
 
 
-def test_a_small_batch_is_committed_before_spark_goes_on_and_a_bad_setting_is_named(start_instance, broker,
-                                                                                   tmp_path, caplog, monkeypatch):
-    """A live stream's small batches are committed inline: a failed commit fails Spark's batch, whose checkpoint
-    never gets ahead of the txlog (nothing to undo at the restart)."""
-    from replication import failpoints
+def test_a_bad_commit_behind_setting_is_named_with_its_fix(monkeypatch):
     from replication.errors import ConfigError
     from replication.ingest.writer import commit_behind_rows
 
-    inst = start_instance()
-    failpoints.arm("ingest.before_txlog_commit@1:raise")
-    try:
-        _raw_orders(broker, inst, "inline", 20)
-        wait_until(lambda: txlog_rows(tmp_path, inst.name).num_rows >= 20, timeout=120, what="20 rows")
-    finally:
-        failpoints.arm("")
-    assert inst.restarts == 1
-    assert not _spark_ran_again(caplog, inst, 0)
-    assert_exactly_once(txlog_rows(tmp_path, inst.name), {"inline": 20})
     monkeypatch.setenv("REPLICATION_COMMIT_BEHIND_ROWS", "ten thousand")
     with pytest.raises(ConfigError, match=r"REPLICATION_COMMIT_BEHIND_ROWS='ten thousand': give a number of rows"):
         commit_behind_rows()
