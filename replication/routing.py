@@ -305,19 +305,34 @@ def route_mask(cfg: InstanceConfig, dest: Destination, rows: pa.Table, *,
                target: str | None = None) -> np.ndarray:
     """:func:`decide` for every row of a txlog table: True where the row goes to ``dest``.
 
-    The replicator's evaluation of a micro-batch it reads itself (small
-    batches; Spark evaluates :func:`spark_condition` on large ones). ``rows``
-    needs the columns of :func:`spark_condition_columns`. Rows that differ only
-    in their body share one answer unless a content filter reads the body.
+    The replicator's evaluation of a micro-batch it reads itself (Spark
+    evaluates :func:`spark_condition` on large batches that a content filter
+    routes). ``rows`` needs the columns of :func:`spark_condition_columns`.
+    Without a content filter the answer depends on a row's headers only, so
+    it is computed once per distinct combination of them (a backlog of 200k
+    rows holds a handful) and spread back to the rows with numpy.
     """
     import numpy as np
 
     conds = [r.condition for r in rules(cfg, dest, target=target) if r.name != "topic"]
     names = [f for f in ("topic", "message_type", "received_from", "received_from_group", "path", "origin")
              if f in rows.column_names]
-    reads_body = any(_has_filter(c) for c in conds)
+    if any(_has_filter(c) for c in conds):
+        return _route_each(conds, names, rows, bodies=rows["data"].to_pylist())
+    if rows.num_rows == 0:
+        return np.zeros(0, dtype=bool)
+    distinct = _distinct_combinations(rows, names)
+    if distinct is None:
+        return _route_each(conds, names, rows, bodies=None)
+    firsts, which = distinct
+    return _route_each(conds, names, rows.take(firsts), bodies=None)[which]
+
+
+def _route_each(conds: list[Cond], names: list[str], rows: pa.Table, *, bodies: list | None) -> np.ndarray:
+    """The conditions evaluated row by row (rows equal in ``names`` share one answer unless ``bodies``)."""
+    import numpy as np
+
     columns = [rows[name].to_pylist() for name in names]
-    bodies = rows["data"].to_pylist() if reads_body else None
     out = np.empty(rows.num_rows, dtype=bool)
     seen: dict[tuple, bool] = {}
     for i, values in enumerate(zip(*columns, strict=True)):
@@ -332,6 +347,35 @@ def route_mask(cfg: InstanceConfig, dest: Destination, rows: pa.Table, *,
         if bodies is None:
             seen[key] = bool(out[i])
     return out
+
+
+def _distinct_combinations(rows: pa.Table, names: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the first row of each distinct combination of ``names``, each row's combination), in Arrow and numpy;
+    None when a list value holds a NUL (the joined form below would not tell two lists apart)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    combination, bound = np.zeros(rows.num_rows, dtype=np.int64), 1  # (every code is below bound)
+    for name in names:
+        column = rows[name].combine_chunks()
+        parts = [column]
+        if pa.types.is_list(column.type):
+            items = pc.list_flatten(column)
+            if len(items) and pc.any(pc.match_substring(items.cast(pa.string()), "\x00")).as_py():
+                return None
+            # (a list is its items joined with NUL, which names never hold, and its length: null and [] differ)
+            parts = [pc.binary_join(column, "\x00"), pc.list_value_length(column)]
+        for part in parts:
+            encoded = pc.dictionary_encode(part)
+            codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+            if bound * (len(encoded.dictionary) + 1) >= 1 << 62:  # renumbered densely first: no overflow
+                combination = np.unique(combination, return_inverse=True)[1]
+                bound = rows.num_rows
+            combination = combination * (len(encoded.dictionary) + 1) + codes
+            bound *= len(encoded.dictionary) + 1
+    _values, firsts, which = np.unique(combination, return_index=True, return_inverse=True)
+    return firsts, which
 
 
 def _why(rule: str, cfg: InstanceConfig, dest: Destination, msg: Message, target: str) -> str:

@@ -81,8 +81,10 @@ def read_path(request, monkeypatch):
     every micro-batch collected from Spark's DataFrame (what large batches take)."""
     if request.param == "spark-job":
         from replication.connectors.spark import planned_batch
+        from replication.destination import replicator
 
         monkeypatch.setattr(planned_batch, "DRIVER_READ_MAX_ROWS", -1)
+        monkeypatch.setattr(replicator, "HEADER_ROUTED_MAX_ROWS", -1)
     return request.param
 
 

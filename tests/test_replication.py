@@ -239,6 +239,33 @@ def test_a_replicator_that_starts_behind_reads_its_first_batch_in_the_driver(fab
     assert [w.batches_read_in_driver for w in writers] == [1], "one batch, read by the writer itself"
 
 
+@pytest.mark.parametrize("content_filter", [False, True], ids=["headers-only", "content-filter"])
+def test_a_replicator_backlog_is_routed_in_the_driver_unless_a_content_filter_reads_bodies(fabric, monkeypatch,
+                                                                                          content_filter):
+    """A batch over the driver-read bound (a backlog) is read and routed by the writer itself when the routing
+    reads only headers (one answer per distinct header combination); a content filter's is routed by Spark."""
+    from replication.connectors.spark import planned_batch
+
+    monkeypatch.setattr(planned_batch, "DRIVER_READ_MAX_ROWS", 10)  # the 50 rows below are a backlog
+    topics = ("<Topic><Name>/orders</Name><MessageType>json</MessageType><Filter>/qty &lt; 20</Filter>"
+              "<ExcludeValidation>replicate,cascade,replicate_filter</ExcludeValidation></Topic>"
+              if content_filter else ONE_WAY)
+    fabric.configure("b")
+    fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [fabric.storage("b")],
+                                                                      topics=topics)))
+    fabric.start("a")  # B does not exist yet: A's link waits for it, and then takes the 50 rows in one batch
+    pub = fabric.publisher("backlog", "a")
+    publish_orders(pub, 50)
+    wait_until(lambda: fabric.count("a") == 50, what="A to store every message")
+    fabric.start("b")
+    pub.flush(timeout=240)  # (B is sync: filtered rows are acknowledged too)
+    routed = 20 if content_filter else 50  # publish_orders: the i-th order has qty i
+    wait_until(lambda: fabric.count("b") == routed, what="B to receive the routed rows")
+    assert_exactly_once(fabric.rows("b"), {"backlog": routed})
+    writers = [m.writer for m in fabric.running["a"].managers]
+    assert [w.batches_read_in_driver for w in writers] == ([0] if content_filter else [1])
+
+
 def test_a_sync_pair_stopped_mid_stream_and_restarted_acknowledges_everything_once(fabric):
     """Both halves stop while each holds rows not yet durable; after the restart each matches those rows to
     their publishers and upstreams again (from its txlog) and acks flow, with no downgrade configured."""

@@ -242,3 +242,27 @@ def test_route_mask_agrees_with_decide_on_the_columns_spark_reads():
         table = full.select(list(routing.spark_condition_columns(cfg, dest)))
         expected = [decide(cfg, dest, m).sent for _c, _d, m, _r in cases]
         assert routing.route_mask(cfg, dest, table).tolist() == expected, dest.name
+
+
+def test_route_mask_tells_apart_rows_that_differ_only_in_their_path():
+    """Routing computed once per distinct header combination: paths that a joined form could confuse (a NUL in
+    a name, null and []) still get each their own answer, the one decide gives."""
+    import pyarrow as pa
+
+    cfg = instance("A", destinations=[destination("B", pass_through=".*")])
+    dest = cfg.destinations[0]
+    paths = [["C", "A"], ["B", "A"], None, [], ["C", "B", "A"], ["B\x00C", "A"], ["B", "C\x00A"], ["C", "A"]] * 50
+    table = pa.table({
+        "topic": ["/t"] * len(paths),
+        "message_type": ["json"] * len(paths),
+        "received_from": pa.array(["C"] * len(paths), pa.string()),
+        "received_from_group": pa.array(["C"] * len(paths), pa.string()),
+        "path": pa.array(paths, pa.list_(pa.string())),
+    })
+    expected = [decide(cfg, dest, Message("/t", received_from="C", received_from_group="C",
+                                          path=tuple(p or ()))).sent for p in paths]
+    assert expected[:4] == [True, False, True, True], "the loop rule decides these"
+    assert routing.route_mask(cfg, dest, table).tolist() == expected
+    without_nul = table.filter(pa.array([not any("\x00" in x for x in p or []) for p in paths]))
+    assert routing.route_mask(cfg, dest, without_nul).tolist() == [e for e, p in zip(expected, paths, strict=True)
+                                                                    if not any("\x00" in x for x in p or [])]

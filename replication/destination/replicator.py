@@ -3,15 +3,17 @@
 Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 
 1. mark each row routed or not with the routing rules (the loop rule asks whether the instance
-   actually reached, by its ``instance.json``, is on the row's path). A small batch (the live
-   stream) is read in the driver from the txlog's Parquet files, its seq range taken
-   from the query's offset log (:mod:`replication.connectors.spark.planned_batch`), and routed
-   with :func:`replication.routing.route_mask`: no Spark job. A larger one (a
-   backlog) is routed by Spark with one native column
+   actually reached, by its ``instance.json``, is on the row's path). The batch is read in
+   the driver from the txlog's Parquet files, its seq range taken from the query's offset
+   log (:mod:`replication.connectors.spark.planned_batch`), and routed with
+   :func:`replication.routing.route_mask`: no Spark job. Without a content filter that is
+   every batch (the routing is computed once per distinct header combination); with one,
+   a batch over ``DRIVER_READ_MAX_ROWS`` (a backlog, whose bodies Python would parse row by
+   row) is routed by Spark with one native column
    (:func:`replication.routing.spark_condition`) over only the columns the
-   rules read (``data`` only with a content filter), which hands back (seq,
-   routed) pairs; the routed rows are then read from the txlog's files here.
-   Either way message bodies never travel through the JVM;
+   rules read, which hands back (seq, routed) pairs; the routed rows are then
+   read from the txlog's files here. Either way message bodies never travel
+   through the JVM;
 2. append the routed rows to the destination's ``inbox/`` with app transaction
    ``<this>-><destination>#<incarnation>``, version ``b`` (a replay finds it and skips);
 3. tell the link which seqs were written and that (s, t] is decided: rows
@@ -51,6 +53,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The largest batch read and routed in the driver when no content filter reads bodies (every batch: the
+#: query's ``maxRowsPerTrigger``). Spark's routing job would read the same files in a Python worker and hand
+#: the decisions back; the routed rows are read here either way.
+HEADER_ROUTED_MAX_ROWS = DEFAULT_BATCH_ROWS
+
 #: How long stopping waits for a read ahead under way (a txlog read of one small batch).
 READ_AHEAD_WAIT_S = 5.0
 
@@ -78,6 +85,8 @@ class ReplicatorWriter:
             compression=_CODECS[dest.compression],
         )
         self.condition = routing.spark_condition(cfg, dest, target=target)
+        self.reads_body = "data" in routing.spark_condition_columns(cfg, dest, target=target)
+        """A content filter reads message bodies: a large batch is routed by Spark."""
         self.txlog = TxlogFiles(str(txlog))
         self.start_seq = start_seq
         """The query's ``startSeq``: its source's initial offset, where its first batch starts."""
@@ -139,7 +148,8 @@ class ReplicatorWriter:
             after, through = int(start["seq"]), int(end["seq"])
         except (KeyError, TypeError, ValueError):
             return None
-        return (after, through) if 0 <= through - after <= planned_batch.DRIVER_READ_MAX_ROWS else None
+        most = planned_batch.DRIVER_READ_MAX_ROWS if self.reads_body else HEADER_ROUTED_MAX_ROWS
+        return (after, through) if 0 <= through - after <= most else None
 
     def _read_and_route(self, after: int, through: int) -> tuple[pa.Table, np.ndarray]:
         """Txlog rows (after, through] and which of them are routed here."""
