@@ -351,7 +351,7 @@ def _route_each(conds: list[Cond], names: list[str], rows: pa.Table, *, bodies: 
 
 def _distinct_combinations(rows: pa.Table, names: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
     """(the first row of each distinct combination of ``names``, each row's combination), in Arrow and numpy;
-    None when a list value holds a NUL (the joined form below would not tell two lists apart)."""
+    None when a list holds a null item or one with a NUL (the joined form below would not tell two lists apart)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -362,7 +362,7 @@ def _distinct_combinations(rows: pa.Table, names: list[str]) -> tuple[np.ndarray
         parts = [column]
         if pa.types.is_list(column.type):
             items = pc.list_flatten(column)
-            if len(items) and pc.any(pc.match_substring(items.cast(pa.string()), "\x00")).as_py():
+            if items.null_count or len(items) and pc.any(pc.match_substring(items.cast(pa.string()), "\x00")).as_py():
                 return None
             # (a list is its items joined with NUL, which names never hold, and its length: null and [] differ)
             parts = [pc.binary_join(column, "\x00"), pc.list_value_length(column)]

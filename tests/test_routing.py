@@ -251,7 +251,8 @@ def test_route_mask_tells_apart_rows_that_differ_only_in_their_path():
 
     cfg = instance("A", destinations=[destination("B", pass_through=".*")])
     dest = cfg.destinations[0]
-    paths = [["C", "A"], ["B", "A"], None, [], ["C", "B", "A"], ["B\x00C", "A"], ["B", "C\x00A"], ["C", "A"]] * 50
+    paths = [["C", "A"], ["B", "A"], None, [], ["C", "B", "A"], ["B\x00C", "A"], ["B", "C\x00A"], ["C", "A"],
+             [None, "B"], [None, "C"]] * 50
     table = pa.table({
         "topic": ["/t"] * len(paths),
         "message_type": ["json"] * len(paths),
@@ -259,10 +260,25 @@ def test_route_mask_tells_apart_rows_that_differ_only_in_their_path():
         "received_from_group": pa.array(["C"] * len(paths), pa.string()),
         "path": pa.array(paths, pa.list_(pa.string())),
     })
+    def loop_free(path):  # (decide explains a loop with the path's names: it needs them all)
+        return "B" not in (path or [])
+
     expected = [decide(cfg, dest, Message("/t", received_from="C", received_from_group="C",
-                                          path=tuple(p or ()))).sent for p in paths]
+                                          path=tuple(p or ()))).sent if None not in (p or []) else loop_free(p)
+                for p in paths]
+    assert expected[8:10] == [False, True], "a null item does not hide the loop"
     assert expected[:4] == [True, False, True, True], "the loop rule decides these"
     assert routing.route_mask(cfg, dest, table).tolist() == expected
-    without_nul = table.filter(pa.array([not any("\x00" in x for x in p or []) for p in paths]))
-    assert routing.route_mask(cfg, dest, without_nul).tolist() == [e for e, p in zip(expected, paths, strict=True)
-                                                                    if not any("\x00" in x for x in p or [])]
+    def no_nul(path):
+        return all(x is None or "\x00" not in x for x in path or [])
+
+    def no_null(path):
+        return None not in (path or [])
+
+    def plain(path):
+        return no_nul(path) and no_null(path)
+
+    for keep in (no_nul, no_null, plain):  # (null items; NULs; neither: the vectorised path)
+        some = table.filter(pa.array([keep(p) for p in paths]))
+        assert routing.route_mask(cfg, dest, some).tolist() == [e for e, p in zip(expected, paths, strict=True)
+                                                                 if keep(p)], keep.__name__
