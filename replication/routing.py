@@ -325,7 +325,7 @@ def route_mask(cfg: InstanceConfig, dest: Destination, rows: pa.Table, *,
     if distinct is None:
         return _route_each(conds, names, rows, bodies=None)
     firsts, which = distinct
-    return _route_each(conds, names, rows.take(firsts), bodies=None)[which]
+    return _route_each(conds, names, rows.select(names).take(firsts), bodies=None)[which]
 
 
 def _route_each(conds: list[Cond], names: list[str], rows: pa.Table, *, bodies: list | None) -> np.ndarray:
@@ -351,21 +351,27 @@ def _route_each(conds: list[Cond], names: list[str], rows: pa.Table, *, bodies: 
 
 def _distinct_combinations(rows: pa.Table, names: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
     """(the first row of each distinct combination of ``names``, each row's combination), in Arrow and numpy;
-    None when a list holds a null item or one with a NUL (the joined form below would not tell two lists apart)."""
+    None when a list holds a null item or one with a NUL (the joined form below would not tell two lists apart),
+    or a column is of a type that is not a string or a list of strings (not the txlog's: left to the loop)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
+
+    def string(t: pa.DataType) -> bool:
+        return pa.types.is_string(t) or pa.types.is_large_string(t)
 
     combination, bound = np.zeros(rows.num_rows, dtype=np.int64), 1  # (every code is below bound)
     for name in names:
         column = rows[name].combine_chunks()
         parts = [column]
-        if pa.types.is_list(column.type):
+        if (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) and string(column.type.value_type):
             items = pc.list_flatten(column)
             if items.null_count or len(items) and pc.any(pc.match_substring(items.cast(pa.string()), "\x00")).as_py():
                 return None
             # (a list is its items joined with NUL, which names never hold, and its length: null and [] differ)
             parts = [pc.binary_join(column, "\x00"), pc.list_value_length(column)]
+        elif not string(column.type):
+            return None
         for part in parts:
             encoded = pc.dictionary_encode(part)
             codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1

@@ -282,3 +282,36 @@ def test_route_mask_tells_apart_rows_that_differ_only_in_their_path():
         some = table.filter(pa.array([keep(p) for p in paths]))
         assert routing.route_mask(cfg, dest, some).tolist() == [e for e, p in zip(expected, paths, strict=True)
                                                                  if keep(p)], keep.__name__
+
+
+def test_route_mask_by_header_combination_agrees_row_by_row_on_chunked_empty_and_many_distinct_values():
+    """The vectorised path against the row-by-row loop: a table of several chunks, an empty string beside a
+    null, and more distinct values than the combined codes could hold without renumbering."""
+    import pyarrow as pa
+
+    cfg = instance("A", destinations=[destination("B", DestinationTopic("^t", "json"), pass_through="^g1$")])
+    dest = cfg.destinations[0]
+    conds = [r.condition for r in routing.rules(cfg, dest) if r.name != "topic"]
+
+    def table(n, offset=0):
+        return pa.table({
+            "topic": [f"t{i + offset}" if i % 3 else f"x{i}" for i in range(n)],
+            "message_type": ["json"] * n,
+            "received_from": pa.array([None if i % 4 == 0 else "" if i % 4 == 1 else f"u{i + offset}"
+                                       for i in range(n)], pa.string()),
+            "received_from_group": pa.array([None if i % 4 == 0 else "" if i % 4 == 1 else "g1" if i % 2 else
+                                             f"g{i + offset}" for i in range(n)], pa.string()),
+            "origin": [f"o{i + offset}" for i in range(n)],
+            "path": pa.array([["A"] if i % 5 else None for i in range(n)], pa.list_(pa.string())),
+        })
+
+    many = pa.concat_tables([table(40_000), table(40_000, offset=40_000)])  # 2 chunks; ~80k distinct per column
+    assert many["topic"].num_chunks == 2
+    names = list(many.column_names)
+    mask = routing.route_mask(cfg, dest, many)
+    assert 0 < mask.sum() < many.num_rows
+    assert mask.tolist() == routing._route_each(conds, names, many, bodies=None).tolist()
+    blank = table(8)  # "" is a group that matches no PassThrough; null: published here
+    assert routing.route_mask(cfg, dest, blank).tolist() == [decide(cfg, dest, Message(
+        r["topic"], received_from=r["received_from"], received_from_group=r["received_from_group"],
+        path=tuple(r["path"] or ()), origin=r["origin"])).sent for r in blank.to_pylist()]

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 #: the decisions back; the routed rows are read here either way.
 HEADER_ROUTED_MAX_ROWS = DEFAULT_BATCH_ROWS
 
-#: How long stopping waits for a read ahead under way (a txlog read of one small batch).
+#: How long stopping waits for a read ahead under way (a txlog read of one batch: ~0.3 s at 200k rows).
 READ_AHEAD_WAIT_S = 5.0
 
 _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW", "none": "UNCOMPRESSED"}
@@ -91,7 +91,7 @@ class ReplicatorWriter:
         self.start_seq = start_seq
         """The query's ``startSeq``: its source's initial offset, where its first batch starts."""
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
-        """Where small batches' seq ranges are found, to read them in the driver (see
+        """Where batches' seq ranges are found, to read them in the driver (see
         replication.connectors.spark.planned_batch)."""
         self.ahead = PlannedReadAhead.of_checkpoint(checkpoint, self._read_ahead, f"{cfg.name}->{dest.name}") \
             if checkpoint is not None else None
@@ -226,7 +226,8 @@ def start_query(
         .option("columns", ",".join(routing.spark_condition_columns(cfg, dest, target=target)))
         .option("startSeq", str(start_seq))
         .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS))
-        # Batches up to DRIVER_READ_MAX_ROWS are read in the driver by the writer: the planner need not.
+        # Batches the writer reads in the driver (HEADER_ROUTED_MAX_ROWS; DRIVER_READ_MAX_ROWS with a content
+        # filter) are not read by the planner either.
         .option("driverReadRows", "0")
         .load()
     )
