@@ -293,6 +293,10 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
             counters = inst.status().counters
             if counters.get("rejected") or counters.get("duplicates"):
                 raise SystemExit(f"{inst.name}: unexpected rejects/duplicates {counters}")
+    if b is not None and a.recent_txlog is not None:
+        held = a.recent_txlog
+        print(f"{label}: A's replicator took {held.hits} of {held.hits + held.misses} txlog ranges from memory "
+              "(the others from the txlog's files)", flush=True)
     seconds_by, calls_by = timer.snapshot()
     stages = {k: (seconds_by[k], calls_by[k]) for k in seconds_by}
     return Run(label, rows, marks[last], marks, stages, {k: batches_with_rows(q) for k, q in queries.items()},

@@ -48,6 +48,7 @@ from replication.storage.layout import INGEST_QUERY, StorageLayout, spark_locati
 from replication.txlog.files import TxlogFiles, read_range
 from replication.txlog.publishers import recover_state
 from replication.txlog.reader import TxlogReader
+from replication.txlog.recent import RecentTxlog
 from replication.txlog.retention import Retention, retention_policy
 from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
@@ -96,6 +97,8 @@ class Instance:
         self.query: StreamingQuery | None = None
         self.writer: IngestWriter | None = None
         self.inbox_rows: InboxRows | None = None
+        self.recent_txlog: RecentTxlog | None = None
+        """The ingest's latest committed rows, for the replicators (none without destinations)."""
         self.durability: Durability | None = None
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -172,6 +175,7 @@ class Instance:
             received_since=self._received_keys,
         )
         self.durability.announce()
+        self.recent_txlog = RecentTxlog() if self.cfg.destinations else None
         self.inbox_rows = InboxRows(self.cfg, str(self.layout.inbox)) if self.cfg.replication_transport else None
         self.writer = IngestWriter(
             self.cfg,
@@ -190,6 +194,7 @@ class Instance:
             on_clash=(lambda clash: sender.send_clash(clash.client, clash.later, clash.reason)) if sender else None,
             queues=self.queues,
             queue_committed=self.queues.committed if self.queues is not None else None,
+            txlog_committed=self.recent_txlog.committed if self.recent_txlog is not None else None,
             checkpoint_id=lambda: query_id(self.layout.checkpoint(INGEST_QUERY)),
         )
         self._start_ingest()
@@ -200,7 +205,7 @@ class Instance:
         self.managers = [
             DestinationManager(
                 self.spark, self.cfg, dest, layout=self.layout, link=self.links[dest.name],
-                on_ack=self.durability.release, trigger_interval=self.trigger_interval,
+                on_ack=self.durability.release, trigger_interval=self.trigger_interval, recent=self.recent_txlog,
             ).start()
             for dest in self.cfg.destinations
         ]

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from replication.destination.replicator import ReplicatorWriter
+    from replication.txlog.recent import RecentTxlog
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,12 @@ class DestinationManager:
         link: Link,
         on_ack: Callable[[], object],  # (its result is not used)
         trigger_interval: str = "0 seconds",
+        recent: RecentTxlog | None = None,
     ) -> None:
+        """``recent``: the ingest's latest committed rows, which the replicator takes instead of reading them
+        back."""
         self.spark = spark
+        self.recent = recent
         self.cfg = cfg
         self.dest = dest
         self.layout = layout
@@ -224,7 +229,7 @@ class DestinationManager:
             self.spark, self.cfg, self.dest,
             txlog=self.layout.txlog, inbox=down.inbox, checkpoint=self._checkpoint(state.incarnation),
             start_seq=state.sent_seq, incarnation=state.incarnation, link=self.link, target=down_cfg.name,
-            trigger_interval=self.trigger_interval,
+            trigger_interval=self.trigger_interval, recent=self.recent,
         )
         self.link.set(state="connected" if index == 0 else "failed over", detail="")
         return True

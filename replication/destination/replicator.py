@@ -4,15 +4,17 @@ Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
 
 1. mark each row routed or not with the routing rules (the loop rule asks whether the instance
    actually reached, by its ``instance.json``, is on the row's path). The batch is read in
-   the driver from the txlog's Parquet files, its seq range taken from the query's offset
-   log (:mod:`replication.connectors.spark.planned_batch`), and routed with
+   the driver, its seq range taken from the query's offset log
+   (:mod:`replication.connectors.spark.planned_batch`): from memory when this process's ingest
+   has just committed every row of it (:mod:`replication.txlog.recent`), else from the
+   txlog's Parquet files; and routed with
    :func:`replication.routing.route_mask`: no Spark job. Without a content filter that is
    every batch (the routing is computed once per distinct header combination); with one,
    a batch over ``DRIVER_READ_MAX_ROWS`` (a backlog, whose bodies Python would parse row by
    row) is routed by Spark with one native column
    (:func:`replication.routing.spark_condition`) over only the columns the
    rules read, which hands back (seq, routed) pairs; the routed rows are then
-   read from the txlog's files here. Either way message bodies never travel
+   taken here as above. Either way message bodies never travel
    through the JVM;
 2. append the routed rows to the destination's ``inbox/`` with app transaction
    ``<this>-><destination>#<incarnation>``, version ``b`` (a replay finds it and skips);
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from replication.destination.link import Link
+    from replication.txlog.recent import RecentTxlog
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ class ReplicatorWriter:
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: StoragePath, inbox: StoragePath,
                  incarnation: str, link: Link, target: str, checkpoint: StoragePath | None = None,
-                 start_seq: int = 0) -> None:
+                 start_seq: int = 0, recent: RecentTxlog | None = None) -> None:
         self.cfg = cfg
         self.dest = dest
         self.link = link
@@ -88,6 +91,9 @@ class ReplicatorWriter:
         self.reads_body = "data" in routing.spark_condition_columns(cfg, dest, target=target)
         """A content filter reads message bodies: a large batch is routed by Spark."""
         self.txlog = TxlogFiles(str(txlog))
+        self.recent = recent
+        """The rows the ingest committed last, taken from memory rather than read back from the txlog's files
+        (:mod:`replication.txlog.recent`; None: always from the files)."""
         self.start_seq = start_seq
         """The query's ``startSeq``: its source's initial offset, where its first batch starts."""
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
@@ -99,6 +105,8 @@ class ReplicatorWriter:
         replication.connectors.spark.planned_read_ahead)."""
         self.rows_sent = 0
         self.batches_read_in_driver = 0
+        self.ranges_from_memory = 0
+        """Txlog ranges taken from :attr:`recent` (the others were read from the txlog's files)."""
         self.signing_key = dest.signing_key.reveal().encode() if dest.signing_key is not None else None
         """HMAC key of this link's commits (the destination's ``<Authenticator>``, :mod:`replication.inbox.signing`)."""
 
@@ -129,7 +137,7 @@ class ReplicatorWriter:
         routed = None
         if routed_seqs.size:
             # seq is contiguous: the batch is exactly (first - 1, through], read in seq order.
-            routed = self.txlog.read(first - 1, through).take(pa.array(routed_seqs - first))
+            routed = self._txlog_rows(first - 1, through).take(pa.array(routed_seqs - first))
         self._send(routed, routed_seqs, through, batch_id)
 
     def close(self) -> None:
@@ -153,8 +161,16 @@ class ReplicatorWriter:
 
     def _read_and_route(self, after: int, through: int) -> tuple[pa.Table, np.ndarray]:
         """Txlog rows (after, through] and which of them are routed here."""
-        rows = self.txlog.read(after, through)
+        rows = self._txlog_rows(after, through)
         return rows, routing.route_mask(self.cfg, self.dest, rows, target=self.target)
+
+    def _txlog_rows(self, after: int, through: int) -> pa.Table:
+        """Txlog rows (after, through] in seq order: from memory when the ingest just committed them all."""
+        held = self.recent.read(after, through) if self.recent is not None else None
+        if held is None:
+            return self.txlog.read(after, through)
+        self.ranges_from_memory += 1
+        return held
 
     def _read_ahead(self, plans: PlannedBatch, batch_id: int) -> tuple[tuple[int, int], pa.Table, np.ndarray] | None:
         """(On the read-ahead thread.) The next batch's span, rows and routing, once Spark has planned it."""
@@ -186,6 +202,8 @@ class ReplicatorWriter:
             self.rows_sent += routed.num_rows
         failpoints.hit("replicator.after_inbox_commit")
         self.link.on_sent(runs_of(routed_seqs), through)
+        if self.recent is not None:
+            self.recent.passed(self.dest.name, through)
 
     def _signature(self, rows: pa.Table, batch_id: int) -> dict[str, str] | None:
         """The commit's signature with the destination's ``<Authenticator>`` key (none without one)."""
@@ -216,6 +234,7 @@ def start_query(
     link: Link,
     target: str,
     trigger_interval: str = "0 seconds",
+    recent: RecentTxlog | None = None,
 ) -> tuple[StreamingQuery, ReplicatorWriter]:
     """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``, where the instance
     ``target`` runs); it and its writer."""
@@ -232,7 +251,7 @@ def start_query(
         .load()
     )
     writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link,
-                              target=target, checkpoint=checkpoint, start_seq=start_seq)
+                              target=target, checkpoint=checkpoint, start_seq=start_seq, recent=recent)
     query = (
         stream.writeStream.queryName(link_name(cfg.name, dest.name, incarnation))
         .foreachBatch(writer)

@@ -112,6 +112,7 @@ class IngestWriter:
         on_clash: Callable[[Clash], None] | None = None,
         queues: QueueAcks | None = None,
         queue_committed: Callable[[pa.Table, list[QueueRequest], int, int], None] | None = None,
+        txlog_committed: Callable[[pa.Table], None] | None = None,
         checkpoint_id: Callable[[], str | None] | None = None,
     ) -> None:
         """``checkpoint_id``: the ingest query's checkpoint identity (read at the first batch, when Spark has
@@ -143,6 +144,7 @@ class IngestWriter:
         """Told each committed batch's txlog rows and seqs (the SOW compactor keeps them for its next compaction)."""
         self.recorded = TopicRecorder(cfg)
         self.staged = staged
+        """Takes the batch's staged backfill parts (None: no inbox)."""
         self.sessions = ClientSessions()
         """The publishers' sessions per client name: two at once is a clash (:mod:`replication.ingest.sessions`)."""
         self.on_clash = on_clash
@@ -150,7 +152,8 @@ class IngestWriter:
         """The instance's queues: which sow_deletes are acknowledgements, and may they be stored."""
         self.queue_committed = queue_committed
         """Told each committed batch's txlog rows and queue requests (the queue dispatcher)."""
-        """Takes the batch's staged backfill parts (None: no inbox)."""
+        self.txlog_committed = txlog_committed
+        """Told each batch's txlog rows once this writer committed them (the replicators read them from there)."""
         self.stats = {"batches": 0, "accepted": 0, "rejected": 0, "duplicates": 0, "last_batch_ms": 0.0,
                       "input_rows_per_second": 0.0}
         self._last_batch_at: float | None = None
@@ -353,6 +356,8 @@ class IngestWriter:
             taken.clean_up()
         with self._state_lock:
             self.state.apply(self.txlog.version, metadata)
+        if appended and self.txlog_committed is not None:  # replicators take them without reading them back
+            self.txlog_committed(result.txlog_rows)
         if appended and self.sow_committed is not None:  # the compactor folds these rows without reading them back
             self.sow_committed(result.txlog_rows, metadata["first_seq"], last_seq)
         if self.queue_committed is not None:
