@@ -92,7 +92,7 @@ from common import (  # noqa: E402
 )
 from mirror_maker import MirrorRun, mirror  # noqa: E402
 from replication_probes import LATENCY_STEPS, Milestones, StageTimer, cpu_by_kind, cpu_since, stage_targets  # noqa: E402
-from replication_report import report, restarted  # noqa: E402
+from replication_report import print_memory_reads, report, restarted  # noqa: E402
 
 PHASES = ("throughput", "signed", "mm2", "latency")
 #: The environment variable the signed run's link key is read from (set by the benchmark).
@@ -293,15 +293,11 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
             counters = inst.status().counters
             if counters.get("rejected") or counters.get("duplicates"):
                 raise SystemExit(f"{inst.name}: unexpected rejects/duplicates {counters}")
-    if b is not None and a.recent_txlog is not None:
-        held = a.recent_txlog
-        print(f"{label}: A's replicator took {held.hits} of {held.hits + held.misses} txlog ranges from memory "
-              "(the others from the txlog's files)", flush=True)
+    print_memory_reads(label, a, b)
     seconds_by, calls_by = timer.snapshot()
     stages = {k: (seconds_by[k], calls_by[k]) for k in seconds_by}
     return Run(label, rows, marks[last], marks, stages, {k: batches_with_rows(q) for k, q in queries.items()},
                restarts(a, b), cpu)
-
 
 
 def wait_for_progress(queries, timeout: float = 10.0) -> None:
@@ -472,6 +468,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
         settled_kinds, settled_seconds = cpu_while_waiting(IDLE_SECONDS)
     finally:
         stop_instances(a, b)
+    print_memory_reads("latency", a, b)
     published = json.loads(out.read_text())
     marks.events["publisher ack"] = [tuple(e) for e in published["acks"]]
     ms, pub_time = follow_messages(marks, published["sent"], a, b)

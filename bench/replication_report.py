@@ -260,5 +260,14 @@ def verdict(ok: bool, *tighter: bool) -> str:
     """One word per target, "ok" or "MISSED": ``ok`` for issue 3's, ``tighter`` for issue 40's beside it."""
     return " / ".join("ok" if met else "MISSED" for met in (ok, *tighter))
 
+
 def restarted(count: int) -> str:
     return f" [{count} ingest query restart(s): figures suspect]" if count else ""
+
+
+def print_memory_reads(label: str, a, b) -> None:
+    """How many of the replicator's txlog ranges were the ingest's rows held in memory (replication.txlog.recent)."""
+    if b is not None and a.recent_txlog is not None:
+        held = a.recent_txlog
+        print(f"{label}: A's replicator took {held.hits} of {held.hits + held.misses} txlog ranges from memory "
+              "(the others from the txlog's files)", flush=True)
