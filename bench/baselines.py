@@ -23,9 +23,9 @@ from common import (
     poll_for,
     spark_table_location,
     table_location,
-    tree_cpu_seconds,
     wait_until,
 )
+from timing import tree_cpu_seconds
 
 
 @dataclass

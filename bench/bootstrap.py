@@ -42,10 +42,10 @@ from common import (  # noqa: E402
     build_txlog,
     format_table,
     run_benchmark,
-    tree_cpu_seconds,
     use_kafka_security,
     wait_until,
 )
+from timing import tree_cpu_seconds  # noqa: E402
 
 PHASES = ("bootstrap", "backfill", "memory", "command")
 

@@ -39,7 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import feeds, format_table, prepublish, tree_cpu_seconds, wait_until, write_instance_config  # noqa: E402
+from common import feeds, format_table, prepublish, wait_until, write_instance_config  # noqa: E402
+from timing import tree_cpu_seconds  # noqa: E402
 
 from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 

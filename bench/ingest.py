@@ -48,8 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baselines import Run, plain_baseline, spark_baseline, spark_batch_seconds, spark_kafka_delta_baseline  # noqa: E402
 from common import (  # noqa: E402
-    PhaseTimer,
-    PySpy,
     add_kafka_arguments,
     add_storage_argument,
     build_txlog,
@@ -64,10 +62,10 @@ from common import (  # noqa: E402
     run_benchmark,
     steady_publisher,
     tables_in,
-    tree_cpu_seconds,
     use_kafka_security,
     wait_until,
 )
+from timing import PhaseTimer, PySpy, tree_cpu_seconds  # noqa: E402
 
 from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 

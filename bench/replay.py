@@ -38,7 +38,8 @@ from pathlib import Path
 os.environ.setdefault("REPLICATION_SPARK_LOG_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import build_txlog, format_table, instance_config, tree_cpu_seconds  # noqa: E402
+from common import build_txlog, format_table, instance_config  # noqa: E402
+from timing import tree_cpu_seconds  # noqa: E402
 
 FILTER = "/id > {half}"
 SEEK_ROWS = 1000

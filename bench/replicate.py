@@ -75,7 +75,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     STEADY_CLIENT,
-    PySpy,
     add_kafka_arguments,
     add_storage_argument,
     data_batches,
@@ -93,6 +92,7 @@ from common import (  # noqa: E402
 from mirror_maker import MirrorRun, mirror  # noqa: E402
 from replication_probes import LATENCY_STEPS, Milestones, StageTimer, cpu_by_kind, cpu_since, stage_targets  # noqa: E402
 from replication_report import print_memory_reads, report, restarted  # noqa: E402
+from timing import PySpy  # noqa: E402
 
 PHASES = ("throughput", "signed", "mm2", "latency")
 #: The environment variable the signed run's link key is read from (set by the benchmark).

@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from common import Labeler, PhaseTimer, process_tree
+from timing import Labeler, PhaseTimer, process_tree
 
 # -- stage timing ------------------------------------------------------------------
 

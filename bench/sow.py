@@ -49,10 +49,10 @@ from common import (  # noqa: E402
     percentile,
     run_benchmark,
     steady_publisher,
-    tree_cpu_seconds,
     use_kafka_security,
     wait_until,
 )
+from timing import tree_cpu_seconds  # noqa: E402
 
 PHASES = ("throughput", "batch", "latency", "query")
 SOW = "<SOW><Topic><Name>/orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic></SOW>"
