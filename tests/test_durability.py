@@ -57,6 +57,9 @@ def test_a_link_holds_only_rows_it_sent_and_not_yet_acknowledged(tmp_path):
     assert not link.holds(1, 3) and link.holds(6, 6) and link.acked_seq == 5
     link.on_ack(6)
     assert link.acked_seq == 8
+    # the link file records a send at once, an acknowledgement once saved (after the release it caused)
+    assert Link(tmp_path / "l.json", "b", "sync").acked_seq == 0
+    link.save()
     reloaded = Link(tmp_path / "l.json", "b", "sync")
     assert reloaded.acked_seq == 8 and reloaded.snapshot().sent_seq == 8
 
@@ -223,6 +226,7 @@ def test_a_link_takes_acknowledged_runs_above_the_prefix(tmp_path):
     assert link.snapshot().unacked == ((3, 3), (6, 7), (9, 10))
     link.on_ack(7, [(9, 10)])
     assert link.snapshot().unacked == () and link.acked_seq == 10
+    link.save()
     assert list(Link(tmp_path / "l.json", "b", "sync").held_mask(np.arange(1, 12))) == [False] * 10 + [True]
 
 

@@ -32,7 +32,8 @@ from replication.txlog.runs import Runs
 
 
 class Link:
-    """Thread-safe tracker of one link: sends, acks, state; persisted to its link file on every change.
+    """Thread-safe tracker of one link: sends, acks, state; persisted to its link file on every change (an
+    acknowledgement's by :meth:`save`, once the ack watch has released what it made durable).
 
     ``version`` increases on every change, so a watcher knows when to re-check durability.
     """
@@ -45,6 +46,8 @@ class Link:
         self.version = 0
         self._unacked_arrays: tuple[int, np.ndarray, np.ndarray] = (-1, np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._last_ack: tuple[int, tuple] | None = None
+        self._unsaved = False
+        """An acknowledgement changed the state since the link file was written (:meth:`save`)."""
 
     @property
     def sync(self) -> bool:
@@ -183,7 +186,17 @@ class Link:
                 unacked = _without(unacked, key[1])
             if downstream_ack <= self.state.downstream_ack and unacked == self.state.unacked:
                 return
-            self._change_locked(downstream_ack=max(downstream_ack, self.state.downstream_ack), unacked=unacked)
+            # Written by save(), after the acks this releases: the destination's ack file is the record (a
+            # restart reads it again), and the link file's write is then off the persisted ack's path.
+            self._change_locked(downstream_ack=max(downstream_ack, self.state.downstream_ack), unacked=unacked,
+                                write=False)
+
+    def save(self) -> None:
+        """Write the link file if an acknowledgement changed the state since it was last written."""
+        with self._lock:
+            if self._unsaved:
+                failpoints.hit("link.before_ack_save")
+                self._write_locked()
 
     def reset(self, *, start_seq: int, epoch: int, address: str, downstream: str, txlog_id: str | None) -> None:
         """A resync: the link starts over after ``start_seq`` toward a (possibly new) downstream."""
@@ -212,11 +225,18 @@ class Link:
         with self._lock:
             return self.state
 
-    def _change_locked(self, **changes) -> None:
+    def _change_locked(self, *, write: bool = True, **changes) -> None:
         self.state = dataclasses.replace(self.state, updated=time.time(), **changes)
         self.version += 1
+        if write:
+            self._write_locked()
+        else:
+            self._unsaved = True
+
+    def _write_locked(self) -> None:
         failpoints.hit("link.before_write")
         self.state.write(self.path)
+        self._unsaved = False
 
 
 def _trimmed(runs: list[tuple[int, int]], ack: int) -> tuple[tuple[int, int], ...]:

@@ -118,6 +118,7 @@ class DestinationManager:
         self._thread.join(timeout=60)
         self._stop_query()
         self.link.set(state="stopped")
+        self.link.save()  # (an acknowledgement read as the watch stopped)
 
     # -- the loop ---------------------------------------------------------
     def _run(self) -> None:
@@ -255,6 +256,7 @@ class DestinationManager:
             if self.link.version != reported:
                 reported = self.link.version
                 self.on_ack()
+            self.link.save()  # (after the release: the persisted acks do not wait for the link file)
             if time.monotonic() - last_query_check < IDLE_POLL_S:
                 continue  # (asking the JVM about the query is a round trip: not at every fast turn)
             last_query_check = time.monotonic()

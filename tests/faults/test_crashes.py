@@ -41,9 +41,10 @@ BATCH_CRASH_POINTS = [
 ]
 
 #: B receives from A over a sync link (and A from B); its crash points in that role, one per life: before
-#: recording what it acknowledges, before telling its upstream, while writing its own link file.
+#: recording what it acknowledges, before telling its upstream, while writing its own link file, and after
+#: releasing what A's acknowledgement made durable, before its link file records that acknowledgement.
 SYNC_PAIR_CRASH_POINTS = ["durability.before_persisted_state@4", "durability.before_upstream_ack@4",
-                          "link.before_write@30"]
+                          "link.before_write@30", "link.before_ack_save@8"]
 
 
 @pytest.mark.slow
