@@ -249,6 +249,36 @@ def test_a_replicator_that_starts_behind_reads_its_first_batch_in_the_driver(fab
     assert [w.ranges_from_memory for w in writers] == [0 if restarted else 1]
 
 
+def test_a_batch_that_failed_after_its_txlog_commit_is_replicated_from_the_txlogs_files(fabric):
+    """A's 3rd ingest batch fails after its txlog commit, before its rows reach the replicators' memory: the
+    restarted query skips it, and the rows held start again after it. B, coming up afterwards, gets that
+    range from A's txlog files, later rows from memory: every row once, as A stored it."""
+    from replication import failpoints
+
+    fabric.configure("b")
+    fabric.configure("a", max_offsets=100, replication=replication_xml(
+        destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
+    a = fabric.start("a")  # B does not exist yet: only A's ingest passes the failpoint
+    failpoints.arm("ingest.after_txlog_commit@3:raise")
+    try:
+        pub = fabric.publisher("failed-batch", "a")
+        publish_orders(pub, 400)
+        wait_until(lambda: fabric.count("a") == 400, what="A to store every message")
+    finally:
+        failpoints.arm("")
+    assert a.restarts >= 1
+    fabric.start("b")
+    wait_until(lambda: fabric.count("b") == 400, what="B to receive the first 400")
+    writer = a.managers[0].writer
+    assert writer.ranges_from_memory == 0, "the range with the failed batch's rows came from the files"
+    publish_orders(pub, 100)
+    pub.flush(timeout=240)
+    wait_until(lambda: fabric.count("b") == 500, what="B to receive the rest")
+    assert writer.ranges_from_memory >= 1, "rows committed after B came up were taken from memory"
+    assert_exactly_once(fabric.rows("b"), {"failed-batch": 500})
+    assert_same_rows(fabric.rows("a"), fabric.rows("b"))
+
+
 def assert_same_rows(upstream, downstream) -> None:
     """``downstream`` holds the upstream's rows as they were stored there: bodies, topics, times, SOW keys."""
     columns = ["bookmark", "topic", "message_type", "command", "sow_key", "data", "origin", "publish_time"]

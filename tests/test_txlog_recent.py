@@ -11,7 +11,7 @@ from support.tables import numbered_txlog_rows
 
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.txlog.files import TxlogFiles
-from replication.txlog.recent import RecentTxlog
+from replication.txlog.recent import RecentTxlog, pinned_bytes
 from replication.txlog.schema import TXLOG_SCHEMA
 
 #: A writer's table as classify might hand it over: looser nullability and nanosecond times (cast on commit).
@@ -51,30 +51,58 @@ def test_held_ranges_are_the_rows_the_txlog_files_give(tmp_path):
     assert recent.read(0, 82) is None and recent.misses == 1  # a row not committed yet: not held, not guessed
 
 
-def test_a_gap_the_memory_bound_and_readers_let_batches_go():
-    recent = RecentTxlog(max_bytes=10**9)
+def test_a_gap_the_memory_bounds_and_readers_let_batches_go():
+    recent = RecentTxlog(max_bytes=10**9, idle_max_bytes=10**9)
     recent.committed(numbered_txlog_rows(101, 50))  # rows 1..100 were committed before this process started
     assert recent.held == (100, 150)
     assert recent.read(90, 120) is None and recent.read(100, 120) is not None
     recent.committed(numbered_txlog_rows(161, 10))  # 151..160 committed some other way (stored backfill parts)
     assert recent.held == (160, 170) and recent.read(140, 165) is None
     assert pc.min(recent.read(160, 165)["seq"]).as_py() == 161
+    recent.committed(numbered_txlog_rows(1, 0))  # a commit of no row leaves no gap
+    assert recent.held == (160, 170)
 
-    # readers: a batch goes once every reader has read past it
+    # attached readers: a batch goes once every one of them has read past it
     recent.committed(numbered_txlog_rows(171, 10))
     recent.committed(numbered_txlog_rows(181, 10))
+    recent.attach("b", 160)
     recent.passed("b", 185)
     assert recent.held == (180, 190)  # "b", the only reader so far, has read past 180
-    recent.passed("c", 172)
+    recent.attach("c", 172)
     recent.passed("b", 190)
+    recent.passed("gone", 1_000)  # (a reader not attached: ignored)
     assert recent.held == (180, 190)  # "c" has not read past 190 yet
     recent.passed("c", 190)
     assert recent.held is None
 
-    # the bound: the oldest batches go first
-    one = numbered_txlog_rows(191, 10).get_total_buffer_size()
-    bounded = RecentTxlog(max_bytes=int(2.5 * one))
+
+def test_the_bounds_count_the_buffers_rows_keep_alive():
+    one = pinned_bytes(numbered_txlog_rows(1, 10))
+    bounded = RecentTxlog(max_bytes=int(2.5 * one), idle_max_bytes=int(1.5 * one))
+    bounded.attach("b", 0)
     for first in (1, 11, 21, 31):
         bounded.committed(numbered_txlog_rows(first, 10))
-    assert bounded.held == (20, 40)
+    assert bounded.held == (20, 40)  # the oldest batches go first
     assert bounded.read(10, 40) is None and bounded.read(25, 38)["seq"].to_pylist() == list(range(26, 39))
+    bounded.detach("b")  # no replicator runs: the idle bound
+    assert bounded.held == (30, 40)
+
+    # a column sliced out of a larger buffer (a Spark batch's bodies) counts as the whole of it
+    bodies = pa.array([b"x" * 1_000] * 1_000, pa.binary())
+    rows = numbered_txlog_rows(1, 10)
+    sliced = rows.set_column(rows.schema.get_field_index("data"), "data", bodies.slice(0, 10))
+    assert pinned_bytes(sliced) >= 1_000_000 > 100 * pinned_bytes(rows.select(["data"]))
+    held = RecentTxlog(max_bytes=500_000)
+    held.attach("b", 0)
+    held.committed(sliced)
+    assert held.held is None  # over the bound on its own: read from the files
+
+
+def test_rows_that_cannot_be_held_are_let_go_and_never_fail_the_batch(caplog):
+    recent = RecentTxlog()
+    recent.committed(numbered_txlog_rows(1, 10))
+    gap = pa.concat_tables([numbered_txlog_rows(11, 5), numbered_txlog_rows(20, 5)])  # not one run of seqs
+    recent.committed(gap)
+    assert recent.held is None and "not held in memory" in caplog.text
+    recent.committed(numbered_txlog_rows(25, 5))
+    assert recent.held == (24, 29)

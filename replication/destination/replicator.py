@@ -94,6 +94,8 @@ class ReplicatorWriter:
         self.recent = recent
         """The rows the ingest committed last, taken from memory rather than read back from the txlog's files
         (:mod:`replication.txlog.recent`; None: always from the files)."""
+        if recent is not None:
+            recent.attach(dest.name, start_seq)
         self.start_seq = start_seq
         """The query's ``startSeq``: its source's initial offset, where its first batch starts."""
         self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
@@ -141,9 +143,11 @@ class ReplicatorWriter:
         self._send(routed, routed_seqs, through, batch_id)
 
     def close(self) -> None:
-        """Stop reading ahead (the query has stopped)."""
+        """Stop reading ahead, and let go of the rows held for this replicator (the query has stopped)."""
         if self.ahead is not None:
             self.ahead.close(READ_AHEAD_WAIT_S)
+        if self.recent is not None:
+            self.recent.detach(self.dest.name)
 
     def _planned_span(self, planned: PlannedBatch, batch_id: int) -> tuple[int, int] | None:
         """(after, through) seqs of a batch small enough to read in the driver, from the offset log; else None."""

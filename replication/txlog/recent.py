@@ -14,10 +14,18 @@ before this process started, a batch whose commit was not this writer's,
 rows let go to stay under the memory bound) is read from the txlog's files,
 which give the same rows: both are the table the writer committed, cast to
 :data:`~replication.txlog.schema.TXLOG_SCHEMA`.
+
+Memory: a batch is let go once every running replicator has read past it.
+What is held is counted as the Arrow buffers it keeps alive, whole (a
+column sliced out of a larger buffer, such as Spark's Kafka batch, keeps
+all of it): at most :data:`MAX_BYTES` while a replicator runs, and
+:data:`IDLE_MAX_BYTES` while none does (its destination down or not reached
+yet), so that a stopped link pins little.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -26,9 +34,13 @@ import pyarrow as pa
 
 from replication.txlog.schema import TXLOG_SCHEMA
 
-#: The most held, in Arrow buffer bytes (a batch of 200k bench rows is ~60 MB): past it the oldest batches are
-#: let go, and a replicator that far behind reads its rows from the txlog's files.
+log = logging.getLogger(__name__)
+
+#: The most held while a replicator runs, in bytes of the buffers kept alive (a batch of 166k bench rows: ~60 MB):
+#: past it the oldest batches are let go, and a replicator that far behind reads its rows from the txlog's files.
 MAX_BYTES = 256 * 1024 * 1024
+#: The most held while no replicator runs: a live stream's last batches, for a destination that comes back.
+IDLE_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,11 +55,13 @@ class RecentTxlog:
     """Committed txlog rows with ``after < seq <= through`` of a few recent batches (see the module docstring).
 
     Thread-safe: the ingest writer adds on its thread, replicators read on theirs (and on their read-ahead
-    threads). A batch is let go once every registered reader has read past it, or to stay under ``max_bytes``.
+    threads). A batch is let go once every attached reader has read past it, or to stay under ``max_bytes``
+    (``idle_max_bytes`` while no reader is attached).
     """
 
-    def __init__(self, *, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, *, max_bytes: int = MAX_BYTES, idle_max_bytes: int = IDLE_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
+        self.idle_max_bytes = idle_max_bytes
         self._lock = threading.Lock()
         self._batches: deque[_Batch] = deque()
         self._bytes = 0
@@ -65,23 +79,35 @@ class RecentTxlog:
 
     def committed(self, rows: pa.Table) -> None:
         """The ingest writer committed ``rows`` (its txlog rows, in seq order). Rows that do not follow the
-        last batch held without a gap (stored backfill parts before them, a commit replayed) start again."""
+        last batch held without a gap (stored backfill parts before them, a commit replayed) start again.
+        Never raises: the batch is committed, and what is not held is read from the txlog's files."""
         if rows.num_rows == 0:
-            return
-        seq = rows.column("seq")
-        first, last = seq[0].as_py(), seq[-1].as_py()
-        if last - first + 1 != rows.num_rows:  # (seq is contiguous and ascending in a commit: never expected)
-            self.clear()
-            return
-        rows = rows if rows.schema == TXLOG_SCHEMA else rows.cast(TXLOG_SCHEMA)
-        batch = _Batch(first - 1, last, rows, rows.get_total_buffer_size())
+            return  # (a commit of no row leaves no gap)
+        try:
+            batch = _batch_of(rows)
+        except Exception:  # noqa: BLE001 - holding rows is an optimisation; the txlog has them
+            log.warning("txlog rows of seqs after %s not held in memory; replicators read them from the files",
+                        self.held, exc_info=True)
+            batch = None
         with self._lock:
-            if self._batches and self._batches[-1].through != batch.after:
+            if batch is None or (self._batches and self._batches[-1].through != batch.after):
                 self._drop_all()
-            self._batches.append(batch)
-            self._bytes += batch.size
-            while self._bytes > self.max_bytes and self._batches:
-                self._drop_oldest()
+            if batch is not None:
+                self._batches.append(batch)
+                self._bytes += batch.size
+            self._trim()
+
+    def attach(self, reader: str, after: int) -> None:
+        """``reader`` (a replicator) starts reading after seq ``after``."""
+        with self._lock:
+            self._readers[reader] = after
+            self._trim()
+
+    def detach(self, reader: str) -> None:
+        """``reader`` stopped: what only it would still read is let go."""
+        with self._lock:
+            self._readers.pop(reader, None)
+            self._trim()
 
     def read(self, after: int, through: int) -> pa.Table | None:
         """Rows ``after < seq <= through`` in seq order, when every one of them is held; else None."""
@@ -98,17 +124,25 @@ class RecentTxlog:
         return pa.concat_tables(pieces) if pieces else TXLOG_SCHEMA.empty_table()
 
     def passed(self, reader: str, through: int) -> None:
-        """``reader`` (a destination) has read every row through ``through``: what every reader has read is let
-        go."""
+        """``reader`` (an attached replicator) has read every row through ``through``."""
         with self._lock:
-            self._readers[reader] = through
-            slowest = min(self._readers.values())
-            while self._batches and self._batches[0].through <= slowest:
-                self._drop_oldest()
+            if reader in self._readers:
+                self._readers[reader] = through
+                self._trim()
 
     def clear(self) -> None:
         with self._lock:
             self._drop_all()
+
+    def _trim(self) -> None:
+        """Let go of what every attached reader has read, and the oldest batches past the bound."""
+        if self._readers:
+            slowest = min(self._readers.values())
+            while self._batches and self._batches[0].through <= slowest:
+                self._drop_oldest()
+        bound = self.max_bytes if self._readers else self.idle_max_bytes
+        while self._bytes > bound and self._batches:
+            self._drop_oldest()
 
     def _drop_oldest(self) -> None:
         self._bytes -= self._batches.popleft().size
@@ -116,3 +150,26 @@ class RecentTxlog:
     def _drop_all(self) -> None:
         self._batches.clear()
         self._bytes = 0
+
+
+def _batch_of(rows: pa.Table) -> _Batch:
+    """``rows`` to hold; ValueError when they are not one run of seqs (never expected: a commit's seqs are)."""
+    seq = rows.column("seq")
+    first, last = seq[0].as_py(), seq[-1].as_py()
+    if last - first + 1 != rows.num_rows:
+        raise ValueError(f"seqs {first}..{last} are not {rows.num_rows} consecutive values")
+    rows = rows if rows.schema == TXLOG_SCHEMA else rows.cast(TXLOG_SCHEMA)
+    return _Batch(first - 1, last, rows, pinned_bytes(rows))
+
+
+def pinned_bytes(table: pa.Table) -> int:
+    """Bytes of the buffers ``table`` keeps alive: a slice counts as the whole buffer it was cut from, once."""
+    roots: dict[int, int] = {}
+    for column in table.columns:
+        for chunk in column.chunks:
+            for buffer in chunk.buffers():
+                while buffer is not None and buffer.parent is not None:
+                    buffer = buffer.parent
+                if buffer is not None:
+                    roots[buffer.address] = buffer.size
+    return sum(roots.values())
