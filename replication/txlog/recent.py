@@ -3,8 +3,8 @@
 A replicator follows its own instance's ingest a batch or so behind: each of
 its batches is rows the ingest writer committed a moment before, in the same
 process. Reading them back means decompressing and decoding the Parquet file
-just written (~250 ms per 166k rows, about a tenth of an instance's CPU
-while it replicates at full rate). The ingest writer hands each committed
+just written (about 100 ms of a 166k-row batch's time in the replicator,
+bench/replicate.py). The ingest writer hands each committed
 batch here instead (after its commit, so only rows the txlog holds are ever
 served), and a replicator takes a range from here when every row of it is
 held.
