@@ -70,9 +70,13 @@ def test_a_gap_the_memory_bounds_and_readers_let_batches_go():
     assert recent.held == (180, 190)  # "b", the only reader so far, has read past 180
     recent.attach("c", 172)
     recent.passed("b", 190)
-    recent.passed("gone", 1_000)  # (a reader not attached: ignored)
     assert recent.held == (180, 190)  # "c" has not read past 190 yet
     recent.passed("c", 190)
+    assert recent.held is None
+    recent.committed(numbered_txlog_rows(191, 10))
+    recent.detach("c")
+    recent.passed("c", 185)  # a detached reader's last batch ending late holds nothing back
+    recent.passed("b", 200)
     assert recent.held is None
 
 
