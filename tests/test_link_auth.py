@@ -332,7 +332,9 @@ def test_a_signed_entitled_pair_takes_only_verified_commits_of_admitted_topics(f
     def refusals():
         return status_command.collect(config.load(str(fabric.paths["b"])))["refusals"]
 
-    wait_until(lambda: refusals().get(a_name, {}).get("commits") == 4, what="status to show B's 4 refused commits")
+    # (the stranger's refusal may reach the heartbeat a second after A's: wait for both)
+    wait_until(lambda: refusals().get(a_name, {}).get("commits") == 4 and "stranger" in refusals(),
+               what="status to show B's 4 refused commits and the stranger's")
     assert refusals()[a_name]["rows"] == 9 + valid_rows.num_rows + 20
     assert refusals()["stranger"]["rows"] == 3
     assert fabric.running["b"].query.isActive
