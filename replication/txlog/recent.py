@@ -131,10 +131,6 @@ class RecentTxlog:
                 self._readers[reader] = through
                 self._trim()
 
-    def clear(self) -> None:
-        with self._lock:
-            self._drop_all()
-
     def _trim(self) -> None:
         """Let go of what every attached reader has read, and the oldest batches past the bound."""
         if self._readers:
