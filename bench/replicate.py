@@ -212,22 +212,22 @@ def start_instances(spark, pair: Pair, trigger: str) -> tuple:
 
 
 def wait_until_idle(*instances, settle: float = 2.0) -> None:
-    """Wait until every query of ``instances`` (ingest, replicators) has started and polled its sources.
+    """Wait until every ingest query of ``instances`` has polled its sources and every replicator runs.
 
     A steady-state measurement must not include the queries' start-up (each
     Python source starts a process that imports PySpark).
     """
-    def queries():
-        for inst in instances:
-            if inst is not None:
-                yield inst.query
-                yield from (m.query for m in inst.managers)
+    running = [inst for inst in instances if inst is not None]
 
     def polling(q) -> bool:
         return q is not None and q.isActive and (
             q.lastProgress is not None or q.status.get("message") == "Waiting for data to arrive")
 
-    wait_until(lambda: all(polling(q) for q in queries()), timeout=300, interval=0.1, what="every query to start")
+    def replicating(inst) -> bool:
+        return all(m.replicator is not None and m.replicator.is_active for m in inst.managers)
+
+    wait_until(lambda: all(polling(inst.query) and replicating(inst) for inst in running), timeout=300,
+               interval=0.1, what="every query and replicator to start")
     time.sleep(settle)
 
 
@@ -283,7 +283,7 @@ def throughput_run(spark, pair: Pair, rows: int, timer: StageTimer, *, label: st
                 time.sleep(0.02)
             queries = {"A ingest": a.query}  # now: the engine may have restarted a failed one
             if b is not None:
-                queries.update({"A->B replicator": a.managers[0].query, "B ingest": b.query})
+                queries["B ingest"] = b.query
             queries = {k: q for k, q in queries.items() if q is not None}
             wait_for_progress(queries.values())
         finally:
@@ -460,7 +460,7 @@ def latency(spark, workdir: Path, bootstrap: str, args, timer: StageTimer) -> La
                 proc.kill()
                 raise SystemExit(f"the steady publisher failed (exit code {proc.exitcode})")
         queries = {k: batches_with_rows(q) for k, q in
-                   (("A ingest", a.query), ("A->B replicator", a.managers[0].query), ("B ingest", b.query))
+                   (("A ingest", a.query), ("B ingest", b.query))
                    if q is not None}
         restart_count = restarts(a, b)
         seconds_by, calls_by = timer.snapshot()  # (the run's steps, not the idle watch's)

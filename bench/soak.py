@@ -55,7 +55,7 @@ GROUPS = {
 }
 KILLABLE = ("side-A", "side-B")
 ALL = [name for names in GROUPS.values() for name in names]
-#: Micro-batch trigger of the soak's processes: eight ingest and fourteen replicator queries on few cores.
+#: Micro-batch trigger of the soak's processes: eight ingest queries and fourteen replicators on few cores.
 TRIGGER = "250 milliseconds"
 
 

@@ -204,7 +204,7 @@ class Instance:
             self.compactor.start()
         self.managers = [
             DestinationManager(
-                self.spark, self.cfg, dest, layout=self.layout, link=self.links[dest.name],
+                self.cfg, dest, layout=self.layout, link=self.links[dest.name],
                 on_ack=self.durability.release, trigger_interval=self.trigger_interval, recent=self.recent_txlog,
             ).start()
             for dest in self.cfg.destinations

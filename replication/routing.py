@@ -13,9 +13,11 @@ this instance to a destination only when all of these hold:
 
 :func:`rules` turns a config and a destination into a tuple of :class:`Rule`,
 each holding one condition tree (:class:`Cond`). The same trees are
-interpreted row by row in Python (:func:`decide`, used by ``replication trace``)
-and compiled to one native Spark column (:func:`spark_condition`, used by the
-replicator query), so the engine and the offline tools cannot drift apart.
+interpreted row by row in Python (:func:`decide`, used by ``replication trace``;
+:func:`route_mask`, used by the replicator, once per distinct header
+combination) and compiled to one native Spark column (:func:`spark_condition`,
+used by ``replication verify`` on Spark), so the engine and the offline tools
+cannot drift apart.
 
 ``path`` convention: the instances that have stored the message, in order,
 origin first and *including the instance holding the row* (see
@@ -305,9 +307,7 @@ def route_mask(cfg: InstanceConfig, dest: Destination, rows: pa.Table, *,
                target: str | None = None) -> np.ndarray:
     """:func:`decide` for every row of a txlog table: True where the row goes to ``dest``.
 
-    The replicator's evaluation of a micro-batch it reads itself (Spark
-    evaluates :func:`spark_condition` on large batches that a content filter
-    routes). ``rows`` needs the columns of :func:`spark_condition_columns`.
+    The replicator's evaluation of each batch. ``rows`` needs the columns of :func:`spark_condition_columns`.
     Without a content filter the answer depends on a row's headers only, so
     it is computed once per distinct combination of them (a backlog of 200k
     rows holds a handful) and spread back to the rows with numpy.

@@ -77,14 +77,12 @@ def fabric(spark, broker, tmp_path):
 
 @pytest.fixture(params=["driver-read", "spark-job"])
 def read_path(request, monkeypatch):
-    """An engine test run twice: small micro-batches read by the writers themselves (the default), and
+    """An engine test run twice: the ingest's small micro-batches read by its writer itself (the default), and
     every micro-batch collected from Spark's DataFrame (what large batches take)."""
     if request.param == "spark-job":
         from replication.connectors.spark import planned_batch
-        from replication.destination import replicator
 
         monkeypatch.setattr(planned_batch, "DRIVER_READ_MAX_ROWS", -1)
-        monkeypatch.setattr(replicator, "HEADER_ROUTED_MAX_ROWS", -1)
     return request.param
 
 

@@ -24,7 +24,7 @@ from replication.instance import Instance
 
 TIERS = [("Incoming-A", "Incoming-B"), ("Live-A", "Live-B"), ("Dev-A", "Dev-B"), ("Archive-A", "Archive-B")]
 ALL = [name for tier in TIERS for name in tier]
-TRIGGER = "250 milliseconds"  # 8 ingest + 14 replicator queries share 2 cores
+TRIGGER = "250 milliseconds"  # 8 ingest queries + 14 replicators share 2 cores
 PER_ROUND = 300
 WAIT = 240.0
 
@@ -50,7 +50,7 @@ def settled(running: dict[str, Instance], addresses: dict[str, str]) -> bool:
         for manager in inst.managers:
             if any(addresses[a] in running for a in manager.dest.inet_addrs):
                 ok = (ok and status.links[manager.dest.name]["state"] in ("connected", "failed over")
-                      and initialized(manager.query))
+                      and manager.replicator is not None and manager.replicator.is_active)
     return ok
 
 

@@ -55,19 +55,17 @@ def publish_paced(pub, n: int, rate: float) -> None:
 
 
 def assert_read_path(read_path: str, *instances) -> None:
-    """Small batches were read by the writers themselves, or (spark-job) every batch by Spark."""
+    """The ingests' small batches were read by their writers themselves, or (spark-job) every batch by Spark; the
+    replicators (driver threads) took the rows their ingest had just committed from memory either way."""
     counts = [inst.writer.driver_read.batches for inst in instances]
-    counts += [m.writer.batches_read_in_driver for inst in instances for m in inst.managers if m.writer is not None]
     if read_path == "driver-read":
         assert all(n > 0 for n in counts), counts
         # and batches were read as soon as Spark had planned them (the rows checked exactly once above)
-        ahead = [sum(inst.writer.driver_read.ahead.hits for inst in instances),
-                 sum(m.writer.ahead.hits for inst in instances for m in inst.managers if m.writer is not None)]
-        assert all(n > 0 for n in ahead), ahead
+        assert sum(inst.writer.driver_read.ahead.hits for inst in instances) > 0
     else:
         assert not any(counts), counts
-    # either way the replicators took rows their ingest had just committed from memory, not from its files
-    from_memory = [m.writer.ranges_from_memory for inst in instances for m in inst.managers if m.writer is not None]
+    from_memory = [m.replicator.ranges_from_memory for inst in instances for m in inst.managers
+                   if m.replicator is not None]
     assert from_memory and all(n > 0 for n in from_memory), from_memory
 
 
@@ -196,40 +194,39 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type, monke
     assert 1 <= len(reads) <= 5, f"{len(reads)} reads of an idle link's ack in 3 s"
 
 
-def test_a_replicator_batch_that_cannot_be_read_in_the_driver_is_routed_by_spark(fabric, monkeypatch, caplog):
-    from replication.destination.replicator import ReplicatorWriter
+def test_a_replicator_batch_that_cannot_be_read_is_run_again_after_a_back_off(fabric, monkeypatch, caplog):
+    """A txlog read that fails stops the replicator; its manager starts it again after a back-off, and the
+    planned batch runs again over the same range: every row once."""
+    from replication.destination.replicator import Replicator
 
-    real_read = ReplicatorWriter._read_and_route
+    real_read = Replicator._read_and_route
     failures = []
 
-    def failing_for_one_batch(self, after, through):
-        # every driver read of the first batch fails, read ahead or not (Spark's tasks read it another way)
-        if through > after and (not failures or failures[0] == (after, through)):
+    def failing_twice(self, after, through):
+        if len(failures) < 2:
             failures.append((after, through))
             raise OSError("a txlog file could not be opened (injected)")
         return real_read(self, after, through)
 
-    monkeypatch.setattr(ReplicatorWriter, "_read_and_route", failing_for_one_batch)
+    monkeypatch.setattr(Replicator, "_read_and_route", failing_twice)
     fabric.start_one_way_pair()
-    pub = fabric.publisher("via-spark", "a")
-    # One message first, alone in a batch whose driver read fails; the other 299 come in later batches, which
-    # the driver reads.
+    pub = fabric.publisher("read-fails", "a")
     publish_orders(pub, 1)
     pub.flush(timeout=120)
     wait_until(lambda: fabric.count("b") == 1, what="B to receive the first message")
     publish_orders(pub, 299)
     pub.flush(timeout=120)
     wait_until(lambda: fabric.count("b") == 300, what="B to receive every message")
-    assert failures, "the injected failure was reached"
-    assert any("could not be read in the driver; Spark reads them instead" in r.getMessage() for r in caplog.records)
-    assert_exactly_once(fabric.rows("b"), {"via-spark": 300})
+    assert len(failures) == 2 and failures[0] == failures[1], failures
+    assert any("replicator stopped: a txlog file could not be opened (injected)" in r.getMessage()
+               for r in caplog.records)
+    assert_exactly_once(fabric.rows("b"), {"read-fails": 300})
 
 
 @pytest.mark.parametrize("restarted", [False, True], ids=["held-in-memory", "restarted"])
-def test_a_replicator_that_starts_behind_reads_its_first_batch_in_the_driver(fabric, restarted):
-    """A replicator whose destination comes up after A has stored messages takes them all in its first batch,
-    whose start Spark does not log: it is the query's start seq, so the driver reads that batch too. Rows the
-    ingest committed in this process are taken from memory; after a restart, from the txlog's files."""
+def test_a_replicator_that_starts_behind_takes_the_backlog_in_one_batch(fabric, restarted):
+    """A replicator whose destination comes up after A has stored messages takes them all in its first batch.
+    Rows the ingest committed in this process are taken from memory; after a restart, from the txlog's files."""
     fabric.configure("b")
     fabric.configure("a", replication=replication_xml(destination_xml(fabric.name("b"), [fabric.storage("b")],
                                                                       topics=ONE_WAY)))
@@ -244,9 +241,9 @@ def test_a_replicator_that_starts_behind_reads_its_first_batch_in_the_driver(fab
     pub.flush(timeout=240)
     assert_exactly_once(fabric.rows("b"), {"early": 50})
     assert_same_rows(fabric.rows("a"), fabric.rows("b"))
-    writers = [m.writer for m in fabric.running["a"].managers]
-    assert [w.batches_read_in_driver for w in writers] == [1], "one batch, read by the writer itself"
-    assert [w.ranges_from_memory for w in writers] == [0 if restarted else 1]
+    replicators = [m.replicator for m in fabric.running["a"].managers]
+    assert [r.batches for r in replicators] == [1], "one batch"
+    assert [r.ranges_from_memory for r in replicators] == [0 if restarted else 1]
 
 
 def test_a_batch_that_failed_after_its_txlog_commit_is_replicated_from_the_txlogs_files(fabric):
@@ -269,7 +266,7 @@ def test_a_batch_that_failed_after_its_txlog_commit_is_replicated_from_the_txlog
     assert a.restarts >= 1
     fabric.start("b")
     wait_until(lambda: fabric.count("b") == 400, what="B to receive the first 400")
-    writer = a.managers[0].writer
+    writer = a.managers[0].replicator
     assert writer.ranges_from_memory == 0, "the range with the failed batch's rows came from the files"
     publish_orders(pub, 100)
     pub.flush(timeout=240)
@@ -286,13 +283,9 @@ def assert_same_rows(upstream, downstream) -> None:
 
 
 @pytest.mark.parametrize("content_filter", [False, True], ids=["headers-only", "content-filter"])
-def test_a_replicator_backlog_is_routed_in_the_driver_unless_a_content_filter_reads_bodies(fabric, monkeypatch,
-                                                                                          content_filter):
-    """A batch over the driver-read bound (a backlog) is read and routed by the writer itself when the routing
-    reads only headers (one answer per distinct header combination); a content filter's is routed by Spark."""
-    from replication.connectors.spark import planned_batch
-
-    monkeypatch.setattr(planned_batch, "DRIVER_READ_MAX_ROWS", 10)  # the 50 rows below are a backlog
+def test_a_replicator_backlog_is_routed_by_headers_or_by_its_content_filter(fabric, content_filter):
+    """A backlog taken in one batch is routed as a live stream is: by headers (one answer per distinct header
+    combination), or by a content filter that reads bodies."""
     topics = ("<Topic><Name>/orders</Name><MessageType>json</MessageType><Filter>/qty &lt; 20</Filter>"
               "<ExcludeValidation>replicate,cascade,replicate_filter</ExcludeValidation></Topic>"
               if content_filter else ONE_WAY)
@@ -308,8 +301,7 @@ def test_a_replicator_backlog_is_routed_in_the_driver_unless_a_content_filter_re
     routed = 20 if content_filter else 50  # publish_orders: the i-th order has qty i
     wait_until(lambda: fabric.count("b") == routed, what="B to receive the routed rows")
     assert_exactly_once(fabric.rows("b"), {"backlog": routed})
-    writers = [m.writer for m in fabric.running["a"].managers]
-    assert [w.batches_read_in_driver for w in writers] == ([0] if content_filter else [1])
+    assert [m.replicator.batches for m in fabric.running["a"].managers] == [1]
 
 
 def test_a_sync_pair_stopped_mid_stream_and_restarted_acknowledges_everything_once(fabric):
@@ -414,27 +406,20 @@ def test_fix_and_nvfix_topics_filtered_by_tag_route_row_by_row(fabric):
 
 
 def test_a_batch_read_ahead_for_other_ranges_is_not_used_and_stop_ends_the_threads(fabric, monkeypatch):
-    """The writers take rows read ahead only when they are the batch's own: here every read ahead is made to
-    claim other ranges (and hold no rows), so using one would lose the batch's rows. Stopping the instances
-    ends their read-ahead threads."""
-    from replication.destination.replicator import ReplicatorWriter
+    """The ingest writers take rows read ahead only when they are the batch's own: here every read ahead is made
+    to claim other ranges (and hold no rows), so using one would lose the batch's rows. Stopping the instances
+    ends their read-ahead threads, and their replicators' threads."""
     from replication.ingest.inputs import DriverRead, _Read
 
-    made = {"ingest": 0, "replicator": 0}
-    ingest_read, replicator_read = DriverRead._read_ahead, ReplicatorWriter._read_ahead
+    made = {"ingest": 0}
+    ingest_read = DriverRead._read_ahead
 
     def other_ranges(self, plans, batch_id):
         read = ingest_read(self, plans, batch_id)
         made["ingest"] += read is not None
         return None if read is None else _Read([({"t": {"0": -1}}, {"t": {"0": -1}})], [], None)
 
-    def other_span(self, plans, batch_id):
-        read = replicator_read(self, plans, batch_id)
-        made["replicator"] += read is not None
-        return None if read is None else ((-1, -1), read[1].slice(0, 0), read[2][:0])
-
     monkeypatch.setattr(DriverRead, "_read_ahead", other_ranges)
-    monkeypatch.setattr(ReplicatorWriter, "_read_ahead", other_span)
     fabric.start_one_way_pair()
     a, b = fabric.running["a"], fabric.running["b"]
     pub = fabric.publisher("pub-a", "a")
@@ -443,10 +428,10 @@ def test_a_batch_read_ahead_for_other_ranges_is_not_used_and_stop_ends_the_threa
     wait_until(lambda: fabric.count("b") >= 600, timeout=120, what="B has A's 600 rows")
     for side in ("a", "b"):
         assert_exactly_once(fabric.rows(side), {"pub-a": 600})
-    assert made["ingest"] > 0 and made["replicator"] > 0, made
+    assert made["ingest"] > 0, made
     assert a.writer.driver_read.ahead.hits == 0 and b.writer.driver_read.ahead.hits == 0
-    assert all(m.writer.ahead.hits == 0 for m in a.managers if m.writer is not None)
     fabric.stop("a")
     fabric.stop("b")
-    left = [t.name for t in threading.enumerate() if t.name.endswith("-read-ahead") and fabric.suffix in t.name]
+    left = [t.name for t in threading.enumerate()
+            if (t.name.endswith("-read-ahead") or "#" in t.name) and fabric.suffix in t.name]
     assert left == [], left

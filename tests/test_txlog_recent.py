@@ -110,3 +110,22 @@ def test_rows_that_cannot_be_held_are_let_go_and_never_fail_the_batch(caplog):
     assert recent.held is None and "not held in memory" in caplog.text
     recent.committed(numbered_txlog_rows(25, 5))
     assert recent.held == (24, 29)
+
+
+def test_a_waiting_replicator_wakes_at_a_hand_over_past_its_position_held_or_not():
+    import threading
+
+    recent = RecentTxlog()
+    assert recent.latest == 0 and not recent.wait_past(0, 0.01), "nothing handed over: the wait times out"
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(recent.wait_past(10, 30.0)))
+    waiter.start()
+    recent.committed(numbered_txlog_rows(1, 10))  # through 10: not past the waiter's position
+    waiter.join(0.2)
+    assert waiter.is_alive(), "a commit through the position does not wake the wait"
+    recent.committed(numbered_txlog_rows(11, 2))
+    waiter.join(10)
+    assert woke == [True] and recent.latest == 12 and recent.held == (0, 12)
+    recent.committed(numbered_txlog_rows(13, 5).take(pa.array([0, 4])))  # seqs 13, 17: cannot be held
+    assert recent.held is None and recent.latest == 17, "a commit not held still tells how far the txlog goes"
+    assert recent.wait_past(12, 0.01) and not recent.wait_past(17, 0.01)

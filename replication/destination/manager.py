@@ -10,11 +10,11 @@ Lifecycle of a destination (its state is in ``_control/links/<destination>.json`
 3. resume from the checkpoint when the same downstream (same txlog id) is at
    the same address, else resync: start after the earliest txlog row the
    downstream lacks, judged by its per-publisher high-water marks;
-4. run the replicator query, and every few milliseconds read the downstream's
+4. run the replicator (a driver thread), and every few milliseconds read the downstream's
    ack for this instance, which moves the link's acknowledged position (only
    while rows wait for it: an idle link reads it once a second, and on object
    storage, where each read is a billed request, every 100 ms at most);
-5. when the heartbeat goes stale or the query fails, stop and go back to 1;
+5. when the heartbeat goes stale or the replicator fails, stop and go back to 1;
    after the end of the list, wait with growing back-off.
 
 A transient failure (the destination down, a table being written) is retried
@@ -52,10 +52,6 @@ from replication.storage.control import Heartbeat, RetentionState, read_instance
 from replication.storage.layout import StorageLayout, StoragePath, link_name
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
-
-    from replication.destination.replicator import ReplicatorWriter
     from replication.txlog.recent import RecentTxlog
 
 log = logging.getLogger(__name__)
@@ -63,7 +59,7 @@ log = logging.getLogger(__name__)
 #: The ack watch's pace on a local or mounted disk while a sent row waits for the destination's ack: the read
 #: is of one small file, and it is the persisted ack's last hop (every 50 ms, it was ~26 ms of it at p50).
 ACK_POLL_S = 0.02
-#: Its pace when no row waits: the replicator query's liveness and the idle ack read
+#: Its pace when no row waits: the replicator's liveness and the idle ack read
 #: (:data:`IDLE_ACK_READ_S`) need no faster turns, and an idle pair costs little.
 IDLE_POLL_S = 0.05
 #: The ack watch's pace toward a destination on object storage: each read is a billed request (and, on a
@@ -82,7 +78,6 @@ class DestinationManager:
 
     def __init__(
         self,
-        spark: SparkSession,
         cfg: InstanceConfig,
         dest: Destination,
         *,
@@ -93,18 +88,17 @@ class DestinationManager:
         recent: RecentTxlog | None = None,
     ) -> None:
         """``recent``: the ingest's latest committed rows, which the replicator takes instead of reading them
-        back."""
-        self.spark = spark
+        back. ``trigger_interval``: the least time between the starts of two replicator batches (Spark's
+        syntax, as the ingest query's trigger)."""
         self.recent = recent
         self.cfg = cfg
         self.dest = dest
         self.layout = layout
         self.link = link
         self.on_ack = on_ack
-        self.trigger_interval = trigger_interval
-        self.query: StreamingQuery | None = None
-        self.writer: ReplicatorWriter | None = None
-        """The running query's foreachBatch writer (counters)."""
+        self.min_batch_interval_s = replicator.trigger_seconds(trigger_interval)
+        self.replicator: replicator.Replicator | None = None
+        """The running replicator (its counters stay readable after it stops)."""
         self._stop = threading.Event()
         self.name = link_name(cfg.name, dest.name)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -116,7 +110,7 @@ class DestinationManager:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
-        self._stop_query()
+        self._stop_replicator()
         self.link.set(state="stopped")
         self.link.save()  # (an acknowledgement read as the watch stopped)
 
@@ -138,17 +132,17 @@ class DestinationManager:
                         return
                     log.exception("%s: connecting to %s failed", self.name, address)
                     self.link.set(state="waiting", detail=f"connect to {address} failed: {exc}")
-                    self._stop_query()
+                    self._stop_replicator()
                     continue
                 connected = True
                 started = time.monotonic()
                 failed = self._watch(down)
-                self._stop_query()
+                self._stop_replicator()
                 if not failed or time.monotonic() - started > BACKOFF_MAX_S:
-                    backoff = BACKOFF_START_S  # the destination went away, or the query had been healthy
+                    backoff = BACKOFF_START_S  # the destination went away, or the replicator had been healthy
                 if failed:
-                    # A replicator that dies (its Python source could not start within Spark's
-                    # 10 s, a bad inbox...) is retried with growing, jittered back-off, not at once.
+                    # A replicator that dies (a txlog file it could not read, a bad inbox...) is retried
+                    # with growing, jittered back-off, not at once.
                     if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
                         return
                     backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -188,7 +182,7 @@ class DestinationManager:
         """A terminal error: waiting will not fix it, so the link stops and says why until a restart."""
         log.error("%s: config error at %s: %s. This destination stays stopped until the configuration is fixed "
                   "and the instance restarted", self.name, address, exc)
-        self._stop_query()
+        self._stop_replicator()
         self.link.set(state="config error", address=address, detail=str(exc))
 
     def _connect(self, index: int, address: str, down: StorageLayout) -> bool:
@@ -224,14 +218,12 @@ class DestinationManager:
             self.link.reset(start_seq=start, epoch=state.epoch + 1, address=address, downstream=down_cfg.name,
                             txlog_id=down_id)
             state = self.link.snapshot()
-        if self.writer is not None:
-            self.writer.close()  # (its query has stopped)
-        self.query, self.writer = replicator.start_query(
-            self.spark, self.cfg, self.dest,
+        self.replicator = replicator.Replicator(
+            self.cfg, self.dest,
             txlog=self.layout.txlog, inbox=down.inbox, checkpoint=self._checkpoint(state.incarnation),
             start_seq=state.sent_seq, incarnation=state.incarnation, link=self.link, target=down_cfg.name,
-            trigger_interval=self.trigger_interval, recent=self.recent,
-        )
+            recent=self.recent, min_interval_s=self.min_batch_interval_s,
+        ).start()
         self.link.set(state="connected" if index == 0 else "failed over", detail="")
         return True
 
@@ -239,8 +231,8 @@ class DestinationManager:
         return self.layout.replicator_checkpoint(self.dest.name, incarnation)
 
     def _watch(self, down: StorageLayout) -> bool:
-        """Follow acks until the query dies (True) or the destination goes away or we stop (False)."""
-        last_beat_check = last_read = last_query_check = 0.0
+        """Follow acks until the replicator dies (True) or the destination goes away or we stop (False)."""
+        last_beat_check = last_read = 0.0
         reported = -1
         on_disk = isinstance(down.root, Path)
         pace = watch_pace(False, on_disk)
@@ -257,13 +249,10 @@ class DestinationManager:
                 reported = self.link.version
                 self.on_ack()
             self.link.save()  # (after the release: the persisted acks do not wait for the link file)
-            if time.monotonic() - last_query_check < IDLE_POLL_S:
-                continue  # (asking the JVM about the query is a round trip: not at every fast turn)
-            last_query_check = time.monotonic()
-            query = self.query
-            if query is None or not query.isActive:
-                error = query.exception() if query is not None else None
-                log.error("%s: replicator query stopped: %s", self.name, error)
+            running = self.replicator
+            if running is None or not running.is_active:
+                error = running.error if running is not None else None
+                log.error("%s: replicator stopped: %s", self.name, error)
                 self.link.set(state="waiting", detail=f"replicator stopped: {error}")
                 return True
             now = time.time()
@@ -276,15 +265,9 @@ class DestinationManager:
                     return False
         return False
 
-    def _stop_query(self) -> None:
-        query, self.query = self.query, None
-        if query is not None:
-            try:
-                query.stop()
-            except Exception:
-                log.exception("%s: stopping the replicator failed", self.name)
-        if self.writer is not None:
-            self.writer.close()
+    def _stop_replicator(self) -> None:
+        if self.replicator is not None:
+            self.replicator.stop()
 
 
 def watch_pace(awaiting: bool, on_disk: bool) -> float:

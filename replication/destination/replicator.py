@@ -1,32 +1,42 @@
-"""The replicator query of one destination: txlog rows, routed, appended to the destination's inbox.
+"""The replicator of one destination: txlog rows, routed, appended to the destination's inbox.
 
-Order of effects for replicator batch ``b`` (rows with local seq in (s, t]):
+A driver thread, not a Spark query: every batch was read and routed in the
+driver already (the rows the ingest has just committed, from memory), so a
+micro-batch of its own only added Spark's fixed work per trigger (~30 ms of
+planning and offset/commit logs) and its polling sleep to each hop. The
+thread wakes when the ingest hands over a commit
+(:meth:`replication.txlog.recent.RecentTxlog.wait_past`), and otherwise looks
+at the txlog's Delta log every :data:`POLL_S` (rows committed by a backfill,
+or by an ingest before a restart).
 
-1. mark each row routed or not with the routing rules (the loop rule asks whether the instance
-   actually reached, by its ``instance.json``, is on the row's path). The batch is read in
-   the driver, its seq range taken from the query's offset log
-   (:mod:`replication.connectors.spark.planned_batch`): from memory when this process's ingest
-   has just committed every row of it (:mod:`replication.txlog.recent`), else from the
-   txlog's Parquet files; and routed with
-   :func:`replication.routing.route_mask`: no Spark job. Without a content filter that is
-   every batch (the routing is computed once per distinct header combination); with one,
-   a batch over ``DRIVER_READ_MAX_ROWS`` (a backlog, whose bodies Python would parse row by
-   row) is routed by Spark with one native column
-   (:func:`replication.routing.spark_condition`) over only the columns the
-   rules read, which hands back (seq, routed) pairs; the routed rows are then
-   taken here as above. Either way message bodies never travel
-   through the JVM;
-2. append the routed rows to the destination's ``inbox/`` with app transaction
-   ``<this>-><destination>#<incarnation>``, version ``b`` (a replay finds it and skips);
-3. tell the link which seqs were written and that (s, t] is decided: rows
+Order of effects for batch ``v`` (rows with local seq in (s, t], at most
+:data:`BATCH_ROWS`):
+
+1. write the plan ``{"version": v, "after": s, "through": t}`` to the
+   replicator's checkpoint (``next.json``, replaced atomically): what Spark's
+   offset log was;
+2. read the rows: from memory when this process's ingest has just committed
+   every one of them (:mod:`replication.txlog.recent`), else from the txlog's
+   Parquet files; and mark each routed or not with
+   :func:`replication.routing.route_mask` (the loop rule asks whether the
+   instance actually reached, by its ``instance.json``, is on the row's path);
+3. append the routed rows to the destination's ``inbox/`` with app transaction
+   ``<this>-><destination>#<incarnation>``, version ``v`` (a replay finds it
+   and skips);
+4. tell the link which seqs were written and that (s, t] is decided: rows
    filtered out never wait for this destination's acknowledgement.
 
-A crash between 2 and 3 replays ``b``: step 2 is skipped, step 3 runs.
+A restart runs the planned batch again over the same range (so a crash
+between 3 and 4 skips step 3 and runs step 4; a crash before 3 appends the
+same rows as version ``v``), unless the link file already records it sent.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,134 +44,158 @@ import pyarrow as pa
 
 from replication import failpoints, routing
 from replication.config.model import DEFAULT_BATCH_ROWS, Destination, InstanceConfig
-from replication.connectors.delta.tables import (
-    IdempotentAppender,
-)
-from replication.connectors.spark import planned_batch
-from replication.connectors.spark.planned_batch import PlannedBatch
-from replication.connectors.spark.planned_read_ahead import PlannedReadAhead
+from replication.connectors.delta.tables import IdempotentAppender
 from replication.inbox import signing
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
-from replication.storage.layout import StoragePath, link_name, spark_location
-from replication.txlog import stream as txlog_stream
+from replication.storage.control import read_json, write_json_atomic
+from replication.storage.layout import StoragePath, link_name
 from replication.txlog.files import TxlogFiles
 from replication.txlog.runs import runs_of
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
-
     from replication.destination.link import Link
     from replication.txlog.recent import RecentTxlog
 
 log = logging.getLogger(__name__)
 
-#: The largest batch read and routed in the driver when no content filter reads bodies (every batch: the
-#: query's ``maxRowsPerTrigger``). Spark's routing job would read the same files in a Python worker and hand
-#: the decisions back; the routed rows are read here either way.
-HEADER_ROUTED_MAX_ROWS = DEFAULT_BATCH_ROWS
-
-#: How long stopping waits for a read ahead under way (a txlog read of one batch: ~0.3 s at 200k rows).
-READ_AHEAD_WAIT_S = 5.0
+#: The most rows of one batch (one inbox commit).
+BATCH_ROWS = DEFAULT_BATCH_ROWS
+#: How often the txlog's Delta log is looked at for rows this process's ingest did not hand over.
+POLL_S = 0.05
+#: The batch plan in the replicator's checkpoint directory.
+PLAN_FILE = "next.json"
 
 _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW", "none": "UNCOMPRESSED"}
+_TRIGGER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_TRIGGER_UNITS = {"": 1.0, "s": 1.0, "second": 1.0, "seconds": 1.0, "ms": 0.001, "millisecond": 0.001,
+                  "milliseconds": 0.001, "min": 60.0, "minute": 60.0, "minutes": 60.0}
 
 
-class ReplicatorWriter:
-    """``foreachBatch`` of one replicator query (see the module docstring for the order of effects)."""
+def trigger_seconds(text: str) -> float:
+    """A Spark trigger interval (``"0 seconds"``, ``"100 milliseconds"``) in seconds."""
+    match = _TRIGGER.match(text)
+    if match is None or match.group(2).lower() not in _TRIGGER_UNITS:
+        raise ValueError(f"trigger interval {text!r}: expected a number and a unit, e.g. '100 milliseconds'")
+    return float(match.group(1)) * _TRIGGER_UNITS[match.group(2).lower()]
+
+
+class Replicator:
+    """One destination's replicator thread (see the module docstring for the order of effects)."""
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: StoragePath, inbox: StoragePath,
-                 incarnation: str, link: Link, target: str, checkpoint: StoragePath | None = None,
-                 start_seq: int = 0, recent: RecentTxlog | None = None) -> None:
+                 checkpoint: StoragePath, incarnation: str, link: Link, target: str, start_seq: int = 0,
+                 recent: RecentTxlog | None = None, min_interval_s: float = 0.0) -> None:
         self.cfg = cfg
         self.dest = dest
         self.link = link
         self.target = target
         """The instance at the address in use (its ``instance.json`` name): the loop rule's subject. A
         destination named by its group, or failing over, reaches an instance of another name."""
+        self.name = link_name(cfg.name, dest.name, incarnation)
         self.inbox = IdempotentAppender(
             inbox,
             INBOX_SCHEMA,
-            app_id=link_name(cfg.name, dest.name, incarnation),
+            app_id=self.name,
             name=f"{dest.name} inbox",
             configuration=INBOX_TABLE_CONFIGURATION,
             compression=_CODECS[dest.compression],
         )
-        self.condition = routing.spark_condition(cfg, dest, target=target)
-        self.reads_body = "data" in routing.spark_condition_columns(cfg, dest, target=target)
-        """A content filter reads message bodies: a large batch is routed by Spark."""
         self.txlog = TxlogFiles(str(txlog))
         self.recent = recent
         """The rows the ingest committed last, taken from memory rather than read back from the txlog's files
         (:mod:`replication.txlog.recent`; None: always from the files)."""
-        if recent is not None:
-            recent.attach(dest.name, start_seq)
+        self.plan_file = checkpoint / PLAN_FILE
         self.start_seq = start_seq
-        """The query's ``startSeq``: its source's initial offset, where its first batch starts."""
-        self.planned = PlannedBatch(checkpoint) if checkpoint is not None else None
-        """Where batches' seq ranges are found, to read them in the driver (see
-        replication.connectors.spark.planned_batch)."""
-        self.ahead = PlannedReadAhead.of_checkpoint(checkpoint, self._read_ahead, f"{cfg.name}->{dest.name}") \
-            if checkpoint is not None else None
-        """Reads and routes the next batch once Spark has planned it (a local checkpoint only; see
-        replication.connectors.spark.planned_read_ahead)."""
+        """Where the first batch starts when no batch was planned yet (the link's ``sent_seq``)."""
+        self.min_interval_s = min_interval_s
+        """The least time from one batch's start to the next (the instance's trigger interval)."""
         self.rows_sent = 0
-        self.batches_read_in_driver = 0
+        self.batches = 0
+        self.batch_seconds = 0.0
+        """Time spent in batches (read, route, inbox commit, link): with :attr:`batches`, the time per batch."""
         self.ranges_from_memory = 0
         """Txlog ranges taken from :attr:`recent` (the others were read from the txlog's files)."""
         self.signing_key = dest.signing_key.reveal().encode() if dest.signing_key is not None else None
         """HMAC key of this link's commits (the destination's ``<Authenticator>``, :mod:`replication.inbox.signing`)."""
+        self.error: BaseException | None = None
+        """Why the thread stopped on its own (None while it runs, or when stopped)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def __call__(self, df, batch_id: int) -> None:
-        span = self._planned_span(self.planned, batch_id) if self.planned is not None else None
-        # (the read-ahead thread is done after take: the txlog files are this thread's again)
-        ahead = self.ahead.take(batch_id, lambda read: read[0] == span) if self.ahead is not None else None
-        try:
-            self._write(df, batch_id, span, ahead)
-        finally:
-            if self.ahead is not None:
-                self.ahead.start(batch_id + 1)
+    def start(self) -> Replicator:
+        if self.recent is not None:
+            self.recent.attach(self.dest.name, self.start_seq)
+        self._thread.start()
+        return self
 
-    def _write(self, df, batch_id: int, span: tuple[int, int] | None,
-               ahead: tuple[tuple[int, int], pa.Table, np.ndarray] | None) -> None:
-        if span is not None and span[0] == span[1]:
-            return  # an empty batch
-        routed_here = self._route_here(*span, ahead) if span is not None else None
-        if routed_here is not None:
-            self._send(*routed_here, batch_id)
-            return
-        decided = df.select("seq", self.condition.alias("_routed")).toArrow()
-        if decided.num_rows == 0:
-            return
-        seqs = decided["seq"].to_numpy()
-        first, through = int(seqs.min()), int(seqs.max())
-        routed_seqs = np.sort(seqs[decided["_routed"].to_numpy(zero_copy_only=False)])
-        routed = None
-        if routed_seqs.size:
-            # seq is contiguous: the batch is exactly (first - 1, through], read in seq order.
-            routed = self._txlog_rows(first - 1, through).take(pa.array(routed_seqs - first))
-        self._send(routed, routed_seqs, through, batch_id)
+    @property
+    def is_active(self) -> bool:
+        return self._thread.is_alive()
 
-    def close(self) -> None:
-        """Stop reading ahead, and let go of the rows held for this replicator (the query has stopped)."""
-        if self.ahead is not None:
-            self.ahead.close(READ_AHEAD_WAIT_S)
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop after the batch under way, and let go of the rows held for this replicator."""
+        self._stop.set()  # (a wait for the ingest's next commit ends within POLL_S)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
         if self.recent is not None:
             self.recent.detach(self.dest.name)
 
-    def _planned_span(self, planned: PlannedBatch, batch_id: int) -> tuple[int, int] | None:
-        """(after, through) seqs of a batch small enough to read in the driver, from the offset log; else None."""
-        # (the first batch starts at the source's initial offset, which Spark does not log: it is startSeq)
-        ranges = planned.ranges(batch_id, initial=lambda: [{"seq": self.start_seq}])
-        if ranges is None or len(ranges) != 1:
-            return None
-        start, end = ranges[0]
+    # -- the loop ---------------------------------------------------------
+    def _run(self) -> None:
         try:
-            after, through = int(start["seq"]), int(end["seq"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        most = planned_batch.DRIVER_READ_MAX_ROWS if self.reads_body else HEADER_ROUTED_MAX_ROWS
-        return (after, through) if 0 <= through - after <= most else None
+            position, version = self._resume()
+            while not self._stop.is_set():
+                latest = self._latest(position)
+                if latest <= position:
+                    self._wait(position)
+                    continue
+                through = min(latest, position + BATCH_ROWS)
+                started = time.monotonic()
+                write_json_atomic(self.plan_file, {"version": version, "after": position, "through": through})
+                self._replicate(version, position, through)
+                position, version = through, version + 1
+                self.batch_seconds += time.monotonic() - started
+                if self.min_interval_s > 0:
+                    self._stop.wait(max(0.0, self.min_interval_s - (time.monotonic() - started)))
+        except BaseException as exc:  # noqa: BLE001 - the manager sees it and retries with back-off
+            self.error = exc
+            log.error("%s: replicator stopped: %s", self.name, exc, exc_info=True)
+
+    def _resume(self) -> tuple[int, int]:
+        """(position, next version): after the batch planned last, which is run again unless the link file
+        records it sent; from :attr:`start_seq` when none was planned."""
+        plan = read_json(self.plan_file)
+        if plan is None:
+            return self.start_seq, 0
+        version, after, through = int(plan["version"]), int(plan["after"]), int(plan["through"])
+        if through > self.link.snapshot().sent_seq:
+            log.info("%s: batch %d (seqs %d-%d) planned before the restart runs again", self.name, version,
+                     after + 1, through)
+            self._replicate(version, after, through)
+        return through, version + 1
+
+    def _latest(self, position: int) -> int:
+        """The highest seq committed to the txlog, as far as is known: the ingest's last hand-over when it is past
+        ``position``, else the txlog's Delta log."""
+        if self.recent is not None and self.recent.latest > position:
+            return self.recent.latest
+        self.txlog.refresh()
+        return self.txlog.committed_seq
+
+    def _wait(self, position: int) -> None:
+        """Until the ingest hands over a commit past ``position``, the replicator is stopped, or POLL_S passed."""
+        if self.recent is not None:
+            self.recent.wait_past(position, POLL_S)
+        else:
+            self._stop.wait(POLL_S)
+
+    # -- one batch --------------------------------------------------------
+    def _replicate(self, version: int, after: int, through: int) -> None:
+        rows, mask = self._read_and_route(after, through)
+        routed_seqs = rows["seq"].to_numpy()[mask]
+        routed = rows.filter(pa.array(mask)) if routed_seqs.size else None
+        self._send(routed, routed_seqs, through, version)
+        self.batches += 1
 
     def _read_and_route(self, after: int, through: int) -> tuple[pa.Table, np.ndarray]:
         """Txlog rows (after, through] and which of them are routed here."""
@@ -171,50 +205,32 @@ class ReplicatorWriter:
     def _txlog_rows(self, after: int, through: int) -> pa.Table:
         """Txlog rows (after, through] in seq order: from memory when the ingest just committed them all."""
         held = self.recent.read(after, through) if self.recent is not None else None
-        if held is None:
-            return self.txlog.read(after, through)
-        self.ranges_from_memory += 1
-        return held
+        if held is not None:
+            self.ranges_from_memory += 1
+            return held
+        if self.txlog.committed_seq < through:
+            self.txlog.refresh()
+        return self.txlog.read(after, through)
 
-    def _read_ahead(self, plans: PlannedBatch, batch_id: int) -> tuple[tuple[int, int], pa.Table, np.ndarray] | None:
-        """(On the read-ahead thread.) The next batch's span, rows and routing, once Spark has planned it."""
-        span = self._planned_span(plans, batch_id)
-        return (span, *self._read_and_route(*span)) if span is not None and span[0] < span[1] else None
-
-    def _route_here(self, after: int, through: int,
-                    ahead: tuple[tuple[int, int], pa.Table, np.ndarray] | None = None,
-                    ) -> tuple[pa.Table | None, np.ndarray, int] | None:
-        """The batch (after, through] read from the txlog files and routed here, without a Spark job:
-        (routed rows, their seqs, through); None when it could not be read in the driver (Spark routes it).
-        ``ahead``: the batch's rows and routing, read ahead."""
-        try:
-            rows, mask = ahead[1:] if ahead is not None else self._read_and_route(after, through)
-        except Exception:
-            log.warning("%s->%s: seqs %d-%d could not be read in the driver; Spark reads them instead",
-                        self.cfg.name, self.dest.name, after + 1, through, exc_info=True)
-            return None
-        self.batches_read_in_driver += 1
-        routed_seqs = rows["seq"].to_numpy()[mask]
-        return (rows.filter(pa.array(mask)) if routed_seqs.size else None), routed_seqs, through
-
-    def _send(self, routed: pa.Table | None, routed_seqs: np.ndarray, through: int, batch_id: int) -> None:
+    def _send(self, routed: pa.Table | None, routed_seqs: np.ndarray, through: int, version: int) -> None:
         """Append the routed rows to the inbox (one idempotent commit), then tell the link."""
         if routed is not None and routed.num_rows:
             rows = self._inbox_rows(routed)
-            self.inbox.append(rows, batch_id, {"link": self.cfg.name, "through": through},
-                              commit_info=self._signature(rows, batch_id))
+            failpoints.hit("replicator.before_inbox_commit")
+            self.inbox.append(rows, version, {"link": self.cfg.name, "through": through},
+                              commit_info=self._signature(rows, version))
             self.rows_sent += routed.num_rows
         failpoints.hit("replicator.after_inbox_commit")
         self.link.on_sent(runs_of(routed_seqs), through)
         if self.recent is not None:
             self.recent.passed(self.dest.name, through)
 
-    def _signature(self, rows: pa.Table, batch_id: int) -> dict[str, str] | None:
+    def _signature(self, rows: pa.Table, version: int) -> dict[str, str] | None:
         """The commit's signature with the destination's ``<Authenticator>`` key (none without one)."""
         if self.signing_key is None:
             return None
         return {signing.SIGNATURE_KEY: signing.sign(self.signing_key, upstream=self.cfg.name, to=self.target,
-                                                    app_id=self.inbox.app_id, batch=batch_id, rows=rows)}
+                                                    app_id=self.inbox.app_id, batch=version, rows=rows)}
 
     def _inbox_rows(self, routed: pa.Table) -> pa.Table:
         n = routed.num_rows
@@ -223,44 +239,3 @@ class ReplicatorWriter:
         columns["link"] = pa.array([self.cfg.name] * n, pa.string())
         columns["link_group"] = pa.array([self.cfg.group] * n, pa.string())
         return pa.table({name: columns[name] for name in INBOX_SCHEMA.names}, schema=INBOX_SCHEMA)
-
-
-def start_query(
-    spark: SparkSession,
-    cfg: InstanceConfig,
-    dest: Destination,
-    *,
-    txlog: StoragePath,
-    inbox: StoragePath,
-    checkpoint: StoragePath,
-    start_seq: int,
-    incarnation: str,
-    link: Link,
-    target: str,
-    trigger_interval: str = "0 seconds",
-    recent: RecentTxlog | None = None,
-) -> tuple[StreamingQuery, ReplicatorWriter]:
-    """Start the replicator query toward the inbox at ``inbox`` (one address of ``dest``, where the instance
-    ``target`` runs); it and its writer."""
-    txlog_stream.register(spark)
-    stream = (
-        spark.readStream.format(txlog_stream.FORMAT)
-        .option("path", str(txlog))
-        .option("columns", ",".join(routing.spark_condition_columns(cfg, dest, target=target)))
-        .option("startSeq", str(start_seq))
-        .option("maxRowsPerTrigger", str(DEFAULT_BATCH_ROWS))
-        # Batches the writer reads in the driver (HEADER_ROUTED_MAX_ROWS; DRIVER_READ_MAX_ROWS with a content
-        # filter) are not read by the planner either.
-        .option("driverReadRows", "0")
-        .load()
-    )
-    writer = ReplicatorWriter(cfg, dest, txlog=txlog, inbox=inbox, incarnation=incarnation, link=link,
-                              target=target, checkpoint=checkpoint, start_seq=start_seq, recent=recent)
-    query = (
-        stream.writeStream.queryName(link_name(cfg.name, dest.name, incarnation))
-        .foreachBatch(writer)
-        .option("checkpointLocation", spark_location(checkpoint))
-        .trigger(processingTime=trigger_interval)
-        .start()
-    )
-    return query, writer

@@ -69,7 +69,7 @@ def spark_uri(uri: str) -> str:
 def link_name(upstream: str, destination: str, incarnation: str | None = None) -> str:
     """``<upstream>-><destination>`` (``#<incarnation>`` for one replicator incarnation).
 
-    Names the link's thread, and with the incarnation its replicator query and
+    Names the link's thread, and with the incarnation its replicator thread and
     its app transaction in the destination's inbox.
     """
     name = f"{upstream}->{destination}"

@@ -64,6 +64,9 @@ class RecentTxlog:
         self.max_bytes = max_bytes
         self.idle_max_bytes = idle_max_bytes
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        """Notified at each hand-over: replicators waiting for rows past their position."""
+        self._latest = 0
         self._batches: deque[_Batch] = deque()
         self._bytes = 0
         self._readers: dict[str, int] = {}
@@ -78,13 +81,26 @@ class RecentTxlog:
         with self._lock:
             return (self._batches[0].after, self._batches[-1].through) if self._batches else None
 
+    @property
+    def latest(self) -> int:
+        """The last seq of the latest commit handed over, held or not (0: none yet)."""
+        with self._lock:
+            return self._latest
+
+    def wait_past(self, seq: int, timeout: float) -> bool:
+        """Wait until a commit past ``seq`` has been handed over (True) or ``timeout`` seconds passed (False)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._latest > seq, timeout)
+
     def committed(self, rows: pa.Table) -> None:
         """The ingest writer committed ``rows`` (its txlog rows, in seq order). Rows that do not follow the
         last batch held without a gap (stored backfill parts before them, a commit replayed) start again.
         Never raises: the batch is committed, and what is not held is read from the txlog's files."""
         if rows.num_rows == 0:
             return  # (a commit of no row leaves no gap)
+        last = None
         try:
+            last = rows.column("seq")[-1].as_py()
             batch = _batch_of(rows)
         except Exception:  # noqa: BLE001 - holding rows is an optimisation; the txlog has them
             log.warning("txlog rows of seqs after %s not held in memory; replicators read them from the files",
@@ -97,6 +113,9 @@ class RecentTxlog:
                 self._batches.append(batch)
                 self._bytes += batch.size
             self._trim()
+            if last is not None:
+                self._latest = max(self._latest, last)
+                self._changed.notify_all()
 
     def attach(self, reader: str, after: int) -> None:
         """``reader`` (a replicator) starts reading after seq ``after``."""

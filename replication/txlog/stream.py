@@ -1,6 +1,6 @@
 """An instance's txlog as a Spark stream in local ``seq`` order (format ``replication-txlog``).
 
-The replicator queries read the txlog with this source (DESIGN §2). The offset
+Replays (``replication replay``) read the txlog with this source. The offset
 is the local sequence number: ``{"seq": N}`` means "every row through seq N".
 ``seq`` is contiguous (the ingest writer assigns ``max_seq + 1 ...`` in each
 commit), so a range ``(a, b]`` holds exactly ``b - a`` rows: the read limit is

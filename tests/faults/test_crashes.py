@@ -25,6 +25,7 @@ from support.factories import (
 from support.processes import InstanceProcess, running
 
 from replication.client import Publisher
+from replication.storage.layout import StorageLayout
 
 PER_STAGE = 1500
 
@@ -143,20 +144,25 @@ def test_kill_9_inside_durability_and_of_both_halves_of_a_sync_pair_loses_and_du
 
 
 @pytest.mark.slow
-def test_kill_9_mid_replication_then_restart_keeps_every_txlog_exactly_once(fabric, broker):
+@pytest.mark.parametrize("failpoint", ["replicator.after_inbox_commit", "replicator.before_inbox_commit"])
+def test_kill_9_mid_replication_then_restart_keeps_every_txlog_and_the_inbox_exactly_once(fabric, broker, failpoint):
+    """A's replicator is killed after its 3rd inbox commit, before telling its link (the restart runs the planned
+    batch again and finds it committed), or after planning it, before the commit (the restart commits it)."""
     fabric.configure("b")
     a_cfg = fabric.configure("a", max_offsets=200, replication=replication_xml(
         destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
     fabric.start("b")
-    proc = InstanceProcess(a_cfg, fabric.root / "a-run0.log", failpoints="replicator.after_inbox_commit@3")
+    proc = InstanceProcess(a_cfg, fabric.root / "a-run0.log", failpoints=f"{failpoint}@3")
     pub = fabric.publisher("kill", "a", resend_after=3, logon_timeout=180)
     try:
         publish_orders(pub, 1500)
         assert proc.wait_killed(timeout=300) == -signal.SIGKILL, proc.log_text()[-3000:]
-        assert "failpoint replicator.after_inbox_commit reached" in proc.log_text()
+        assert f"failpoint {failpoint} reached" in proc.log_text()
         proc = InstanceProcess(a_cfg, fabric.root / "a-run1.log")
         pub.flush(timeout=300)
     finally:
         proc.stop()
     assert_exactly_once(fabric.rows("a"), {"kill": 1500})
     assert_exactly_once(fabric.rows("b"), {"kill": 1500})
+    inbox = DeltaTable(str(StorageLayout.of(fabric.storage("b")).inbox)).to_pyarrow_table(columns=["upstream_seq"])
+    assert sorted(inbox["upstream_seq"].to_pylist()) == list(range(1, 1501)), "each of A's rows in B's inbox once"
