@@ -82,9 +82,9 @@ def run_until_stopped(
 ) -> None:
     """Print progress until Ctrl-C / SIGTERM, ``stop`` is set or ``until()`` is true.
 
-    A failed query does not end the run: its instance restarts it (ingest and replicators alike, with
-    back-off) and the progress line shows the error meanwhile. Exiting here instead raced with that
-    restart, and took every instance of the process down with the one whose query had failed.
+    A failed query or replicator does not end the run: its instance restarts it (with back-off) and the
+    progress line shows the error meanwhile. Exiting here instead raced with that restart, and took every
+    instance of the process down with the one whose query had failed.
     """
     out = out or sys.stdout
     stop = stop_on_sigterm(stop)

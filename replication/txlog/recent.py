@@ -55,9 +55,9 @@ class _Batch:
 class RecentTxlog:
     """Committed txlog rows with ``after < seq <= through`` of a few recent batches (see the module docstring).
 
-    Thread-safe: the ingest writer adds on its thread, replicators read on theirs (and on their read-ahead
-    threads). A batch is let go once every attached reader has read past it, or to stay under ``max_bytes``
-    (``idle_max_bytes`` while no reader is attached).
+    Thread-safe: the ingest writer adds on its thread, replicators read on theirs, and wait there for the next
+    hand-over (:meth:`wait_past`). A batch is let go once every attached reader has read past it, or to stay
+    under ``max_bytes`` (``idle_max_bytes`` while no reader is attached).
     """
 
     def __init__(self, *, max_bytes: int = MAX_BYTES, idle_max_bytes: int = IDLE_MAX_BYTES) -> None:

@@ -2,8 +2,8 @@
 
 delta-rs brings a table up to date by replaying its log into a snapshot and
 listing its files again: 7-10 ms on an idle machine for a small txlog, several
-times that on a busy one, and the replicator's source and writer both do it
-for every micro-batch. For a table that only gets appends, the commits after
+times that on a busy one, and a replicator following the txlog would do it
+every time it looks. For a table that only gets appends, the commits after
 a known version say everything needed: each is one small JSON file naming the
 data files it added, with their statistics. Anything other than plain appends
 (a removed file, a metadata or protocol change, a file without statistics)

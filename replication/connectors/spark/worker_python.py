@@ -8,7 +8,7 @@ PySpark again: 0.78 CPU-s to import what a source runner needs, against 0.28 s
 from the installed package (measured here). With a pip-installed PySpark the
 zip holds the same code as the package it sits in, so leaving it out of the
 path changes nothing but the start-up cost. On 2 cores that is the difference
-between a replicator (re)starting in well under a second or in several.
+between an ingest query (re)starting in well under a second or in several.
 
 :func:`interpreter` writes a small POSIX ``sh`` launcher that drops exactly
 that zip from ``PYTHONPATH`` and ``exec``\\ s the interpreter; the SparkSession
