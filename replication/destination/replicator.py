@@ -6,8 +6,9 @@ micro-batch of its own only added Spark's fixed work per trigger (~30 ms of
 planning and offset/commit logs) and its polling sleep to each hop. The
 thread wakes when the ingest hands over a commit
 (:meth:`replication.txlog.recent.RecentTxlog.wait_past`), and otherwise looks
-at the txlog's Delta log every :data:`POLL_S` (rows committed by a backfill,
-or by an ingest before a restart).
+at the txlog's Delta log every :data:`POLL_S` (:data:`POLL_OBJECT_STORAGE_S` on
+object storage) for rows committed by a backfill, or by an ingest before a
+restart.
 
 Order of effects for batch ``v`` (rows with local seq in (s, t], at most
 :data:`BATCH_ROWS`):
@@ -37,6 +38,7 @@ import logging
 import re
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,8 +62,11 @@ log = logging.getLogger(__name__)
 
 #: The most rows of one batch (one inbox commit).
 BATCH_ROWS = DEFAULT_BATCH_ROWS
-#: How often the txlog's Delta log is looked at for rows this process's ingest did not hand over.
+#: How often the txlog's Delta log is looked at for rows this process's ingest did not hand over (the ingest's
+#: own commits wake the replicator at once): on a local or mounted disk, a look for the next commit file.
 POLL_S = 0.05
+#: The same on object storage, where each look is a billed request.
+POLL_OBJECT_STORAGE_S = 0.5
 #: The batch plan in the replicator's checkpoint directory.
 PLAN_FILE = "next.json"
 
@@ -101,6 +106,7 @@ class Replicator:
             compression=_CODECS[dest.compression],
         )
         self.txlog = TxlogFiles(str(txlog))
+        self.poll_s = POLL_S if isinstance(txlog, Path) else POLL_OBJECT_STORAGE_S
         self.recent = recent
         """The rows the ingest committed last, taken from memory rather than read back from the txlog's files
         (:mod:`replication.txlog.recent`; None: always from the files)."""
@@ -134,7 +140,7 @@ class Replicator:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop after the batch under way, and let go of the rows held for this replicator."""
-        self._stop.set()  # (a wait for the ingest's next commit ends within POLL_S)
+        self._stop.set()  # (a wait for the ingest's next commit ends within poll_s)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if self.recent is not None:
@@ -183,11 +189,12 @@ class Replicator:
         return self.txlog.committed_seq
 
     def _wait(self, position: int) -> None:
-        """Until the ingest hands over a commit past ``position``, the replicator is stopped, or POLL_S passed."""
+        """Until the ingest hands over a commit past ``position``, the replicator is stopped, or :attr:`poll_s`
+        passed."""
         if self.recent is not None:
-            self.recent.wait_past(position, POLL_S)
+            self.recent.wait_past(position, self.poll_s)
         else:
-            self._stop.wait(POLL_S)
+            self._stop.wait(self.poll_s)
 
     # -- one batch --------------------------------------------------------
     def _replicate(self, version: int, after: int, through: int) -> None:
