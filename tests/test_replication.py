@@ -195,8 +195,8 @@ def test_persisted_acks_wait_for_sync_destinations_only(fabric, sync_type, monke
 
 
 def test_a_replicator_batch_that_cannot_be_read_is_run_again_after_a_back_off(fabric, monkeypatch, caplog):
-    """A txlog read that fails stops the replicator; its manager starts it again after a back-off, and the
-    planned batch runs again over the same range: every row once."""
+    """A txlog read that fails stops the replicator; its manager starts it again after a back-off, after the
+    link's position: the same rows are read again, and every row reaches B once."""
     from replication.destination.replicator import Replicator
 
     real_read = Replicator._read_and_route

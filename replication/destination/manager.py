@@ -49,7 +49,7 @@ from replication.destination.resync import (
 )
 from replication.errors import ReplicationError
 from replication.storage.control import Heartbeat, RetentionState, read_instance_config
-from replication.storage.layout import StorageLayout, StoragePath, link_name
+from replication.storage.layout import StorageLayout, link_name
 
 if TYPE_CHECKING:
     from replication.txlog.recent import RecentTxlog
@@ -196,12 +196,8 @@ class DestinationManager:
             return False
         state = self.link.snapshot()
         down_id = txlog_id(down)
-        resume = (
-            state.incarnation
-            and state.address == address
-            and state.downstream_txlog_id == down_id
-            and self._checkpoint(state.incarnation).exists()
-        )
+        # (the replicator's checkpoint is its app transaction in that inbox: see replication.destination.replicator)
+        resume = state.incarnation and state.address == address and state.downstream_txlog_id == down_id
         if not resume:
             kept = RetentionState.read(self.layout.retention_json)
             try:
@@ -220,15 +216,12 @@ class DestinationManager:
             state = self.link.snapshot()
         self.replicator = replicator.Replicator(
             self.cfg, self.dest,
-            txlog=self.layout.txlog, inbox=down.inbox, checkpoint=self._checkpoint(state.incarnation),
-            start_seq=state.sent_seq, incarnation=state.incarnation, link=self.link, target=down_cfg.name,
+            txlog=self.layout.txlog, inbox=down.inbox, incarnation=state.incarnation, link=self.link,
+            target=down_cfg.name,
             recent=self.recent, min_interval_s=self.min_batch_interval_s,
         ).start()
         self.link.set(state="connected" if index == 0 else "failed over", detail="")
         return True
-
-    def _checkpoint(self, incarnation: str) -> StoragePath:
-        return self.layout.replicator_checkpoint(self.dest.name, incarnation)
 
     def _watch(self, down: StorageLayout) -> bool:
         """Follow acks until the replicator dies (True) or the destination goes away or we stop (False)."""

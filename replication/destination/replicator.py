@@ -10,26 +10,24 @@ at the txlog's Delta log every :data:`POLL_S` (:data:`POLL_OBJECT_STORAGE_S` on
 object storage) for rows committed by a backfill, or by an ingest before a
 restart.
 
-Order of effects for batch ``v`` (rows with local seq in (s, t], at most
-:data:`BATCH_ROWS`):
+Order of effects for a batch (rows with local seq in (s, t], at most
+:data:`BATCH_ROWS`; s is the link's ``sent_seq``):
 
-1. write the plan ``{"version": v, "after": s, "through": t}`` to the
-   replicator's checkpoint (``next.json``, replaced atomically): what Spark's
-   offset log was;
-2. read the rows: from memory when this process's ingest has just committed
+1. read the rows: from memory when this process's ingest has just committed
    every one of them (:mod:`replication.txlog.recent`), else from the txlog's
    Parquet files; and mark each routed or not with
    :func:`replication.routing.route_mask` (the loop rule asks whether the
    instance actually reached, by its ``instance.json``, is on the row's path);
-3. append the routed rows to the destination's ``inbox/`` with app transaction
-   ``<this>-><destination>#<incarnation>``, version ``v`` (a replay finds it
-   and skips);
-4. tell the link which seqs were written and that (s, t] is decided: rows
+2. append the routed rows to the destination's ``inbox/`` with app transaction
+   ``<this>-><destination>#<incarnation>``, version ``t``;
+3. tell the link which seqs were written and that (s, t] is decided: rows
    filtered out never wait for this destination's acknowledgement.
 
-A restart runs the planned batch again over the same range (so a crash
-between 3 and 4 skips step 3 and runs step 4; a crash before 3 appends the
-same rows as version ``v``), unless the link file already records it sent.
+The inbox's app transaction is the replicator's checkpoint: its version is
+the last seq of the latest batch appended. At a restart, a version past the
+link's ``sent_seq`` is a batch whose step 3 a crash prevented: its range is
+routed again and the link told, with nothing appended. A crash before step
+2 leaves nothing to find: the restart starts after ``sent_seq``.
 """
 
 from __future__ import annotations
@@ -49,7 +47,6 @@ from replication.config.model import DEFAULT_BATCH_ROWS, Destination, InstanceCo
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.inbox import signing
 from replication.inbox.schema import INBOX_SCHEMA, INBOX_TABLE_CONFIGURATION
-from replication.storage.control import read_json, write_json_atomic
 from replication.storage.layout import StoragePath, link_name
 from replication.txlog.files import TxlogFiles
 from replication.txlog.runs import runs_of
@@ -67,8 +64,6 @@ BATCH_ROWS = DEFAULT_BATCH_ROWS
 POLL_S = 0.05
 #: The same on object storage, where each look is a billed request.
 POLL_OBJECT_STORAGE_S = 0.5
-#: The batch plan in the replicator's checkpoint directory.
-PLAN_FILE = "next.json"
 
 _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW", "none": "UNCOMPRESSED"}
 _TRIGGER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -88,7 +83,7 @@ class Replicator:
     """One destination's replicator thread (see the module docstring for the order of effects)."""
 
     def __init__(self, cfg: InstanceConfig, dest: Destination, *, txlog: StoragePath, inbox: StoragePath,
-                 checkpoint: StoragePath, incarnation: str, link: Link, target: str, start_seq: int = 0,
+                 incarnation: str, link: Link, target: str,
                  recent: RecentTxlog | None = None, min_interval_s: float = 0.0) -> None:
         self.cfg = cfg
         self.dest = dest
@@ -110,9 +105,6 @@ class Replicator:
         self.recent = recent
         """The rows the ingest committed last, taken from memory rather than read back from the txlog's files
         (:mod:`replication.txlog.recent`; None: always from the files)."""
-        self.plan_file = checkpoint / PLAN_FILE
-        self.start_seq = start_seq
-        """Where the first batch starts when no batch was planned yet (the link's ``sent_seq``)."""
         self.min_interval_s = min_interval_s
         """The least time from one batch's start to the next (the instance's trigger interval)."""
         self.rows_sent = 0
@@ -130,7 +122,7 @@ class Replicator:
 
     def start(self) -> Replicator:
         if self.recent is not None:
-            self.recent.attach(self.dest.name, self.start_seq)
+            self.recent.attach(self.dest.name, self.link.snapshot().sent_seq)
         self._thread.start()
         return self
 
@@ -149,7 +141,7 @@ class Replicator:
     # -- the loop ---------------------------------------------------------
     def _run(self) -> None:
         try:
-            position, version = self._resume()
+            position = self._resume()
             while not self._stop.is_set():
                 latest = self._latest(position)
                 if latest <= position:
@@ -157,9 +149,8 @@ class Replicator:
                     continue
                 through = min(latest, position + BATCH_ROWS)
                 started = time.monotonic()
-                write_json_atomic(self.plan_file, {"version": version, "after": position, "through": through})
-                self._replicate(version, position, through)
-                position, version = through, version + 1
+                self._replicate(position, through)
+                position = through
                 self.batch_seconds += time.monotonic() - started
                 if self.min_interval_s > 0:
                     self._stop.wait(max(0.0, self.min_interval_s - (time.monotonic() - started)))
@@ -167,18 +158,17 @@ class Replicator:
             self.error = exc
             log.error("%s: replicator stopped: %s", self.name, exc, exc_info=True)
 
-    def _resume(self) -> tuple[int, int]:
-        """(position, next version): after the batch planned last, which is run again unless the link file
-        records it sent; from :attr:`start_seq` when none was planned."""
-        plan = read_json(self.plan_file)
-        if plan is None:
-            return self.start_seq, 0
-        version, after, through = int(plan["version"]), int(plan["after"]), int(plan["through"])
-        if through > self.link.snapshot().sent_seq:
-            log.info("%s: batch %d (seqs %d-%d) planned before the restart runs again", self.name, version,
-                     after + 1, through)
-            self._replicate(version, after, through)
-        return through, version + 1
+    def _resume(self) -> int:
+        """Where the first batch starts: after the link's ``sent_seq``, or after the batch the inbox holds past it
+        (appended before a crash, the link not told yet), whose range is routed again and told to the link."""
+        sent = self.link.snapshot().sent_seq
+        appended = self.inbox.committed_version
+        if appended is None or appended <= sent:
+            return sent
+        log.info("%s: seqs %d-%d were appended to the inbox before the restart; the link is told", self.name,
+                 sent + 1, appended)
+        self._replicate(sent, appended, appended=True)
+        return appended
 
     def _latest(self, position: int) -> int:
         """The highest seq committed to the txlog, as far as is known: the ingest's last hand-over when it is past
@@ -197,11 +187,12 @@ class Replicator:
             self._stop.wait(self.poll_s)
 
     # -- one batch --------------------------------------------------------
-    def _replicate(self, version: int, after: int, through: int) -> None:
+    def _replicate(self, after: int, through: int, *, appended: bool = False) -> None:
+        """Batch (after, through]; ``appended``: already in the inbox (the link is told, nothing appended)."""
         rows, mask = self._read_and_route(after, through)
         routed_seqs = rows["seq"].to_numpy()[mask]
-        routed = rows.filter(pa.array(mask)) if routed_seqs.size else None
-        self._send(routed, routed_seqs, through, version)
+        routed = rows.filter(pa.array(mask)) if routed_seqs.size and not appended else None
+        self._send(routed, routed_seqs, through)
         self.batches += 1
 
     def _read_and_route(self, after: int, through: int) -> tuple[pa.Table, np.ndarray]:
@@ -219,25 +210,25 @@ class Replicator:
             self.txlog.refresh()
         return self.txlog.read(after, through)
 
-    def _send(self, routed: pa.Table | None, routed_seqs: np.ndarray, through: int, version: int) -> None:
+    def _send(self, routed: pa.Table | None, routed_seqs: np.ndarray, through: int) -> None:
         """Append the routed rows to the inbox (one idempotent commit), then tell the link."""
         if routed is not None and routed.num_rows:
             rows = self._inbox_rows(routed)
             failpoints.hit("replicator.before_inbox_commit")
-            self.inbox.append(rows, version, {"link": self.cfg.name, "through": through},
-                              commit_info=self._signature(rows, version))
-            self.rows_sent += routed.num_rows
+            if self.inbox.append(rows, through, {"link": self.cfg.name, "through": through},
+                                 commit_info=self._signature(rows, through)):
+                self.rows_sent += routed.num_rows
         failpoints.hit("replicator.after_inbox_commit")
         self.link.on_sent(runs_of(routed_seqs), through)
         if self.recent is not None:
             self.recent.passed(self.dest.name, through)
 
-    def _signature(self, rows: pa.Table, version: int) -> dict[str, str] | None:
+    def _signature(self, rows: pa.Table, through: int) -> dict[str, str] | None:
         """The commit's signature with the destination's ``<Authenticator>`` key (none without one)."""
         if self.signing_key is None:
             return None
         return {signing.SIGNATURE_KEY: signing.sign(self.signing_key, upstream=self.cfg.name, to=self.target,
-                                                    app_id=self.inbox.app_id, batch=version, rows=rows)}
+                                                    app_id=self.inbox.app_id, batch=through, rows=rows)}
 
     def _inbox_rows(self, routed: pa.Table) -> pa.Table:
         n = routed.num_rows

@@ -191,6 +191,3 @@ class StorageLayout(Generic[P]):
     def checkpoint(self, query: str) -> P:
         return self.root / "_checkpoints" / query
 
-    def replicator_checkpoint(self, destination: str, incarnation: str) -> P:
-        """Checkpoint of one replicator incarnation toward ``destination`` (new at each resync)."""
-        return self.checkpoint(f"replicate-{destination}-{incarnation}")

@@ -146,8 +146,9 @@ def test_kill_9_inside_durability_and_of_both_halves_of_a_sync_pair_loses_and_du
 @pytest.mark.slow
 @pytest.mark.parametrize("failpoint", ["replicator.after_inbox_commit", "replicator.before_inbox_commit"])
 def test_kill_9_mid_replication_then_restart_keeps_every_txlog_and_the_inbox_exactly_once(fabric, broker, failpoint):
-    """A's replicator is killed after its 3rd inbox commit, before telling its link (the restart runs the planned
-    batch again and finds it committed), or after planning it, before the commit (the restart commits it)."""
+    """A's replicator is killed after its 3rd inbox commit, before telling its link (the restart finds the batch
+    in the inbox by its app transaction and tells the link), or just before that commit (the restart appends
+    the rows again, in a batch of its own)."""
     fabric.configure("b")
     a_cfg = fabric.configure("a", max_offsets=200, replication=replication_xml(
         destination_xml(fabric.name("b"), [fabric.storage("b")], topics=ONE_WAY)))
