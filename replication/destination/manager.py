@@ -7,8 +7,9 @@ Lifecycle of a destination (its state is in ``_control/links/<destination>.json`
 2. read its ``_control/instance.json`` and run replication validation; on
    findings the link is ``validation failed`` (each finding is logged with its
    fix) and the next address is tried;
-3. resume from the checkpoint when the same downstream (same txlog id) is at
-   the same address, else resync: start after the earliest txlog row the
+3. resume from the link file (and the replicator's app transaction in the
+   downstream's inbox) when the same downstream (same txlog id) is at the
+   same address, else resync: start after the earliest txlog row the
    downstream lacks, judged by its per-publisher high-water marks;
 4. run the replicator (a driver thread), and every few milliseconds read the downstream's
    ack for this instance, which moves the link's acknowledged position (only
