@@ -165,5 +165,5 @@ def test_kill_9_mid_replication_then_restart_keeps_every_txlog_and_the_inbox_exa
         proc.stop()
     assert_exactly_once(fabric.rows("a"), {"kill": 1500})
     assert_exactly_once(fabric.rows("b"), {"kill": 1500})
-    inbox = DeltaTable(str(StorageLayout.of(fabric.storage("b")).inbox)).to_pyarrow_table(columns=["upstream_seq"])
+    inbox = DeltaTable(str(StorageLayout.of(str(fabric.storage("b"))).inbox)).to_pyarrow_table(columns=["upstream_seq"])
     assert sorted(inbox["upstream_seq"].to_pylist()) == list(range(1, 1501)), "each of A's rows in B's inbox once"
