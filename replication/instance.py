@@ -31,6 +31,7 @@ from replication.connectors.spark.commit_behind import rewind
 from replication.connectors.spark.planned_batch import query_id
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
+from replication.destination.replicator import trigger_seconds
 from replication.durability import AckSender, Durability, acks_topic
 from replication.errors import ReplicationError
 from replication.inbox.staged_parts import StagedParts
@@ -94,6 +95,8 @@ class Instance:
         self.spark = spark
         self.layout = StorageLayout.of(cfg.storage)
         self.trigger_interval = trigger_interval
+        self.replicator_interval_s = trigger_seconds(trigger_interval)
+        """The least time between two replicator batches (checked here, before anything starts)."""
         self.query: StreamingQuery | None = None
         self.writer: IngestWriter | None = None
         self.inbox_rows: InboxRows | None = None
@@ -205,7 +208,8 @@ class Instance:
         self.managers = [
             DestinationManager(
                 self.cfg, dest, layout=self.layout, link=self.links[dest.name],
-                on_ack=self.durability.release, trigger_interval=self.trigger_interval, recent=self.recent_txlog,
+                on_ack=self.durability.release, min_batch_interval_s=self.replicator_interval_s,
+                recent=self.recent_txlog,
             ).start()
             for dest in self.cfg.destinations
         ]

@@ -356,17 +356,3 @@ def test_after_a_restart_an_upstream_is_acknowledged_row_by_row_again(tmp_path):
     dur.release()
     assert ack_of(layout, "up") == (12, [])
 
-
-def test_a_trigger_interval_paces_the_replicators_batches_in_seconds():
-    import pytest
-
-    from replication.destination.replicator import trigger_seconds
-
-    assert trigger_seconds("0 seconds") == 0.0
-    assert trigger_seconds("250 milliseconds") == 0.25
-    assert trigger_seconds("1 second") == trigger_seconds("1s") == 1.0
-    assert trigger_seconds("2 minutes") == 120.0
-    with pytest.raises(ValueError, match="expected a number and a unit, e.g. '100 milliseconds'"):
-        trigger_seconds("fast")
-    with pytest.raises(ValueError, match="'3 fortnights'"):
-        trigger_seconds("3 fortnights")

@@ -13,7 +13,7 @@ from support.tables import numbered_txlog_rows
 from replication import config, failpoints
 from replication.connectors.delta.tables import IdempotentAppender
 from replication.destination.link import Link
-from replication.destination.replicator import Replicator
+from replication.destination.replicator import Replicator, trigger_seconds
 from replication.inbox.schema import create_inbox
 from replication.storage.layout import StorageLayout
 from replication.txlog.recent import RecentTxlog
@@ -23,10 +23,10 @@ from replication.txlog.schema import TXLOG_SCHEMA
 class Pair:
     """amps-1's txlog (written here as its ingest would), its link to amps-2, and amps-2's inbox."""
 
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, topics: str = ONE_WAY) -> None:
         self.down = StorageLayout.of(str(tmp_path / "amps-2"))
         cfg_file = write_config(tmp_path, "amps-1", "localhost:9", replication=replication_xml(
-            destination_xml("amps-2", [tmp_path / "amps-2"], topics=ONE_WAY)))
+            destination_xml("amps-2", [tmp_path / "amps-2"], topics=topics)))
         self.cfg = config.load(str(cfg_file))
         self.dest = self.cfg.destinations[0]
         self.up = StorageLayout.of(str(self.cfg.storage))
@@ -114,3 +114,79 @@ def test_a_batch_a_failure_kept_from_the_link_is_sent_once_after_the_restart(pai
     assert pair.inbox_seqs() == list(range(1, 9)), "each row in the inbox once"
     assert restarted.rows_sent == (3 if point == "replicator.after_inbox_commit" else 8)
     assert restarted.link.snapshot().unacked == ((1, 8),), "the rows wait for the destination's ack"
+
+
+def test_a_trigger_interval_paces_the_replicators_batches_in_seconds():
+    assert trigger_seconds("0 seconds") == 0.0
+    assert trigger_seconds("250 milliseconds") == 0.25
+    assert trigger_seconds("1 second") == trigger_seconds("1s") == trigger_seconds("interval 1 second") == 1.0
+    assert trigger_seconds("2 minutes") == 120.0 and trigger_seconds("1 hour") == 3600.0
+    assert trigger_seconds("1 minute 30 seconds") == 90.0
+    for bad in ("fast", "3 fortnights", "1 second and more", ""):
+        with pytest.raises(ValueError, match=f"trigger interval '{bad}': expected numbers with units"):
+            trigger_seconds(bad)
+
+
+def test_a_link_file_far_behind_the_inbox_is_told_in_batch_sized_pieces(pair, monkeypatch):
+    """A restored (older) link file: every batch the inbox holds past it is told to the link, a batch's rows at a
+    time, and nothing is appended again."""
+    from replication.destination import replicator as module
+
+    pair.commit(1, 8)
+    first = pair.replicator()
+    try:
+        wait_until(lambda: first.link.snapshot().sent_seq == 8, timeout=30, what="seqs 1-8 sent")
+    finally:
+        first.stop()
+    older = first.link.snapshot()
+    older.__class__(older.destination, older.sync_type, incarnation=older.incarnation).write(pair.link_file)
+    monkeypatch.setattr(module, "BATCH_ROWS", 3)
+    restarted = pair.replicator()
+    try:
+        wait_until(lambda: restarted.link.snapshot().sent_seq == 8, timeout=30, what="seqs 1-8 told to the link")
+    finally:
+        restarted.stop()
+    assert restarted.batches == 3 and restarted.rows_sent == 0
+    assert restarted.link.snapshot().unacked == ((1, 8),)
+    assert pair.inbox_seqs() == list(range(1, 9))
+
+
+def test_a_content_filter_that_reads_bodies_routes_smaller_batches(tmp_path, monkeypatch):
+    from replication.destination import replicator as module
+
+    monkeypatch.setattr(module, "BODY_ROUTED_BATCH_ROWS", 3)
+    pair = Pair(tmp_path, topics="<Topic><Name>.*</Name><MessageType>json</MessageType><Filter>/seq &gt; 4</Filter>"
+                                 "<ExcludeValidation>replicate,cascade,replicate_filter</ExcludeValidation></Topic>")
+    pair.commit(1, 8)
+    replicator = pair.replicator()
+    try:
+        wait_until(lambda: replicator.link.snapshot().sent_seq == 8, timeout=30, what="seqs 1-8 decided")
+    finally:
+        replicator.stop()
+    assert replicator.batches == 3 and pair.inbox_seqs() == [5, 6, 7, 8]
+    assert replicator.link.snapshot().unacked == ((5, 8),), "the rows filtered out wait for nothing"
+
+
+def test_a_link_never_gets_a_second_replicator_while_the_last_ones_batch_is_under_way(pair, monkeypatch):
+    """Stopping gives up on a batch stuck at the destination's storage; connecting again waits for it to end."""
+    from replication.destination.manager import DestinationManager
+    from replication.errors import StorageError
+
+    monkeypatch.setattr(failpoints, "PAUSE_S", 5.0)  # (the batch "stuck" at its inbox commit)
+    pair.commit(1, 5)
+    failpoints.arm("replicator.before_inbox_commit@1:pause")
+    try:
+        stuck = pair.replicator()
+        manager = DestinationManager(pair.cfg, pair.dest, layout=pair.up, link=stuck.link, on_ack=lambda: None)
+        manager.replicator = stuck
+        wait_until(failpoints_reached, timeout=30, interval=0.01, what="the batch to pause")
+        with pytest.raises(StorageError, match="the last replicator's batch is still under way"):
+            manager._connect(0, str(pair.down.root), pair.down)
+    finally:
+        failpoints.arm("")
+        stuck.stop()
+    assert not stuck.is_active and pair.inbox_seqs() == [1, 2, 3, 4, 5]
+
+
+def failpoints_reached() -> bool:
+    return failpoints._counts.get("replicator.before_inbox_commit", 0) >= 1

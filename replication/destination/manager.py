@@ -48,7 +48,7 @@ from replication.destination.resync import (
     stored_per_publisher,
     txlog_id,
 )
-from replication.errors import ReplicationError
+from replication.errors import ReplicationError, StorageError
 from replication.storage.control import Heartbeat, RetentionState, read_instance_config
 from replication.storage.layout import StorageLayout, link_name
 
@@ -85,19 +85,19 @@ class DestinationManager:
         layout: StorageLayout,
         link: Link,
         on_ack: Callable[[], object],  # (its result is not used)
-        trigger_interval: str = "0 seconds",
+        min_batch_interval_s: float = 0.0,
         recent: RecentTxlog | None = None,
     ) -> None:
         """``recent``: the ingest's latest committed rows, which the replicator takes instead of reading them
-        back. ``trigger_interval``: the least time between the starts of two replicator batches (Spark's
-        syntax, as the ingest query's trigger)."""
+        back. ``min_batch_interval_s``: the least time between the starts of two replicator batches (the
+        instance's trigger interval)."""
         self.recent = recent
         self.cfg = cfg
         self.dest = dest
         self.layout = layout
         self.link = link
         self.on_ack = on_ack
-        self.min_batch_interval_s = replicator.trigger_seconds(trigger_interval)
+        self.min_batch_interval_s = min_batch_interval_s
         self.replicator: replicator.Replicator | None = None
         """The running replicator (its counters stay readable after it stops)."""
         self._stop = threading.Event()
@@ -187,6 +187,11 @@ class DestinationManager:
         self.link.set(state="config error", address=address, detail=str(exc))
 
     def _connect(self, index: int, address: str, down: StorageLayout) -> bool:
+        if self.replicator is not None and self.replicator.is_active:
+            # Stopping gave up on a batch still under way (a destination's storage that does not answer): a
+            # second replicator of this link beside it would append the same rows or reset the link under it.
+            raise StorageError(f"{self.name}: the last replicator's batch is still under way (its "
+                                   "destination's storage is not answering); retrying once it has ended")
         down_cfg = read_instance_config(down.instance_json)
         findings = validation.validate_link(self.cfg, self.dest, down_cfg)
         if findings:

@@ -3,7 +3,7 @@
 An upstream replicator with a key (its destination's ``<Authenticator>``) puts a signature in the
 ``commitInfo`` of every commit it appends to a downstream inbox (key :data:`SIGNATURE_KEY`)::
 
-    {"v": 1, "upstream": "amps-1", "to": "amps-2", "app": "amps-1->amps-2#<incarnation>", "batch": 17,
+    {"v": 1, "upstream": "amps-1", "to": "amps-2", "app": "amps-1->amps-2#<incarnation>", "batch": 17250,
      "rows": 5000, "digest": "<sha256 of the rows>", "mac": "<HMAC-SHA256 of the rest>"}
 
 The downstream (its incoming transport's ``<Authentication>``) checks each commit before it takes

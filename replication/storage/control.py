@@ -282,8 +282,8 @@ class LinkState(ControlFile):
     epoch: int = 0
     """Incremented at each resync (for people reading the status)."""
     incarnation: str = ""
-    """New at each resync: names the replicator checkpoint and the inbox app transaction, so a
-    lost link file can never make a new replicator reuse an old one's checkpoint or batch ids."""
+    """New at each resync: names the replicator's app transaction in the inbox (its checkpoint), so a
+    lost link file can never make a new replicator take an old one's batches for its own."""
     sent_seq: int = 0
     """Replicated (or filtered) through this local seq."""
     unacked: tuple[tuple[int, int], ...] = ()

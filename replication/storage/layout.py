@@ -1,8 +1,8 @@
 """Where an instance keeps things under its storage root (DESIGN §3), and the names built from instance names.
 
 Every table and control-file path comes from :class:`StorageLayout`; every
-name made of two instances' names (a link's app transaction, its query, its
-checkpoint folder, its thread) comes from :func:`link_name`, so they cannot
+name made of two instances' names (a link's app transaction, its replicator's
+thread, its manager's thread) comes from :func:`link_name`, so they cannot
 drift apart.
 """
 
