@@ -29,9 +29,9 @@ from replication.connectors.delta.tables import IdempotentAppender, arrow_datase
 from replication.connectors.kafka.broker import ensure_topics
 from replication.connectors.spark.commit_behind import rewind
 from replication.connectors.spark.planned_batch import query_id
+from replication.connectors.spark.trigger import trigger_seconds
 from replication.destination.link import Link
 from replication.destination.manager import DestinationManager
-from replication.destination.replicator import trigger_seconds
 from replication.durability import AckSender, Durability, acks_topic
 from replication.errors import ReplicationError
 from replication.inbox.staged_parts import StagedParts

@@ -12,8 +12,9 @@ from support.tables import numbered_txlog_rows
 
 from replication import config, failpoints
 from replication.connectors.delta.tables import IdempotentAppender
+from replication.connectors.spark.trigger import trigger_seconds
 from replication.destination.link import Link
-from replication.destination.replicator import Replicator, trigger_seconds
+from replication.destination.replicator import Replicator
 from replication.inbox.schema import create_inbox
 from replication.storage.layout import StorageLayout
 from replication.txlog.recent import RecentTxlog
@@ -190,3 +191,13 @@ def test_a_link_never_gets_a_second_replicator_while_the_last_ones_batch_is_unde
 
 def failpoints_reached() -> bool:
     return failpoints._counts.get("replicator.before_inbox_commit", 0) >= 1
+
+
+def test_run_with_a_trigger_it_cannot_read_exits_2_with_one_line_before_anything_starts(tmp_path):
+    from support.cli import run_cli
+
+    path = write_config(tmp_path, "amps-1", "localhost:9")
+    done = run_cli("run", path, "--trigger", "fast")
+    assert done.code == 2 and len(done.err.strip().splitlines()) == 1, done.err
+    assert "argument --trigger: trigger interval 'fast': expected numbers with units" in done.err
+    assert not (tmp_path / "amps-1").exists(), "nothing started"

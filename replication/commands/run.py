@@ -6,12 +6,14 @@ import argparse
 import logging
 
 from replication import config
+from replication.connectors.spark.trigger import checked_trigger
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("configs", nargs="+", metavar="CONFIG", help="instance config XML file(s)")
     parser.add_argument(
-        "--trigger", default="0 seconds", help="micro-batch trigger interval (default: as fast as possible)"
+        "--trigger", default="0 seconds", type=checked_trigger,
+        help="micro-batch trigger interval, e.g. '100 milliseconds' (default: as fast as possible)"
     )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
 

@@ -34,7 +34,6 @@ routed again and the link told, with nothing appended. A crash before step
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from pathlib import Path
@@ -70,26 +69,6 @@ POLL_S = 0.05
 POLL_OBJECT_STORAGE_S = 0.5
 
 _CODECS = {"zstd": "ZSTD", "snappy": "SNAPPY", "gzip": "GZIP", "lz4": "LZ4_RAW", "none": "UNCOMPRESSED"}
-_TRIGGER_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
-_TRIGGER_UNITS = {
-    "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "us": 1e-6, "microsecond": 1e-6, "microseconds": 1e-6, "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
-    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hour": 3600.0, "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0,
-    "week": 604800.0, "weeks": 604800.0,
-}
-
-
-def trigger_seconds(text: str) -> float:
-    """A Spark trigger interval in seconds: ``"0 seconds"``, ``"100 milliseconds"``, ``"interval 1 minute 30
-    seconds"``. ValueError, naming the value and the form expected, for anything else."""
-    body = text.strip().lower().removeprefix("interval").strip()
-    parts = _TRIGGER_PART.findall(body)
-    if not parts or _TRIGGER_PART.sub("", body).strip() or any(unit not in _TRIGGER_UNITS for _, unit in parts):
-        raise ValueError(f"trigger interval {text!r}: expected numbers with units, e.g. '100 milliseconds' or "
-                         "'1 minute 30 seconds'")
-    return sum(float(number) * _TRIGGER_UNITS[unit] for number, unit in parts)
-
 
 class Replicator:
     """One destination's replicator thread (see the module docstring for the order of effects)."""
