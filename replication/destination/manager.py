@@ -191,7 +191,7 @@ class DestinationManager:
             # Stopping gave up on a batch still under way (a destination's storage that does not answer): a
             # second replicator of this link beside it would append the same rows or reset the link under it.
             raise StorageError(f"{self.name}: the last replicator's batch is still under way (its "
-                                   "destination's storage is not answering); retrying once it has ended")
+                               "destination's storage is not answering); retrying once it has ended")
         down_cfg = read_instance_config(down.instance_json)
         findings = validation.validate_link(self.cfg, self.dest, down_cfg)
         if findings:
