@@ -103,8 +103,6 @@ class Replicator:
         """The least time from one batch's start to the next (the instance's trigger interval)."""
         self.rows_sent = 0
         self.batches = 0
-        self.batch_seconds = 0.0
-        """Time spent in batches (read, route, inbox commit, link): with :attr:`batches`, the time per batch."""
         self.ranges_from_memory = 0
         """Txlog ranges taken from :attr:`recent` (the others were read from the txlog's files)."""
         self.signing_key = dest.signing_key.reveal().encode() if dest.signing_key is not None else None
@@ -145,7 +143,6 @@ class Replicator:
                 started = time.monotonic()
                 self._replicate(position, through)
                 position = through
-                self.batch_seconds += time.monotonic() - started
                 if self.min_interval_s > 0:
                     self._stop.wait(max(0.0, self.min_interval_s - (time.monotonic() - started)))
         except BaseException as exc:  # noqa: BLE001 - the manager sees it and retries with back-off
