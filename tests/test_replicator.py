@@ -4,6 +4,9 @@ batch a crash kept from the link file told to the link at the restart rather tha
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 from deltalake import DeltaTable
 from support.fabric import ONE_WAY
@@ -16,6 +19,7 @@ from replication.connectors.spark.trigger import trigger_seconds
 from replication.destination.link import Link
 from replication.destination.replicator import Replicator
 from replication.inbox.schema import create_inbox
+from replication.storage.control import LinkState
 from replication.storage.layout import StorageLayout
 from replication.txlog.recent import RecentTxlog
 from replication.txlog.schema import TXLOG_SCHEMA
@@ -48,12 +52,26 @@ class Pair:
         return Replicator(self.cfg, self.dest, txlog=self.up.txlog, inbox=self.down.inbox, incarnation="1-test",
                           link=link, target="amps-2", recent=recent).start()
 
+    @contextmanager
+    def running(self, recent: RecentTxlog | None = None) -> Iterator[Replicator]:
+        """A started replicator, stopped on leaving (its counters stay readable)."""
+        replicator = self.replicator(recent)
+        try:
+            yield replicator
+        finally:
+            replicator.stop()
+
     def inbox_seqs(self) -> list[int]:
         return sorted(DeltaTable(str(self.down.inbox)).to_pyarrow_table(columns=["upstream_seq"])
                       ["upstream_seq"].to_pylist())
 
     def inbox_version(self) -> int | None:
         return DeltaTable(str(self.down.inbox)).transaction_version("amps-1->amps-2#1-test")
+
+
+def wait_sent(replicator: Replicator, seq: int) -> None:
+    """Until the replicator has told its link every seq through ``seq``."""
+    wait_until(lambda: replicator.link.snapshot().sent_seq == seq, timeout=30, what=f"seqs through {seq} sent")
 
 
 @pytest.fixture
@@ -63,14 +81,11 @@ def pair(tmp_path):
 
 def test_each_commit_is_appended_once_with_its_last_seq_as_the_inbox_version(pair):
     pair.commit(1, 5)
-    replicator = pair.replicator()
-    try:
-        wait_until(lambda: replicator.link.snapshot().sent_seq == 5, timeout=30, what="seqs 1-5 sent")
+    with pair.running() as replicator:
+        wait_sent(replicator, 5)
         assert pair.inbox_version() == 5
         pair.commit(6, 3)  # (not handed over: the replicator finds it in the txlog's Delta log)
-        wait_until(lambda: replicator.link.snapshot().sent_seq == 8, timeout=30, what="seqs 6-8 sent")
-    finally:
-        replicator.stop()
+        wait_sent(replicator, 8)
     assert pair.inbox_seqs() == list(range(1, 9)) and pair.inbox_version() == 8
     assert replicator.link.snapshot().unacked == ((1, 8),) and replicator.error is None
     assert replicator.ranges_from_memory == 0 and replicator.batches == 2
@@ -78,14 +93,11 @@ def test_each_commit_is_appended_once_with_its_last_seq_as_the_inbox_version(pai
 
 def test_rows_the_ingest_hands_over_are_taken_from_memory(pair):
     recent = RecentTxlog()
-    replicator = pair.replicator(recent)
-    try:
+    with pair.running(recent) as replicator:
         pair.commit(1, 4, recent)
-        wait_until(lambda: replicator.link.snapshot().sent_seq == 4, timeout=30, what="seqs 1-4 sent")
+        wait_sent(replicator, 4)
         pair.commit(5, 4, recent)
-        wait_until(lambda: replicator.link.snapshot().sent_seq == 8, timeout=30, what="seqs 5-8 sent")
-    finally:
-        replicator.stop()
+        wait_sent(replicator, 8)
     assert replicator.ranges_from_memory == replicator.batches >= 2
     assert pair.inbox_seqs() == list(range(1, 9))
     assert recent.held is None, "rows every replicator has passed are let go"
@@ -107,11 +119,8 @@ def test_a_batch_a_failure_kept_from_the_link_is_sent_once_after_the_restart(pai
     assert failed.link.snapshot().sent_seq == 0
     assert pair.inbox_seqs() == (list(range(1, 6)) if point == "replicator.after_inbox_commit" else [])
     pair.commit(6, 3)  # (rows committed meanwhile: the restart's first batch must not take 1-5 with them)
-    restarted = pair.replicator()
-    try:
-        wait_until(lambda: restarted.link.snapshot().sent_seq == 8, timeout=30, what="seqs 1-8 told to the link")
-    finally:
-        restarted.stop()
+    with pair.running() as restarted:
+        wait_sent(restarted, 8)
     assert pair.inbox_seqs() == list(range(1, 9)), "each row in the inbox once"
     assert restarted.rows_sent == (3 if point == "replicator.after_inbox_commit" else 8)
     assert restarted.link.snapshot().unacked == ((1, 8),), "the rows wait for the destination's ack"
@@ -134,19 +143,12 @@ def test_a_link_file_far_behind_the_inbox_is_told_in_batch_sized_pieces(pair, mo
     from replication.destination import replicator as module
 
     pair.commit(1, 8)
-    first = pair.replicator()
-    try:
-        wait_until(lambda: first.link.snapshot().sent_seq == 8, timeout=30, what="seqs 1-8 sent")
-    finally:
-        first.stop()
-    older = first.link.snapshot()
-    older.__class__(older.destination, older.sync_type, incarnation=older.incarnation).write(pair.link_file)
+    with pair.running() as first:
+        wait_sent(first, 8)
+    LinkState("amps-2", "sync", incarnation=first.link.snapshot().incarnation).write(pair.link_file)
     monkeypatch.setattr(module, "BATCH_ROWS", 3)
-    restarted = pair.replicator()
-    try:
-        wait_until(lambda: restarted.link.snapshot().sent_seq == 8, timeout=30, what="seqs 1-8 told to the link")
-    finally:
-        restarted.stop()
+    with pair.running() as restarted:
+        wait_sent(restarted, 8)
     assert restarted.batches == 3 and restarted.rows_sent == 0
     assert restarted.link.snapshot().unacked == ((1, 8),)
     assert pair.inbox_seqs() == list(range(1, 9))
@@ -159,11 +161,8 @@ def test_a_content_filter_that_reads_bodies_routes_smaller_batches(tmp_path, mon
     pair = Pair(tmp_path, topics="<Topic><Name>.*</Name><MessageType>json</MessageType><Filter>/seq &gt; 4</Filter>"
                                  "<ExcludeValidation>replicate,cascade,replicate_filter</ExcludeValidation></Topic>")
     pair.commit(1, 8)
-    replicator = pair.replicator()
-    try:
-        wait_until(lambda: replicator.link.snapshot().sent_seq == 8, timeout=30, what="seqs 1-8 decided")
-    finally:
-        replicator.stop()
+    with pair.running() as replicator:
+        wait_sent(replicator, 8)
     assert replicator.batches == 3 and pair.inbox_seqs() == [5, 6, 7, 8]
     assert replicator.link.snapshot().unacked == ((5, 8),), "the rows filtered out wait for nothing"
 
