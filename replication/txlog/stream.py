@@ -102,7 +102,7 @@ class TxlogSourceOptions:
             ``driverReadRows``; 0: always tasks). See :mod:`replication.connectors.spark.driver_read`.
         columns: only these txlog columns, ``seq`` always among them (option
             ``columns``, comma separated; default: all). A reader that needs
-            only a few columns (the replicator's routing) moves far less data
+            only a few columns (headers for routing, say) moves far less data
             through Spark.
         end_seq: never read rows past this seq (option ``endSeq``; default: no end).
         durable_file: the instance's ``_control/durable.json`` (option
