@@ -10,7 +10,7 @@ from replication.durability import Durability
 from replication.ingest.classify import Classified
 from replication.storage.control import read_json
 from replication.storage.layout import StorageLayout
-from replication.txlog.runs import run_bounds, runs_of
+from replication.txlog.runs import run_bounds, runs_by_code, runs_of, stable_order
 
 
 def committed(publishers=None, links=None, *, rows=None, link_rows=None, link_seqs=None, duplicates=None) -> Classified:
@@ -45,6 +45,18 @@ def ack_of(layout: StorageLayout, upstream: str) -> tuple[int, list] | None:
 def test_runs_of_groups_consecutive_seqs():
     assert runs_of([3, 4, 5, 8, 10, 11]) == [(3, 5), (8, 8), (10, 11)]
     assert runs_of([]) == []
+
+
+def test_stable_order_groups_codes_keeping_arrival_order_at_every_code_width():
+    rng = np.random.default_rng(7)
+    for low, high in ((-1, 4), (-(1 << 15), 1 << 15), (0, 1 << 20), (-(1 << 40), 1 << 40)):
+        codes = rng.integers(low, high, 5_000, dtype=np.int64)
+        codes[:50] = codes[0]  # (repeats: their order is the arrival order)
+        assert np.array_equal(stable_order(codes), np.argsort(codes, kind="stable")), (low, high)
+    assert stable_order(np.array([], dtype=np.int64)).size == 0
+    runs = runs_by_code(np.array([70_000, -1, 2, 70_000, 2]), np.array([1, 2, 3, 4, 5]))  # (-1: no key)
+    assert {code: (firsts.tolist(), lasts.tolist()) for code, (firsts, lasts) in runs.items()} == {
+        70_000: ([1, 4], [1, 4]), 2: ([3, 5], [3, 5])}
 
 
 def test_a_link_holds_only_rows_it_sent_and_not_yet_acknowledged(tmp_path):

@@ -183,7 +183,10 @@ class Replicator:
         """Batch (after, through]; ``appended``: already in the inbox (the link is told, nothing appended)."""
         rows, mask = self._read_and_route(after, through)
         routed_seqs = rows["seq"].to_numpy()[mask]
-        routed = rows.filter(pa.array(mask)) if routed_seqs.size and not appended else None
+        if not routed_seqs.size or appended:
+            routed = None
+        else:  # (every row routed, the common case: no copy of the batch's bodies)
+            routed = rows if routed_seqs.size == rows.num_rows else rows.filter(pa.array(mask))
         self._send(routed, routed_seqs, through)
         self.batches += 1
 
@@ -226,6 +229,6 @@ class Replicator:
         n = routed.num_rows
         columns = {name: routed[name] for name in INBOX_SCHEMA.names if name in routed.column_names}
         columns["upstream_seq"] = routed["seq"]
-        columns["link"] = pa.array([self.cfg.name] * n, pa.string())
-        columns["link_group"] = pa.array([self.cfg.group] * n, pa.string())
+        columns["link"] = pa.repeat(pa.scalar(self.cfg.name, pa.string()), n)
+        columns["link_group"] = pa.repeat(pa.scalar(self.cfg.group, pa.string()), n)
         return pa.table({name: columns[name] for name in INBOX_SCHEMA.names}, schema=INBOX_SCHEMA)

@@ -35,7 +35,7 @@ from replication.routing import regex_matches
 from replication.sow.keys import SowTopics
 from replication.sow.state import Prepared, SowChanges, SowState, fold, prepare
 from replication.txlog.publishers import PublisherState
-from replication.txlog.runs import Runs, run_bounds, runs_by_code
+from replication.txlog.runs import Runs, run_bounds, runs_by_code, stable_order
 from replication.txlog.schema import REJECTED_SCHEMA, TXLOG_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -493,7 +493,7 @@ def _first_new_per_publisher(codes: np.ndarray, seqs: np.ndarray, valid: np.ndar
     if _one_code(codes[idx]) is not None:  # one publisher (a backfill, a lone producer): no grouping
         groups = [idx]
     else:
-        sorted_idx = idx[np.argsort(codes[idx], kind="stable")]  # arrival order within each publisher
+        sorted_idx = idx[stable_order(codes[idx])]  # arrival order within each publisher
         groups = np.split(sorted_idx, np.flatnonzero(np.diff(codes[sorted_idx])) + 1)
     for rows in groups:
         s = seqs[rows]

@@ -25,13 +25,22 @@ def runs_of(seqs) -> list[tuple[int, int]]:
     return list(zip(firsts.tolist(), lasts.tolist()))
 
 
+def stable_order(codes: np.ndarray) -> np.ndarray:
+    """``np.argsort(codes, kind="stable")``: grouped by code, in arrival order within each. Codes that fit 16
+    bits (publishers or keys of one batch, nearly always) are sorted as such, which numpy does by radix sort:
+    ~5x faster on 200k rows than the merge sort of int64."""
+    if codes.size and -(1 << 15) <= codes.min() and codes.max() < 1 << 15:
+        return np.argsort(codes.astype(np.int16), kind="stable")
+    return np.argsort(codes, kind="stable")
+
+
 def runs_by_code(codes: np.ndarray, seqs: np.ndarray) -> dict[int, Runs]:
     """Runs of ``seqs`` (ascending) per key code, codes < 0 left out: which rows belong to each key."""
     if codes.size == 0:
         return {}
     if (codes == codes[0]).all():  # one key: no grouping
         return {int(codes[0]): run_bounds(seqs)} if codes[0] >= 0 else {}
-    order = np.argsort(codes, kind="stable")
+    order = stable_order(codes)
     sorted_codes = codes[order]
     bounds: np.ndarray = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
     return {int(sorted_codes[segment[0]]): run_bounds(seqs[order[segment]])
