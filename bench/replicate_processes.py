@@ -1,0 +1,222 @@
+"""Benchmark: A -> B replication with each instance its own process, against A alone (issue 40, target 2).
+
+``bench/replicate.py`` runs both instances of the pair in one Spark
+application: one JVM and one Python driver, whose GIL the ingest of A, the
+replicator and the ingest of B share. Users run one ``replication run`` per
+instance. Here each instance is its own process (``python -m replication.cli
+run``, ``local[2]``, as ``bench/cluster.py`` starts them), on the same
+machine, in turn, each pass on fresh storage and reading the same
+pre-published topic (``--messages``, 2 partitions, 4 publishers, zstd) from
+its start:
+
+- *ingest only*: A alone, no destination;
+- *A -> B (sync)*: B started first and left idle until its heartbeat, as a
+  running fabric has it; then A with one sync destination B (PassThrough
+  ``.*``, every topic).
+
+The rate is taken from the txlogs, as a user would see it: the rows after
+A's first commit (200k) over the time from that commit to the last commit
+of the last txlog (A's alone; B's in the pair, so the replication's tail is
+in it), by ``persist_time``; start-up is not. CPU is the instances' process
+trees over the same span, per instance and process (Python driver, JVM).
+(Two machines cannot be emulated by stopping B while A runs: A replicates
+only to a destination whose heartbeat is fresh.)::
+
+    .venv/bin/python bench/replicate_processes.py --repeat 4     # 1M messages, ~8 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster import stored_rows  # noqa: E402
+from common import feeds, format_table, prepublish, wait_until  # noqa: E402
+from replicate import write_instance  # noqa: E402
+from timing import process_tree  # noqa: E402
+
+from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
+
+PARTITIONS = 2
+PUBLISHERS = 4
+INGEST, PAIR = "ingest only", "A -> B (sync)"
+
+
+@dataclass
+class Pass:
+    label: str
+    measured: int  # rows after A's first commit
+    seconds: float  # A's first commit -> the last txlog's last commit
+    cpu: dict[str, float] = field(default_factory=dict)  # "A driver", "A JVM", "B driver", "B JVM" -> CPU-s
+
+    @property
+    def rate(self) -> float:
+        return self.measured / self.seconds
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.measured / max(sum(self.cpu.values()), 1e-9)
+
+
+def cpu_by_process(pid: int) -> dict[str, float]:
+    """CPU seconds of an instance's process tree: its JVM, and the rest (the Python driver and its workers)."""
+    out = {"driver": 0.0, "JVM": 0.0}
+    for proc in process_tree(pid, commands=True).values():
+        out["JVM" if proc.command.split(" ")[0].endswith("java") else "driver"] += proc.own + proc.ended
+    return out
+
+
+def start(workdir: Path, cfg: Path, name: str) -> subprocess.Popen:
+    env = dict(os.environ, REPLICATION_SPARK_LOG_LEVEL="ERROR", REPLICATION_SPARK_MASTER="local[2]")
+    log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 (the process writes it until it stops)
+    return subprocess.Popen([sys.executable, "-m", "replication.cli", "run", str(cfg), "--log-level", "WARNING"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def persist_times(txlog: Path) -> pa.ChunkedArray:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(txlog)).to_pyarrow_table(columns=["persist_time"])["persist_time"]
+
+
+class Instances:
+    """The instance processes of one pass, by role, and their CPU."""
+
+    def __init__(self, label: str, workdir: Path) -> None:
+        self.label, self.workdir = label, workdir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, role: str, cfg: Path) -> None:
+        self.procs[role] = start(self.workdir, cfg, cfg.stem)
+
+    def stop(self, role: str) -> None:
+        stop(self.procs.pop(role))
+
+    def cpu(self) -> dict[str, float]:
+        if any(p.poll() is not None for p in self.procs.values()):
+            raise SystemExit(f"{self.label}: an instance stopped; see the logs under {self.workdir}")
+        return {f"{role} {kind}": s for role, p in self.procs.items() for kind, s in cpu_by_process(p.pid).items()}
+
+    def measure(self, first: Path, done: Callable[[], bool]) -> dict[str, float]:
+        """CPU from the first commit to ``first`` until ``done``."""
+        wait_until(lambda: stored_rows(first) >= 1, timeout=600, interval=0.1, what=f"{self.label}: a first commit")
+        before = self.cpu()
+        wait_until(done, timeout=1800, interval=0.1, what=f"{self.label}: every row")
+        return {k: v - before[k] for k, v in self.cpu().items()}
+
+
+def first_commit(txlog: Path) -> tuple[datetime, int]:
+    """When ``txlog``'s first commit was made, and its rows (by ``persist_time``)."""
+    times = persist_times(txlog)
+    first = pc.min(times)
+    return first.as_py(), pc.sum(pc.equal(times, first)).as_py()
+
+
+def run_pass(label: str, workdir: Path, bootstrap: str, topic: str, messages: int) -> Pass:
+    from replication.connectors.kafka.broker import ensure_topics
+
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"proc-a-{tag}", f"proc-b-{tag}"
+    txlog_a, txlog_b = workdir / a / "txlog", workdir / b / "txlog"
+    last = txlog_b if label == PAIR else txlog_a
+    instances = Instances(label, workdir)
+    try:
+        if label == PAIR:
+            ensure_topics(bootstrap, [f"{b}.publish"])
+            instances.start("B", write_instance(workdir, b, bootstrap, topic=f"{b}.publish", max_offsets=None))
+            wait_until(lambda: (workdir / b / "_control" / "heartbeat.json").exists(), timeout=600, interval=0.2,
+                       what="B to start")
+        instances.start("A", write_instance(workdir, a, bootstrap, topic=topic, max_offsets=None,
+                                            destination=b if label == PAIR else None))
+        cpu = instances.measure(txlog_a, lambda: stored_rows(last) >= messages)
+    finally:
+        for role in list(instances.procs)[::-1]:
+            instances.stop(role)
+    last_times = persist_times(last)
+    if len(last_times) != messages:
+        raise SystemExit(f"{label}: {last} holds {len(last_times)} rows, not the {messages} published")
+    first, first_rows = first_commit(txlog_a)
+    return Pass(label, messages - first_rows, (pc.max(last_times).as_py() - first).total_seconds(), cpu)
+
+
+def report(args, passes: list[Pass]) -> str:
+    best = {label: max((p for p in passes if p.label == label), key=lambda p: p.rate) for label in (INGEST, PAIR)}
+    kinds = ["A driver", "A JVM", "B driver", "B JVM"]
+    rows = [[p.label, f"{p.measured:,}", f"{p.seconds:.2f}", f"{p.rate:,.0f}",
+             *(f"{p.cpu[k]:.1f}" if k in p.cpu else "" for k in kinds), f"{p.per_cpu_s:,.0f}"] for p in passes]
+    ingest, pair = best[INGEST], best[PAIR]
+    return "\n".join([
+        f"# A -> B replication, one process per instance, against A alone: {args.messages:,} messages, "
+        f"{os.cpu_count()} cores, best of {args.repeat}",
+        "",
+        format_table(["pass", "rows", "seconds", "rows/s", *(f"{k} CPU-s" for k in kinds), "rows/CPU-s"], rows),
+        "",
+        f"replication / ingest only: {pair.rate / ingest.rate:.2f}x rows/s (target >= 0.9), "
+        f"{pair.per_cpu_s / ingest.per_cpu_s:.2f}x rows per CPU-second",
+    ])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-n", "--messages", type=int, default=1_000_000, help="messages pre-published (1M)")
+    parser.add_argument("--repeat", type=int, default=2, help="passes per contender, in turn; the best is kept")
+    parser.add_argument("--workdir", help="keep tables and logs here (default: a temporary directory, removed)")
+    args = parser.parse_args(argv)
+    if args.messages < 3 * DEFAULT_BATCH_ROWS or args.repeat < 1:
+        parser.error(f"--messages must be at least {3 * DEFAULT_BATCH_ROWS} (the rate is taken after the first "
+                     "batch) and --repeat at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
+
+    args = parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-replicate-processes-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = EmbeddedBroker().start()
+    try:
+        topic = "bench-processes.publish"
+        ensure_topics(broker.bootstrap, [topic], partitions=PARTITIONS)
+        rate = prepublish(broker.bootstrap, topic, feeds(args.messages, PUBLISHERS, PARTITIONS))
+        print(f"pre-published {args.messages:,} messages at {rate:,.0f} msg/s", file=sys.stderr, flush=True)
+        passes = []
+        for i in range(args.repeat):
+            for label in (INGEST, PAIR) if i % 2 == 0 else (PAIR, INGEST):  # (in turn: neither always goes first)
+                passes.append(run_pass(label, workdir, broker.bootstrap, topic, args.messages))
+                print(f"{label}: {passes[-1].rate:,.0f} rows/s", file=sys.stderr, flush=True)
+                time.sleep(1.0)
+        print(report(args, passes), flush=True)
+    finally:
+        broker.stop()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
