@@ -28,6 +28,7 @@ only to a destination whose heartbeat is fresh.)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -75,7 +76,8 @@ class Pass:
 
 
 def cpu_by_process(pid: int) -> dict[str, float]:
-    """CPU seconds of an instance's process tree: its JVM, and the rest (the Python driver and its workers)."""
+    """CPU seconds of an instance's process tree: its JVM, and the rest (the Python driver, and Spark's Python
+    workers while they run: one the JVM has reaped counts in the JVM's; the ingest starts few)."""
     out = {"driver": 0.0, "JVM": 0.0}
     for proc in process_tree(pid, commands=True).values():
         out["JVM" if proc.command.split(" ")[0].endswith("java") else "driver"] += proc.own + proc.ended
@@ -84,9 +86,9 @@ def cpu_by_process(pid: int) -> dict[str, float]:
 
 def start(workdir: Path, cfg: Path, name: str) -> subprocess.Popen:
     env = dict(os.environ, REPLICATION_SPARK_LOG_LEVEL="ERROR", REPLICATION_SPARK_MASTER="local[2]")
-    log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 (the process writes it until it stops)
-    return subprocess.Popen([sys.executable, "-m", "replication.cli", "run", str(cfg), "--log-level", "WARNING"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with open(workdir / f"{name}.log", "ab") as log:  # (the process has its own copy of the file)
+        return subprocess.Popen([sys.executable, "-m", "replication.cli", "run", str(cfg), "--log-level",
+                                 "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -94,7 +96,8 @@ def stop(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -114,19 +117,29 @@ class Instances:
     def start(self, role: str, cfg: Path) -> None:
         self.procs[role] = start(self.workdir, cfg, cfg.stem)
 
-    def stop(self, role: str) -> None:
-        stop(self.procs.pop(role))
+    def stop_all(self) -> None:
+        """Stop every instance, the last started first (each is stopped even if another's stop fails)."""
+        if self.procs:
+            _role, proc = self.procs.popitem()
+            try:
+                stop(proc)
+            finally:
+                self.stop_all()
+
+    def ended(self) -> bool:
+        return any(p.poll() is not None for p in self.procs.values())
 
     def cpu(self) -> dict[str, float]:
-        if any(p.poll() is not None for p in self.procs.values()):
+        if self.ended():
             raise SystemExit(f"{self.label}: an instance stopped; see the logs under {self.workdir}")
         return {f"{role} {kind}": s for role, p in self.procs.items() for kind, s in cpu_by_process(p.pid).items()}
 
     def measure(self, first: Path, done: Callable[[], bool]) -> dict[str, float]:
-        """CPU from the first commit to ``first`` until ``done``."""
-        wait_until(lambda: stored_rows(first) >= 1, timeout=600, interval=0.1, what=f"{self.label}: a first commit")
+        """CPU from the first commit to ``first`` until ``done`` (an instance that ends stops the wait)."""
+        wait_until(lambda: stored_rows(first) >= 1 or self.ended(), timeout=600, interval=0.1,
+                   what=f"{self.label}: a first commit")
         before = self.cpu()
-        wait_until(done, timeout=1800, interval=0.1, what=f"{self.label}: every row")
+        wait_until(lambda: done() or self.ended(), timeout=1800, interval=0.1, what=f"{self.label}: every row")
         return {k: v - before[k] for k, v in self.cpu().items()}
 
 
@@ -149,19 +162,21 @@ def run_pass(label: str, workdir: Path, bootstrap: str, topic: str, messages: in
         if label == PAIR:
             ensure_topics(bootstrap, [f"{b}.publish"])
             instances.start("B", write_instance(workdir, b, bootstrap, topic=f"{b}.publish", max_offsets=None))
-            wait_until(lambda: (workdir / b / "_control" / "heartbeat.json").exists(), timeout=600, interval=0.2,
-                       what="B to start")
+            wait_until(lambda: (workdir / b / "_control" / "heartbeat.json").exists() or instances.ended(),
+                       timeout=600, interval=0.2, what="B to start")
         instances.start("A", write_instance(workdir, a, bootstrap, topic=topic, max_offsets=None,
                                             destination=b if label == PAIR else None))
         cpu = instances.measure(txlog_a, lambda: stored_rows(last) >= messages)
     finally:
-        for role in list(instances.procs)[::-1]:
-            instances.stop(role)
+        instances.stop_all()
     last_times = persist_times(last)
     if len(last_times) != messages:
         raise SystemExit(f"{label}: {last} holds {len(last_times)} rows, not the {messages} published")
     first, first_rows = first_commit(txlog_a)
-    return Pass(label, messages - first_rows, (pc.max(last_times).as_py() - first).total_seconds(), cpu)
+    seconds = (pc.max(last_times).as_py() - first).total_seconds()
+    if seconds <= 0:
+        raise SystemExit(f"{label}: every row came in A's first commit; publish more (--messages)")
+    return Pass(label, messages - first_rows, seconds, cpu)
 
 
 def report(args, passes: list[Pass]) -> str:

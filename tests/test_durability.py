@@ -54,6 +54,9 @@ def test_stable_order_groups_codes_keeping_arrival_order_at_every_code_width():
         codes[:50] = codes[0]  # (repeats: their order is the arrival order)
         assert np.array_equal(stable_order(codes), np.argsort(codes, kind="stable")), (low, high)
     assert stable_order(np.array([], dtype=np.int64)).size == 0
+    for edge in ((1 << 15) - 1, 1 << 15, -(1 << 15), -(1 << 15) - 1):  # (either side of the 16-bit sort)
+        codes = np.array([edge, 0, edge, -1, 0], dtype=np.int64)
+        assert np.array_equal(stable_order(codes), np.argsort(codes, kind="stable")), edge
     runs = runs_by_code(np.array([70_000, -1, 2, 70_000, 2]), np.array([1, 2, 3, 4, 5]))  # (-1: no key)
     assert {code: (firsts.tolist(), lasts.tolist()) for code, (firsts, lasts) in runs.items()} == {
         70_000: ([1, 4], [1, 4]), 2: ([3, 5], [3, 5])}
