@@ -27,19 +27,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.compute as pc
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import feeds, format_table, prepublish, wait_until, write_instance_config  # noqa: E402
+from common import format_table, prepublished_broker, wait_until, write_instance_config  # noqa: E402
+from instance_processes import first_commit, persist_times, start_instance, stop_instance, stored_rows  # noqa: E402
 from timing import tree_cpu_seconds  # noqa: E402
 
 from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
@@ -67,24 +66,12 @@ class Result:
         return self.measured / max(self.instance_cpu_s + self.executor_cpu_s, 1e-9)
 
 
-def stored_rows(txlog: Path) -> int:
-    """Rows in the txlog's current snapshot (0 before its first commit), from the Delta log alone."""
-    from deltalake import DeltaTable
-
-    if not (txlog / "_delta_log").exists():
-        return 0
-    return sum(DeltaTable(str(txlog)).get_add_actions(flatten=True).column("num_records").to_pylist())
-
-
 def commit_rate(txlog: Path) -> tuple[int, int, float, float]:
     """(rows, rows after the first commit, their rows/s, time of the first commit), from ``persist_time``."""
-    import pyarrow.compute as pc
-    from deltalake import DeltaTable
-
-    times = DeltaTable(str(txlog)).to_pyarrow_table(columns=["persist_time"])["persist_time"]
-    first, last = pc.min(times).as_py(), pc.max(times).as_py()
-    after_first = len(times) - pc.sum(pc.equal(times, pc.min(times))).as_py()
-    span = (last - first).total_seconds()
+    times = persist_times(txlog)
+    first, first_rows = first_commit(times)
+    span = (pc.max(times).as_py() - first).total_seconds()
+    after_first = len(times) - first_rows
     return len(times), after_first, (after_first / span if span > 0 else float("nan")), first.timestamp()
 
 
@@ -97,15 +84,11 @@ def executor_tasks(cluster) -> int:
 def run_instance(label: str, workdir: Path, bootstrap: str, topic: str, messages: int, cluster=None) -> Result:
     name = f"{label.split('[')[0].replace(':', '')}{uuid.uuid4().hex[:6]}"
     cfg = write_instance_config(workdir, name, bootstrap, topic=topic, inbox=False)
-    env = dict(os.environ, REPLICATION_SPARK_LOG_LEVEL="ERROR")
-    env["REPLICATION_SPARK_MASTER"] = cluster.master_url if cluster else "local[2]"
     worker_pids = cluster.pids[1:] if cluster else []
     workers_before = sum(tree_cpu_seconds(pid) for pid in worker_pids)
     tasks_before = executor_tasks(cluster) if cluster else 0
-    log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 (the process writes it until it stops)
     started = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "replication.cli", "run", str(cfg), "--log-level", "WARNING"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = start_instance(workdir, cfg, cluster.master_url if cluster else "local[2]")
     txlog = workdir / name / "txlog"
 
     def cpu() -> tuple[float, float]:
@@ -120,20 +103,14 @@ def run_instance(label: str, workdir: Path, bootstrap: str, topic: str, messages
                 raise SystemExit(f"{label}: the instance stopped (exit {proc.returncode}); see {name}.log")
             samples.append(cpu())
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-    rows, measured, rate, first_commit = commit_rate(txlog)
+        stop_instance(proc)
+    rows, measured, rate, first_commit_at = commit_rate(txlog)
     if rows != messages:
         raise SystemExit(f"{label}: the txlog holds {rows} rows, not the {messages} published")
     time.sleep(1.0)  # the executors' logs of this application are flushed as it ends
     tasks = executor_tasks(cluster) - tasks_before if cluster else 0
     (instance_at_first, executors_at_first), (instance_at_last, executors_at_last) = samples
-    return Result(label, rows, measured, rate, first_commit - started, instance_at_last - instance_at_first,
+    return Result(label, rows, measured, rate, first_commit_at - started, instance_at_last - instance_at_first,
                   executors_at_last - executors_at_first, tasks)
 
 
@@ -174,31 +151,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
     from replication.connectors.spark.cluster import StandaloneCluster
 
     args = parse_args(argv)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-cluster-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    broker = EmbeddedBroker().start()
-    try:
-        topic = "bench-cluster.publish"
-        ensure_topics(broker.bootstrap, [topic], partitions=PARTITIONS)
-        rate = prepublish(broker.bootstrap, topic, feeds(args.messages, PUBLISHERS, PARTITIONS))
-        print(f"pre-published {args.messages:,} messages at {rate:,.0f} msg/s", file=sys.stderr, flush=True)
+    topic = "bench-cluster.publish"
+    with prepublished_broker(topic, args.messages, publishers=PUBLISHERS, partitions=PARTITIONS,
+                             workdir=args.workdir, prefix="bench-cluster-") as (bootstrap, workdir):
         results = []
         with StandaloneCluster(workers=2, cores=1, memory="2g", home=workdir / "cluster") as cluster:
             for _ in range(args.repeat):
                 for label in ("local[2]", "cluster"):
-                    result = run_instance(label, workdir, broker.bootstrap, topic, args.messages,
+                    result = run_instance(label, workdir, bootstrap, topic, args.messages,
                                           cluster if label == "cluster" else None)
                     print(f"{label}: {result.rate:,.0f} rows/s", file=sys.stderr, flush=True)
                     results.append(result)
         print(report(args, results), flush=True)
-    finally:
-        broker.stop()
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import functools
 import json
 import multiprocessing
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -201,6 +202,27 @@ def prepublish(bootstrap: str, topic: str, plan: Sequence[Feed]) -> float:
     if failed:
         raise SystemExit(f"a publishing process failed (exit codes {failed})")
     return sum(f.count for f in plan) / (time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def prepublished_broker(topic: str, messages: int, *, publishers: int, partitions: int, workdir: str | None,
+                        prefix: str) -> Iterator[tuple[str, Path]]:
+    """A broker started here with ``messages`` pre-published to ``topic``: (its bootstrap, the work directory),
+    ``workdir`` or a temporary one (removed after). The broker is stopped after."""
+    from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
+
+    where = Path(workdir or tempfile.mkdtemp(prefix=prefix))
+    where.mkdir(parents=True, exist_ok=True)
+    broker = EmbeddedBroker().start()
+    try:
+        ensure_topics(broker.bootstrap, [topic], partitions=partitions)
+        rate = prepublish(broker.bootstrap, topic, feeds(messages, publishers, partitions))
+        print(f"pre-published {messages:,} messages at {rate:,.0f} msg/s", file=sys.stderr, flush=True)
+        yield broker.bootstrap, where
+    finally:
+        broker.stop()
+        if not workdir:
+            shutil.rmtree(where, ignore_errors=True)
 
 
 def _publish_feed(bootstrap: str, topic: str, feed: Feed) -> None:

@@ -28,27 +28,21 @@ only to a destination whose heartbeat is fresh.)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster import stored_rows  # noqa: E402
-from common import feeds, format_table, prepublish, wait_until  # noqa: E402
+from common import format_table, prepublished_broker, wait_until  # noqa: E402
+from instance_processes import first_commit, persist_times, start_instance, stop_instance, stored_rows  # noqa: E402
 from replicate import write_instance  # noqa: E402
 from timing import process_tree  # noqa: E402
 
@@ -84,29 +78,6 @@ def cpu_by_process(pid: int) -> dict[str, float]:
     return out
 
 
-def start(workdir: Path, cfg: Path, name: str) -> subprocess.Popen:
-    env = dict(os.environ, REPLICATION_SPARK_LOG_LEVEL="ERROR", REPLICATION_SPARK_MASTER="local[2]")
-    with open(workdir / f"{name}.log", "ab") as log:  # (the process has its own copy of the file)
-        return subprocess.Popen([sys.executable, "-m", "replication.cli", "run", str(cfg), "--log-level",
-                                 "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def persist_times(txlog: Path) -> pa.ChunkedArray:
-    from deltalake import DeltaTable
-
-    return DeltaTable(str(txlog)).to_pyarrow_table(columns=["persist_time"])["persist_time"]
-
-
 class Instances:
     """The instance processes of one pass, by role, and their CPU."""
 
@@ -115,14 +86,14 @@ class Instances:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, role: str, cfg: Path) -> None:
-        self.procs[role] = start(self.workdir, cfg, cfg.stem)
+        self.procs[role] = start_instance(self.workdir, cfg)
 
     def stop_all(self) -> None:
         """Stop every instance, the last started first (each is stopped even if another's stop fails)."""
         if self.procs:
             _role, proc = self.procs.popitem()
             try:
-                stop(proc)
+                stop_instance(proc)
             finally:
                 self.stop_all()
 
@@ -141,13 +112,6 @@ class Instances:
         before = self.cpu()
         wait_until(lambda: done() or self.ended(), timeout=1800, interval=0.1, what=f"{self.label}: every row")
         return {k: v - before[k] for k, v in self.cpu().items()}
-
-
-def first_commit(txlog: Path) -> tuple[datetime, int]:
-    """When ``txlog``'s first commit was made, and its rows (by ``persist_time``)."""
-    times = persist_times(txlog)
-    first = pc.min(times)
-    return first.as_py(), pc.sum(pc.equal(times, first)).as_py()
 
 
 def run_pass(label: str, workdir: Path, bootstrap: str, topic: str, messages: int) -> Pass:
@@ -172,7 +136,7 @@ def run_pass(label: str, workdir: Path, bootstrap: str, topic: str, messages: in
     last_times = persist_times(last)
     if len(last_times) != messages:
         raise SystemExit(f"{label}: {last} holds {len(last_times)} rows, not the {messages} published")
-    first, first_rows = first_commit(txlog_a)
+    first, first_rows = first_commit(last_times if last == txlog_a else persist_times(txlog_a))
     seconds = (pc.max(last_times).as_py() - first).total_seconds()
     if seconds <= 0:
         raise SystemExit(f"{label}: every row came in A's first commit; publish more (--messages)")
@@ -209,28 +173,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from replication.connectors.kafka.broker import EmbeddedBroker, ensure_topics
-
     args = parse_args(argv)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-replicate-processes-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    broker = EmbeddedBroker().start()
-    try:
-        topic = "bench-processes.publish"
-        ensure_topics(broker.bootstrap, [topic], partitions=PARTITIONS)
-        rate = prepublish(broker.bootstrap, topic, feeds(args.messages, PUBLISHERS, PARTITIONS))
-        print(f"pre-published {args.messages:,} messages at {rate:,.0f} msg/s", file=sys.stderr, flush=True)
+    topic = "bench-processes.publish"
+    with prepublished_broker(topic, args.messages, publishers=PUBLISHERS, partitions=PARTITIONS,
+                             workdir=args.workdir, prefix="bench-replicate-processes-") as (bootstrap, workdir):
         passes = []
         for i in range(args.repeat):
             for label in (INGEST, PAIR) if i % 2 == 0 else (PAIR, INGEST):  # (in turn: neither always goes first)
-                passes.append(run_pass(label, workdir, broker.bootstrap, topic, args.messages))
+                passes.append(run_pass(label, workdir, bootstrap, topic, args.messages))
                 print(f"{label}: {passes[-1].rate:,.0f} rows/s", file=sys.stderr, flush=True)
                 time.sleep(1.0)
         print(report(args, passes), flush=True)
-    finally:
-        broker.stop()
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
