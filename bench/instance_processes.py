@@ -17,13 +17,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-def start_instance(workdir: Path, cfg: Path, master: str = "local[2]") -> subprocess.Popen:
+def start_instance(workdir: Path, cfg: Path, master: str = "local[2]", cpus: set[int] | None = None
+                   ) -> subprocess.Popen:
     """``replication run cfg`` in a session of its own on Spark ``master``; its output in
-    ``<workdir>/<config name>.log``."""
+    ``<workdir>/<config name>.log``. ``cpus``: the cores it may run on (its JVM and Python workers inherit
+    them), as if those were its machine's; default every core."""
     env = dict(os.environ, REPLICATION_SPARK_LOG_LEVEL="ERROR", REPLICATION_SPARK_MASTER=master)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(workdir / f"{cfg.stem}.log", "ab") as log:  # (the process has its own copy of the file)
         return subprocess.Popen([sys.executable, "-m", "replication.cli", "run", str(cfg), "--log-level",
-                                 "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                 "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=pin)
 
 
 def stop_instance(proc: subprocess.Popen) -> None:

@@ -20,9 +20,16 @@ of the last txlog (A's alone; B's in the pair, so the replication's tail is
 in it), by ``persist_time``; start-up is not. CPU is the instances' process
 trees over the same span, per instance and process (Python driver, JVM).
 (Two machines cannot be emulated by stopping B while A runs: A replicates
-only to a destination whose heartbeat is fresh.)::
+only to a destination whose heartbeat is fresh.)
+
+``--core-each`` gives each instance one core of its own, as if each had its
+machine: A on core 0 in both contenders, B on core 1 (``sched_setaffinity``;
+the JVM and Python workers inherit it; the broker is not pinned). Then the
+question is the one two machines answer: does replicating slow A, and does B
+keep up::
 
     .venv/bin/python bench/replicate_processes.py --repeat 4     # 1M messages, ~8 minutes
+    .venv/bin/python bench/replicate_processes.py --repeat 2 --core-each
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from replication.config.model import DEFAULT_BATCH_ROWS  # noqa: E402
 PARTITIONS = 2
 PUBLISHERS = 4
 INGEST, PAIR = "ingest only", "A -> B (sync)"
+CORES = {"A": 0, "B": 1}  # with --core-each
 
 
 @dataclass
@@ -81,12 +89,13 @@ def cpu_by_process(pid: int) -> dict[str, float]:
 class Instances:
     """The instance processes of one pass, by role, and their CPU."""
 
-    def __init__(self, label: str, workdir: Path) -> None:
-        self.label, self.workdir = label, workdir
+    def __init__(self, label: str, workdir: Path, core_each: bool) -> None:
+        self.label, self.workdir, self.core_each = label, workdir, core_each
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, role: str, cfg: Path) -> None:
-        self.procs[role] = start_instance(self.workdir, cfg)
+        cpus = {CORES[role]} if self.core_each else None
+        self.procs[role] = start_instance(self.workdir, cfg, cpus=cpus)
 
     def stop_all(self) -> None:
         """Stop every instance, the last started first (each is stopped even if another's stop fails)."""
@@ -114,14 +123,14 @@ class Instances:
         return {k: v - before[k] for k, v in self.cpu().items()}
 
 
-def run_pass(label: str, workdir: Path, bootstrap: str, topic: str, messages: int) -> Pass:
+def run_pass(label: str, workdir: Path, bootstrap: str, topic: str, messages: int, core_each: bool) -> Pass:
     from replication.connectors.kafka.broker import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
     a, b = f"proc-a-{tag}", f"proc-b-{tag}"
     txlog_a, txlog_b = workdir / a / "txlog", workdir / b / "txlog"
     last = txlog_b if label == PAIR else txlog_a
-    instances = Instances(label, workdir)
+    instances = Instances(label, workdir, core_each)
     try:
         if label == PAIR:
             ensure_topics(bootstrap, [f"{b}.publish"])
@@ -151,12 +160,15 @@ def report(args, passes: list[Pass]) -> str:
     ingest, pair = best[INGEST], best[PAIR]
     return "\n".join([
         f"# A -> B replication, one process per instance, against A alone: {args.messages:,} messages, "
-        f"{os.cpu_count()} cores, best of {args.repeat}",
+        f"{os.cpu_count()} cores, " + ("one core each (A on core 0, B on core 1), " if args.core_each else "")
+        + f"best of {args.repeat}",
         "",
         format_table(["pass", "rows", "seconds", "rows/s", *(f"{k} CPU-s" for k in kinds), "rows/CPU-s"], rows),
         "",
         f"replication / ingest only: {pair.rate / ingest.rate:.2f}x rows/s (target >= 0.9), "
         f"{pair.per_cpu_s / ingest.per_cpu_s:.2f}x rows per CPU-second",
+        *([f"B used {pair.cpu['B driver'] + pair.cpu['B JVM']:.1f} CPU-s in {pair.seconds:.1f} s: "
+           f"{(pair.cpu['B driver'] + pair.cpu['B JVM']) / pair.seconds:.2f} of its core"] if args.core_each else []),
     ])
 
 
@@ -164,6 +176,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", "--messages", type=int, default=1_000_000, help="messages pre-published (1M)")
     parser.add_argument("--repeat", type=int, default=2, help="passes per contender, in turn; the best is kept")
+    parser.add_argument("--core-each", action="store_true",
+                        help="each instance on one core of its own (A on core 0, B on core 1), as if on its machine")
     parser.add_argument("--workdir", help="keep tables and logs here (default: a temporary directory, removed)")
     args = parser.parse_args(argv)
     if args.messages < 3 * DEFAULT_BATCH_ROWS or args.repeat < 1:
@@ -180,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         passes = []
         for i in range(args.repeat):
             for label in (INGEST, PAIR) if i % 2 == 0 else (PAIR, INGEST):  # (in turn: neither always goes first)
-                passes.append(run_pass(label, workdir, bootstrap, topic, args.messages))
+                passes.append(run_pass(label, workdir, bootstrap, topic, args.messages, args.core_each))
                 print(f"{label}: {passes[-1].rate:,.0f} rows/s", file=sys.stderr, flush=True)
                 time.sleep(1.0)
         print(report(args, passes), flush=True)
