@@ -183,6 +183,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.messages < 3 * DEFAULT_BATCH_ROWS or args.repeat < 1:
         parser.error(f"--messages must be at least {3 * DEFAULT_BATCH_ROWS} (the rate is taken after the first "
                      "batch) and --repeat at least 1")
+    if args.core_each and not set(CORES.values()) <= os.sched_getaffinity(0):
+        parser.error(f"--core-each needs cores {sorted(CORES.values())}; this process may use "
+                     f"{sorted(os.sched_getaffinity(0))}")
     return args
 
 
