@@ -158,6 +158,7 @@ def report(args, passes: list[Pass]) -> str:
     rows = [[p.label, f"{p.measured:,}", f"{p.seconds:.2f}", f"{p.rate:,.0f}",
              *(f"{p.cpu[k]:.1f}" if k in p.cpu else "" for k in kinds), f"{p.per_cpu_s:,.0f}"] for p in passes]
     ingest, pair = best[INGEST], best[PAIR]
+    b_cpu = pair.cpu["B driver"] + pair.cpu["B JVM"]
     return "\n".join([
         f"# A -> B replication, one process per instance, against A alone: {args.messages:,} messages, "
         f"{os.cpu_count()} cores, " + ("one core each (A on core 0, B on core 1), " if args.core_each else "")
@@ -167,8 +168,8 @@ def report(args, passes: list[Pass]) -> str:
         "",
         f"replication / ingest only: {pair.rate / ingest.rate:.2f}x rows/s (target >= 0.9), "
         f"{pair.per_cpu_s / ingest.per_cpu_s:.2f}x rows per CPU-second",
-        *([f"B used {pair.cpu['B driver'] + pair.cpu['B JVM']:.1f} CPU-s in {pair.seconds:.1f} s: "
-           f"{(pair.cpu['B driver'] + pair.cpu['B JVM']) / pair.seconds:.2f} of its core"] if args.core_each else []),
+        *([f"B used {b_cpu:.1f} CPU-s in {pair.seconds:.1f} s: {b_cpu / pair.seconds:.2f} of its core"]
+          if args.core_each else []),
     ])
 
 
